@@ -1,0 +1,39 @@
+"""posenc: positional encodings for transformers, exact in every dtype.
+
+The top level is the NumPy API and imports no framework; the front ends live in
+:mod:`posenc.torch` and :mod:`posenc.keras`, the pictures in :mod:`posenc.plot`.
+
+Example:
+    >>> import posenc
+    >>> posenc.sinusoidal(4, 4, base=100).shape
+    (4, 4)
+"""
+
+from .analysis import (
+    ClosestPair,
+    min_pairwise_distance,
+    offset_distances,
+    offset_similarity,
+    precision_report,
+    relative_map,
+)
+from .core import frequencies, layout_permutation, sinusoidal, wavelengths
+from .vocab import Vocabulary, tokenize
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClosestPair",
+    "Vocabulary",
+    "__version__",
+    "frequencies",
+    "layout_permutation",
+    "min_pairwise_distance",
+    "offset_distances",
+    "offset_similarity",
+    "precision_report",
+    "relative_map",
+    "sinusoidal",
+    "tokenize",
+    "wavelengths",
+]

@@ -1,0 +1,124 @@
+"""Validation of user input, shared by every front end.
+
+Each check raises ``TypeError`` for a value of the wrong kind and ``ValueError`` for a
+value of the right kind outside what is valid, and the message names both the value
+and what would be valid.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+LAYOUTS = ("interleaved", "split")
+FORMULAS = ("paper", "tensor2tensor")
+
+# Refuse to build a table whose estimated peak memory exceeds this many bytes unless
+# the caller raises the limit (``max_bytes=None`` removes it).
+DEFAULT_MAX_BYTES = 4 * 2**30
+
+
+def describe(value: Any) -> str:
+    """``repr`` of ``value`` with its type, kept short."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def check_int(value: Any, name: str, *, minimum: int) -> int:
+    """An integer (not bool, not float) that is at least ``minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {describe(value)}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return value
+
+
+def check_length(value: Any, name: str = "length") -> int:
+    return check_int(value, name, minimum=0)
+
+
+def check_d_model(value: Any) -> int:
+    return check_int(value, "d_model", minimum=1)
+
+
+def check_base(value: Any) -> float:
+    """The ``n`` of ``sin(k / n^(2i/d))``: a finite real number > 0 other than 1."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"base must be a finite real number > 0, got {describe(value)}")
+    base = float(value)
+    if not math.isfinite(base) or base <= 0:
+        raise ValueError(f"base must be a finite real number > 0, got {value!r}")
+    if base == 1:
+        raise ValueError(
+            "base must not be 1: with base=1 every frequency n^(-2i/d) equals 1, so every "
+            "column pair repeats sin(k), cos(k) and positions 2π apart get the same vector; "
+            "use base > 1 (10000 in the paper, 100 in the worked examples)"
+        )
+    return base
+
+
+def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {list(choices)}, got {describe(value)}")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def check_probability(value: Any, name: str = "dropout") -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float in [0, 1), got {describe(value)}")
+    p = float(value)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
+    return p
+
+
+def check_positions(value: Any, name: str = "positions") -> np.ndarray:
+    """An array of finite real positions (integer or fractional, any shape)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int length or an array of numbers, got a bool")
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:  # ragged lists and the like
+        raise TypeError(f"{name} must be an array of numbers, got {describe(value)}") from exc
+    if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
+        raise TypeError(
+            f"{name} must hold integers or real numbers, got an array of dtype {array.dtype}"
+        )
+    if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+        bad = array[~np.isfinite(array)].ravel()[0]
+        raise ValueError(f"{name} must be finite, got {bad!r} among them")
+    if array.dtype.kind in "iu" and array.size:
+        largest = max(abs(int(array.min())), abs(int(array.max())))
+        if largest > 2**53:
+            raise ValueError(
+                f"integer {name} must lie within ±2**53 to be represented exactly, got {largest}"
+            )
+    return array
+
+
+def check_memory(nbytes: int, what: str, max_bytes: int | None) -> None:
+    """Refuse work whose estimated peak memory exceeds ``max_bytes``."""
+    if max_bytes is None or nbytes <= max_bytes:
+        return
+    raise ValueError(
+        f"{what} would need about {format_bytes(nbytes)}, more than max_bytes="
+        f"{format_bytes(max_bytes)}; pass a larger max_bytes (or max_bytes=None) if you "
+        "really want it"
+    )
+
+
+def format_bytes(nbytes: int | float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")

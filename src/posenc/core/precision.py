@@ -1,0 +1,140 @@
+"""Floating-point building blocks: exact products, angle reduction and correct rounding.
+
+Every table in posenc is computed as float64 values whose absolute error is a few units
+of 2**-53, whatever the position, and only then rounded to the requested format. Two
+things make that possible:
+
+* frequencies are held as double-doubles (``hi + lo``) in *turns* per position
+  (``ω / 2π``), computed once with :mod:`decimal` at 50 significant digits;
+* ``position × frequency`` is formed exactly with Dekker's product, and the whole turns
+  are removed before the only rounding that matters, so ``sin`` and ``cos`` are always
+  evaluated on an angle in ``[-π, π]`` that is accurate to about 1e-16.
+
+A float32 angle, as every peer library forms it, has an absolute error of
+``position × 2**-24``: 0.6 rad at position 1e7.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._checks import describe
+
+TWO_PI = 6.283185307179586  # float64 nearest to 2π
+_SPLITTER = 134217729.0  # 2**27 + 1, Dekker's splitting constant for float64
+
+# Formats the tables can be rounded to: (significant bits, smallest normal exponent).
+FORMATS: dict[str, tuple[int, int]] = {
+    "float64": (53, -1022),
+    "float32": (24, -126),
+    "float16": (11, -14),
+    "bfloat16": (8, -126),
+}
+
+
+def two_prod(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dekker's exact product: ``a * b == p + e`` exactly, with ``p = fl(a * b)``.
+
+    Valid while ``|a|, |b| < 2**996`` (no overflow in the split).
+    """
+    p = a * b
+    c = _SPLITTER * a
+    a_hi = c - (c - a)
+    a_lo = a - a_hi
+    c = _SPLITTER * b
+    b_hi = c - (c - b)
+    b_lo = b - b_hi
+    e = ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+    return p, e
+
+
+def reduced_turns(positions: np.ndarray, turns_hi: np.ndarray, turns_lo: np.ndarray) -> np.ndarray:
+    """``positions × (turns_hi + turns_lo)`` modulo 1, in ``[-0.5, 0.5]``.
+
+    ``positions`` (float64, shape ``(..., 1)``) broadcast against the frequencies (shape
+    ``(m,)``). The result's absolute error is about 2**-54 turns for every position up
+    to 2**53, because the whole turns are removed from an exact product.
+    """
+    p, e = two_prod(positions, turns_hi)
+    tail = positions * turns_lo + e
+    whole = np.rint(p)
+    r = (p - whole) + tail  # p - whole is exact (Sterbenz)
+    r -= np.rint(r)
+    return r
+
+
+def unit_phasors(
+    positions: np.ndarray, turns_hi: np.ndarray, turns_lo: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(sin θ, cos θ)`` for ``θ = position × ω`` in float64, accurate to ~3e-16."""
+    theta = reduced_turns(positions, turns_hi, turns_lo) * TWO_PI
+    return np.sin(theta), np.cos(theta)
+
+
+def round_to_format(values: np.ndarray, fmt: str) -> np.ndarray:
+    """Correctly round float64 ``values`` (round to nearest, ties to even) to ``fmt``.
+
+    Returns a NumPy array in the narrowest native container that holds the format
+    exactly: float64, float32, float16, or float32 for bfloat16 (every bfloat16 value is
+    a float32, so converting the result to bfloat16 afterwards is exact).
+
+    NumPy's own float64 → float32 and float64 → float16 casts round correctly and are
+    used directly. bfloat16 has no such cast (going through float32 rounds twice), so it
+    is rounded here: scale by a power of two so that the last kept bit is the units
+    digit, round half to even with ``rint``, scale back; every step is exact.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if fmt == "float64":
+        return values
+    if fmt == "float32":
+        return values.astype(np.float32)
+    if fmt == "float16":
+        return values.astype(np.float16)
+    if fmt != "bfloat16":
+        raise ValueError(f"unknown format {fmt!r}; valid: {list(FORMATS)}")
+    bits, emin = FORMATS[fmt]
+    _, exponent = np.frexp(values)  # values = mantissa · 2**exponent, 0.5 <= |mantissa| < 1
+    # The exponent of the last kept bit; subnormals keep the fixed spacing 2**(emin-bits+1).
+    last = np.maximum(exponent - 1, emin) - (bits - 1)
+    rounded = np.ldexp(np.rint(np.ldexp(values, -last)), last)
+    return rounded.astype(np.float32)
+
+
+def resolve_dtype(dtype: Any) -> tuple[str, Any]:
+    """Map a user's ``dtype`` to ``(format name, NumPy dtype of the returned array)``.
+
+    bfloat16 arrays need the optional ``ml_dtypes`` package (``pip install
+    posenc[bf16]``; TensorFlow, Keras and JAX install it too).
+    """
+    name = _dtype_name(dtype)
+    if name in ("float16", "float32", "float64"):
+        return name, np.dtype(name)
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError as exc:
+            raise TypeError(
+                "dtype='bfloat16' needs the ml_dtypes package for NumPy bfloat16 arrays "
+                "(pip install 'posenc[bf16]'); the torch and keras front ends need nothing extra"
+            ) from exc
+        return name, np.dtype(ml_dtypes.bfloat16)
+    raise TypeError(
+        f"dtype must be one of float16, bfloat16, float32, float64, got {describe(dtype)}"
+    )
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    if isinstance(dtype, str):
+        return dtype
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError:
+        # torch / tensorflow dtypes print as e.g. "torch.float32" or "<dtype: 'float32'>"
+        text = str(dtype)
+        for name in FORMATS:
+            if text.endswith(name) or f"'{name}'" in text:
+                return name
+        return None
+    return np_dtype.name

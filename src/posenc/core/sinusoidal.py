@@ -1,0 +1,243 @@
+"""The sinusoidal encoding of "Attention Is All You Need" §3.5, exact at any position.
+
+``P(k, 2i) = sin(k ω_i)``, ``P(k, 2i+1) = cos(k ω_i)`` with ``ω_i`` from
+:mod:`posenc.core.frequencies`.
+
+How the table is built (and why it is both exact and fast):
+
+* For a contiguous range of integer positions ``s .. s+L-1`` (the common case) each
+  position is written ``k = s + aB + b`` with a block size ``B ≈ √L``. Two small tables
+  of unit phasors, ``e^{i(π/2 - (s+aB)ω)}`` (coarse) and ``e^{-ibω}`` (fine), are computed
+  with exact angle reduction (:mod:`posenc.core.precision`); their product is
+  ``sin(kω) + i cos(kω)``. One complex multiply per (position, frequency) replaces a
+  ``sin`` and a ``cos``, so the float64-accurate table costs less than a float32
+  ``sin``/``cos`` table. In the interleaved layout with even ``d`` the product is
+  written straight into the output viewed as complex numbers, already in
+  ``[sin, cos, sin, cos, ...]`` order.
+* Any other positions (fractional, negative, N-D, gaps) get the exact reduction per
+  element, in chunks.
+
+Either way the float64 values are within a few 1e-16 of the exact ones and are then
+correctly rounded to the requested format.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from .._checks import (
+    DEFAULT_MAX_BYTES,
+    FORMULAS,
+    LAYOUTS,
+    check_base,
+    check_choice,
+    check_d_model,
+    check_length,
+    check_memory,
+    check_positions,
+)
+from .frequencies import frequency_turns
+from .precision import resolve_dtype, round_to_format, unit_phasors
+
+# Container dtype for each format (bfloat16 values travel as exact float32).
+_CONTAINERS = {
+    "float64": np.dtype(np.float64),
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(np.float32),
+}
+_CHUNK_ELEMENTS = 1 << 18  # (rows × frequencies) per chunk of float64 temporaries
+
+
+def sinusoidal(
+    positions: Any,
+    d_model: int,
+    *,
+    base: float = 10000.0,
+    layout: str = "interleaved",
+    formula: str = "paper",
+    dtype: Any = np.float32,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+) -> np.ndarray:
+    """The sinusoidal positional-encoding table, correctly rounded in ``dtype``.
+
+    Args:
+        positions: An int ``L`` (positions ``0 .. L-1``) or an array of any shape of
+            integer or fractional positions (negative allowed, finite).
+        d_model: Width of the encoding, any int >= 1 (odd: see below).
+        base: The ``n`` of ``sin(k / n^(2i/d))``; 10000 in the paper, 100 in the seed
+            texts' worked examples. Finite, > 0 and not 1.
+        layout: ``"interleaved"``: sin on even columns, cos on odd ones, as in the paper
+            and the seed texts. ``"split"``: all sines then all cosines
+            (tensor2tensor, fairseq, Marian, Hugging Face Speech2Text).
+        formula: ``"paper"`` (``ω_i = n^(-2i/d)``) or ``"tensor2tensor"``
+            (``ω_i = exp(-i ln(n) / (d//2 - 1))``); see :func:`posenc.frequencies`.
+        dtype: float16, bfloat16 (needs ``ml_dtypes``), float32 or float64. The table
+            is computed in float64 with exact angle reduction and rounded once, so every
+            value is the correctly rounded exact value (float32: within 0.5 ulp + 1e-15).
+        max_bytes: Refuse (``ValueError``) a table whose estimated memory exceeds this;
+            ``None`` removes the limit.
+
+    Returns:
+        Array of shape ``(L, d_model)`` for an int, else ``positions.shape + (d_model,)``.
+
+    Shapes:
+        ``positions``: ``()``, ``(L,)``, ``(B, L)``, ... → ``(*positions.shape, d_model)``.
+
+    Odd ``d_model``: the last column is the sine of the next frequency on the same
+    ladder (``ω_{(d-1)/2}``), so the table is the first ``d`` columns of the
+    ``d + 1``-wide interleaved table built with the same frequencies.
+
+    Example:
+        >>> sinusoidal(4, 4, base=100, dtype="float64").round(8)
+        array([[ 0.        ,  1.        ,  0.        ,  1.        ],
+               [ 0.84147098,  0.54030231,  0.09983342,  0.99500417],
+               [ 0.90929743, -0.41614684,  0.19866933,  0.98006658],
+               [ 0.14112001, -0.9899925 ,  0.29552021,  0.95533649]])
+
+    References:
+        Vaswani et al., "Attention Is All You Need", NeurIPS 2017, §3.5.
+    """
+    d_model = check_d_model(d_model)
+    base = check_base(base)
+    layout = check_choice(layout, "layout", LAYOUTS)
+    formula = check_choice(formula, "formula", FORMULAS)
+    fmt, np_dtype = resolve_dtype(dtype)
+    values = table_values(
+        positions, d_model, base=base, layout=layout, formula=formula, fmt=fmt, max_bytes=max_bytes
+    )
+    return values if values.dtype == np_dtype else values.astype(np_dtype)
+
+
+def table_values(
+    positions: Any,
+    d_model: int,
+    *,
+    base: float,
+    layout: str,
+    formula: str,
+    fmt: str,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+) -> np.ndarray:
+    """:func:`sinusoidal` on validated options, in the container of ``fmt``.
+
+    The framework adapters call this: for ``fmt="bfloat16"`` it returns float32 values
+    that are exactly representable in bfloat16, so no bfloat16 NumPy type is needed.
+    """
+    container = _CONTAINERS[fmt]
+    span = _contiguous_range(positions)
+    shape = (span[1],) if span is not None else np.shape(positions)
+    count = math.prod(shape)
+    check_memory(count * d_model * container.itemsize, "this positional-encoding table", max_bytes)
+    turns_hi, turns_lo = frequency_turns(d_model, base, formula)
+    if span is not None:
+        return _range_table(span[0], span[1], d_model, turns_hi, turns_lo, fmt, layout)
+    positions = check_positions(positions)
+    return _array_table(positions, d_model, turns_hi, turns_lo, fmt, layout)
+
+
+def _contiguous_range(positions: Any) -> tuple[int, int] | None:
+    """``(start, length)`` if ``positions`` is an int or a 1-D run of consecutive integers."""
+    if isinstance(positions, numbers.Integral) and not isinstance(positions, (bool, np.bool_)):
+        return 0, check_length(positions, "positions (a length)")
+    if isinstance(positions, numbers.Real) and not isinstance(positions, (bool, np.bool_)):
+        if not isinstance(positions, np.floating):
+            raise TypeError(
+                f"positions must be an int length or an array of positions, got the float "
+                f"{positions!r}; pass int({positions!r}) for a length or [{positions!r}] for "
+                "one position"
+            )
+    array = check_positions(positions)
+    if array.ndim != 1 or array.size == 0:
+        return None
+    if array.dtype.kind == "f" and not np.array_equal(array, np.rint(array)):
+        return None
+    start = array[0]
+    if array.size > 1 and not np.array_equal(np.diff(array), np.ones(array.size - 1)):
+        return None
+    return int(start), int(array.size)
+
+
+def _range_table(
+    start: int, length: int, d: int, hi: np.ndarray, lo: np.ndarray, fmt: str, layout: str
+) -> np.ndarray:
+    m = hi.size  # number of frequencies, ceil(d/2)
+    out = np.empty((length, d), _CONTAINERS[fmt])
+    if length == 0:
+        return out
+    block = 1 << max(0, round(math.log2(math.sqrt(length))))  # B ≈ √L
+    n_blocks = -(-length // block)
+    fine_sin, fine_cos = unit_phasors(np.arange(block, dtype=np.float64)[:, None], hi, lo)
+    fine = fine_cos - 1j * fine_sin  # e^{-ibω}, (B, m)
+    anchors = start + block * np.arange(n_blocks, dtype=np.float64)
+    coarse_sin, coarse_cos = unit_phasors(anchors[:, None], hi, lo)
+    coarse = coarse_sin + 1j * coarse_cos  # e^{i(π/2 - aω)}, (A, m)
+
+    full = length // block
+    if layout == "interleaved" and d % 2 == 0 and fmt in ("float32", "float64"):
+        # (sin, cos) pairs are exactly the (real, imag) parts of a complex array.
+        z = out.view(np.complex64 if fmt == "float32" else np.complex128)  # (L, m)
+        if full:
+            np.multiply(fine, coarse[:full, None], out=z[: full * block].reshape(full, block, m))
+        rest = length - full * block
+        if rest:
+            np.multiply(fine[:rest], coarse[full], out=z[full * block :])
+        return out
+
+    blocks_per_chunk = max(1, _CHUNK_ELEMENTS // (block * m))
+    for a0 in range(0, n_blocks, blocks_per_chunk):
+        a1 = min(a0 + blocks_per_chunk, n_blocks)
+        rows = slice(a0 * block, min(a1 * block, length))
+        product = (fine * coarse[a0:a1, None]).reshape(-1, m)[: rows.stop - rows.start]
+        _write(out[rows], product.real, product.imag, fmt, layout)
+    return out
+
+
+def _array_table(
+    positions: np.ndarray, d: int, hi: np.ndarray, lo: np.ndarray, fmt: str, layout: str
+) -> np.ndarray:
+    flat = positions.astype(np.float64).reshape(-1)
+    out = np.empty((flat.size, d), _CONTAINERS[fmt])
+    step = max(1, _CHUNK_ELEMENTS // hi.size)
+    for i in range(0, flat.size, step):
+        sin, cos = unit_phasors(flat[i : i + step, None], hi, lo)
+        _write(out[i : i + step], sin, cos, fmt, layout)
+    return out.reshape((*positions.shape, d))
+
+
+def _write(out: np.ndarray, sin: np.ndarray, cos: np.ndarray, fmt: str, layout: str) -> None:
+    """Round float64 ``sin`` (…, m) and ``cos`` (…, ≥ d//2) into ``out`` (…, d)."""
+    d = out.shape[-1]
+    m, h = (d + 1) // 2, d // 2
+    if fmt == "bfloat16":  # NumPy has no correctly rounding cast to bfloat16
+        sin, cos = round_to_format(sin, fmt), round_to_format(cos[..., :h], fmt)
+    if layout == "interleaved":
+        out[..., 0::2] = sin
+        out[..., 1::2] = cos[..., :h]
+    else:
+        out[..., :m] = sin
+        out[..., m:] = cos[..., :h]
+
+
+def layout_permutation(d_model: int, source: str, target: str) -> np.ndarray:
+    """Column indices ``perm`` with ``table_in_target = table_in_source[..., perm]``.
+
+    Example:
+        >>> layout_permutation(6, "interleaved", "split").tolist()
+        [0, 2, 4, 1, 3, 5]
+    """
+    d_model = check_d_model(d_model)
+    source = check_choice(source, "source", LAYOUTS)
+    target = check_choice(target, "target", LAYOUTS)
+    interleaved_to_split = np.concatenate(
+        [np.arange(0, d_model, 2), np.arange(1, d_model, 2)]
+    )
+    if source == target:
+        return np.arange(d_model)
+    if source == "interleaved":
+        return interleaved_to_split
+    return np.argsort(interleaved_to_split)
