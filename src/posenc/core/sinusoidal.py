@@ -122,14 +122,21 @@ def table_values(
     formula: str,
     fmt: str,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
+    start: int = 0,
 ) -> np.ndarray:
     """:func:`sinusoidal` on validated options, in the container of ``fmt``.
 
     The framework adapters call this: for ``fmt="bfloat16"`` it returns float32 values
     that are exactly representable in bfloat16, so no bfloat16 NumPy type is needed.
+    With an int ``positions`` (a length), ``start`` shifts the range to
+    ``start .. start+positions-1``.
     """
     container = _CONTAINERS[fmt]
     span = _contiguous_range(positions)
+    if span is not None and start:
+        if not isinstance(positions, numbers.Integral):
+            raise TypeError("start= applies only when positions is an int length")
+        span = (span[0] + start, span[1])
     shape = (span[1],) if span is not None else np.shape(positions)
     count = math.prod(shape)
     check_memory(count * d_model * container.itemsize, "this positional-encoding table", max_bytes)
@@ -144,13 +151,11 @@ def _contiguous_range(positions: Any) -> tuple[int, int] | None:
     """``(start, length)`` if ``positions`` is an int or a 1-D run of consecutive integers."""
     if isinstance(positions, numbers.Integral) and not isinstance(positions, (bool, np.bool_)):
         return 0, check_length(positions, "positions (a length)")
-    if isinstance(positions, numbers.Real) and not isinstance(positions, (bool, np.bool_)):
-        if not isinstance(positions, np.floating):
-            raise TypeError(
-                f"positions must be an int length or an array of positions, got the float "
-                f"{positions!r}; pass int({positions!r}) for a length or [{positions!r}] for "
-                "one position"
-            )
+    if isinstance(positions, (float, np.floating)):
+        raise TypeError(
+            f"positions must be an int length or an array of positions, got the float "
+            f"{positions!r}; pass an int for a length or [{positions!r}] for one position"
+        )
     array = check_positions(positions)
     if array.ndim != 1 or array.size == 0:
         return None

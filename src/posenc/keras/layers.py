@@ -1,0 +1,311 @@
+"""Keras 3 layers over :mod:`posenc.core`: one file for the TensorFlow, JAX and torch backends.
+
+The core decides the numbers. These layers ask it for the finished table (computed in
+float64 with exact angle reduction and rounded once to the layer's dtype) and only move
+it onto the backend; no angle or position is ever formed in the layer's dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+from .._checks import (
+    DEFAULT_MAX_BYTES,
+    FORMULAS,
+    LAYOUTS,
+    check_base,
+    check_choice,
+    check_int,
+    check_probability,
+    describe,
+)
+from ..core.sinusoidal import table_values
+
+__all__ = ["SinusoidalPositionalEncoding", "generate_positional_encoding"]
+
+# The formats the core rounds to, by their Keras dtype names.
+_FORMATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _format_of(dtype: Any, name: str = "dtype") -> str:
+    """The core's format name for a Keras/NumPy/backend ``dtype``; TypeError if it has none."""
+    try:
+        standard = keras.backend.standardize_dtype(dtype)
+    except (TypeError, ValueError, AttributeError):
+        standard = None
+    if standard not in _FORMATS:
+        raise TypeError(f"{name} must be one of {list(_FORMATS)}, got {describe(dtype)}")
+    return standard
+
+
+def _to_backend(values: np.ndarray, fmt: str) -> Any:
+    """A backend tensor of ``fmt`` holding ``values`` (already rounded to ``fmt``) exactly."""
+    if fmt == "bfloat16":
+        # The core returns bfloat16 values in a float32 container: the cast is exact.
+        return ops.cast(ops.convert_to_tensor(values, dtype="float32"), "bfloat16")
+    return ops.convert_to_tensor(values, dtype=fmt)
+
+
+def _outside_traces() -> contextlib.AbstractContextManager[Any]:
+    """Create cached tensors eagerly even when first called inside a ``tf.function``.
+
+    A constant created while TensorFlow traces a graph belongs to that graph; kept on the
+    layer it would leak into the next trace. JAX and torch constants built from NumPy are
+    concrete anyway.
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.init_scope()
+    return contextlib.nullcontext()
+
+
+def generate_positional_encoding(
+    seq_length: int,
+    embed_dim: int,
+    *,
+    base: float = 10000.0,
+    dtype: Any = "float32",
+) -> Any:
+    """The sinusoidal encoding with a batch axis, as a backend tensor (seed 001's function).
+
+    Same signature and output as the TensorFlow tutorial function it mirrors (paper
+    frequencies ``base^(-2i/d)``, sin on even columns and cos on odd ones), but every
+    value is the correctly rounded exact one: angles are reduced exactly in float64 by
+    :mod:`posenc.core` and rounded once to ``dtype``.
+
+    Args:
+        seq_length: Number of positions, ``0 .. seq_length-1`` (int >= 0).
+        embed_dim: Width of each encoding vector (int >= 1; odd widths end with a sine
+            column, as in the tutorial).
+        base: The ``n`` of ``sin(k / n^(2i/d))``; 10000 in the paper.
+        dtype: ``"float32"`` (default), ``"float16"``, ``"bfloat16"`` or ``"float64"``,
+            or the equivalent NumPy/backend dtype.
+
+    Returns:
+        A backend tensor (a ``tf.Tensor`` under the TensorFlow backend).
+
+    Shapes:
+        ``(1, seq_length, embed_dim)``.
+
+    Example:
+        >>> pe = generate_positional_encoding(60, 256)
+        >>> tuple(pe.shape), keras.backend.standardize_dtype(pe.dtype)
+        ((1, 60, 256), 'float32')
+
+    References:
+        Vaswani et al., "Attention Is All You Need", NeurIPS 2017, §3.5.
+    """
+    seq_length = check_int(seq_length, "seq_length", minimum=0)
+    embed_dim = check_int(embed_dim, "embed_dim", minimum=1)
+    base = check_base(base)
+    fmt = _format_of(dtype)
+    values = table_values(
+        seq_length,
+        embed_dim,
+        base=base,
+        layout="interleaved",
+        formula="paper",
+        fmt=fmt,
+        max_bytes=DEFAULT_MAX_BYTES,
+    )
+    return _to_backend(values[np.newaxis], fmt)  # (1, seq_length, embed_dim)
+
+
+@keras.saving.register_keras_serializable(package="posenc")
+class SinusoidalPositionalEncoding(keras.layers.Layer):
+    """Adds the sinusoidal positional encoding of "Attention Is All You Need" to its input.
+
+    ``output = inputs + P[start_index : start_index + seq]`` with
+    ``P(k, 2i) = sin(k ω_i)`` and ``P(k, 2i+1) = cos(k ω_i)`` (interleaved layout), then
+    dropout. The table ``P`` for ``max_length`` positions is built once, in ``build()``,
+    by :mod:`posenc.core`: in float64 with exact angle reduction, then correctly rounded
+    to the layer's compute dtype (float16, bfloat16, float32 or float64). Under a mixed
+    policy such as ``"mixed_bfloat16"`` the table therefore holds the bfloat16 values
+    nearest to the exact encoding, not an encoding computed in bfloat16 (whose angles
+    are off by up to ``position × 2**-8`` radians).
+
+    The table is a constant tensor, not a weight: ``layer.weights`` is empty and nothing
+    derived is written to checkpoints or ``.keras`` files; it is rebuilt from the config.
+
+    The layer uses only ``keras.ops`` and runs on the TensorFlow, JAX and torch backends.
+
+    Args:
+        max_length: Number of positions the table covers (int >= 1);
+            ``start_index + seq`` may not exceed it.
+        base: The ``n`` of ``sin(k / n^(2i/d))``; 10000 in the paper.
+        layout: ``"interleaved"`` (sin on even features, cos on odd ones, as in the
+            paper) or ``"split"`` (all sines then all cosines, as in tensor2tensor and
+            fairseq).
+        formula: ``"paper"`` (``ω_i = base^(-2i/d)``) or ``"tensor2tensor"``
+            (``ω_i = exp(-i ln(base) / (d//2 - 1))``).
+        dropout: Dropout rate applied to the sum, a float in ``[0, 1)``.
+        **kwargs: Standard layer arguments (``name``, ``dtype``, ...).
+
+    Call arguments:
+        inputs: A floating tensor of shape ``(batch, seq, d_model)``; ``d_model`` is
+            taken from the last axis when the layer is built. Rank 3 only: Keras reads
+            a rank-2 tensor as ``(batch, features)``, so treating its first axis as
+            positions would silently encode the batch index; add a batch axis with
+            ``keras.ops.expand_dims(x, 0)`` for one unbatched sequence.
+        start_index: Position of the first token, a Python int or an integer scalar
+            tensor (default 0); for decoding one token at a time with a cache. With a
+            Python int and a statically known ``seq``, ``start_index + seq >
+            max_length`` raises ``ValueError``. A tensor is checked only when the slice
+            runs: TensorFlow and torch raise, JAX clamps the slice (``lax.dynamic_slice``
+            semantics), so keep it in range there.
+        training: Whether dropout is active (Keras sets it during ``fit``).
+
+    Returns:
+        A tensor of the input's shape and dtype.
+
+    Example:
+        >>> import numpy as np
+        >>> layer = SinusoidalPositionalEncoding(max_length=128)
+        >>> out = layer(np.zeros((2, 10, 16), "float32"))
+        >>> tuple(out.shape)
+        (2, 10, 16)
+        >>> next_token = layer(np.zeros((2, 1, 16), "float32"), start_index=10)
+        >>> tuple(next_token.shape)
+        (2, 1, 16)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", NeurIPS 2017, §3.5.
+        keras-hub ``SinePositionEncoding`` (the Keras conventions followed here).
+    """
+
+    def __init__(
+        self,
+        max_length: int = 5000,
+        base: float = 10000.0,
+        layout: str = "interleaved",
+        formula: str = "paper",
+        dropout: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.max_length = check_int(max_length, "max_length", minimum=1)
+        self.base = check_base(base)
+        self.layout = check_choice(layout, "layout", LAYOUTS)
+        self.formula = check_choice(formula, "formula", FORMULAS)
+        self.dropout = check_probability(dropout, "dropout")
+        # No sublayer (and so no seed-generator state) unless dropout is on.
+        self._dropout_layer = (
+            keras.layers.Dropout(self.dropout, dtype=self.dtype_policy) if self.dropout else None
+        )
+        self.d_model: int | None = None
+        self._tables: dict[str, Any] = {}  # format → (max_length, d_model) backend tensor
+
+    def build(self, input_shape: Any) -> None:
+        shape = tuple(input_shape)
+        if len(shape) != 3:
+            raise ValueError(_rank_message(shape))
+        if shape[-1] is None:
+            raise ValueError(
+                f"SinusoidalPositionalEncoding needs a known last (feature) axis to build "
+                f"its table, got input shape {shape}"
+            )
+        self.d_model = check_int(shape[-1], "the last axis of the input (d_model)", minimum=1)
+        self._tables = {}
+        self._table(_format_of(self.compute_dtype, "the layer's compute dtype"))
+        if self._dropout_layer is not None:
+            self._dropout_layer.build(shape)
+        self.built = True
+
+    def _table(self, fmt: str) -> Any:
+        """The ``(max_length, d_model)`` table in ``fmt``, built by the core on first use."""
+        table = self._tables.get(fmt)
+        if table is None:
+            values = table_values(
+                self.max_length,
+                self.d_model,
+                base=self.base,
+                layout=self.layout,
+                formula=self.formula,
+                fmt=fmt,
+                max_bytes=DEFAULT_MAX_BYTES,
+            )
+            with _outside_traces():
+                table = _to_backend(values, fmt)
+            self._tables[fmt] = table
+        return table
+
+    def call(self, inputs: Any, start_index: Any = 0, training: Any = None) -> Any:
+        shape = tuple(inputs.shape)
+        if len(shape) != 3:
+            raise ValueError(_rank_message(shape))
+        dtype = keras.backend.standardize_dtype(inputs.dtype)
+        if not keras.backend.is_float_dtype(dtype):
+            raise TypeError(
+                f"SinusoidalPositionalEncoding adds the encoding to floating embeddings, got "
+                f"inputs of dtype {dtype}; embed token ids first (e.g. keras.layers.Embedding)"
+            )
+        if shape[-1] is not None and shape[-1] != self.d_model:
+            raise ValueError(
+                f"the last axis of the input is {shape[-1]} but the layer was built for "
+                f"d_model={self.d_model} (input shape {shape}); use a new layer per width"
+            )
+        table = self._table(_format_of(dtype, "the input dtype"))  # (max_length, d)
+        seq = ops.shape(inputs)[1]  # an int, or a scalar tensor in a graph with seq None
+        start = self._start(start_index, seq)
+        rows = ops.slice(table, start, [seq, self.d_model])  # (seq, d)
+        outputs = ops.add(inputs, rows)  # (batch, seq, d), rows broadcast over batch
+        if self._dropout_layer is not None:
+            outputs = self._dropout_layer(outputs, training=training)
+        return outputs
+
+    def _start(self, start_index: Any, seq: Any) -> Any:
+        """``[start_index, 0]`` for ``ops.slice``, checked where the values are known."""
+        if isinstance(start_index, numbers.Integral) and not isinstance(start_index, bool):
+            start = check_int(start_index, "start_index", minimum=0)
+            if isinstance(seq, int) and start + seq > self.max_length:
+                raise ValueError(
+                    f"start_index ({start}) + sequence length ({seq}) = {start + seq} exceeds "
+                    f"max_length={self.max_length}; build the layer with max_length >= "
+                    f"{start + seq}"
+                )
+            return [start, 0]
+        if not (keras.ops.is_tensor(start_index) or keras.backend.is_keras_tensor(start_index)):
+            raise TypeError(
+                f"start_index must be an int >= 0 or an integer scalar tensor, got "
+                f"{describe(start_index)}"
+            )
+        dtype = keras.backend.standardize_dtype(start_index.dtype)
+        if "int" not in dtype:
+            raise TypeError(f"start_index must be an integer scalar tensor, got dtype {dtype}")
+        if len(start_index.shape) != 0:
+            raise ValueError(
+                f"start_index must be a scalar tensor, got shape {tuple(start_index.shape)}"
+            )
+        start = ops.cast(start_index, "int32")
+        return ops.stack([start, ops.zeros((), "int32")])
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            {
+                "max_length": self.max_length,
+                "base": self.base,
+                "layout": self.layout,
+                "formula": self.formula,
+                "dropout": self.dropout,
+            }
+        )
+        return config
+
+
+def _rank_message(shape: tuple[Any, ...]) -> str:
+    return (
+        f"SinusoidalPositionalEncoding expects inputs of rank 3, (batch, seq, d_model), got "
+        f"shape {shape} (rank {len(shape)}); for one unbatched (seq, d_model) sequence add a "
+        "batch axis with keras.ops.expand_dims(x, 0)"
+    )

@@ -1,0 +1,24 @@
+"""PyTorch front end: ``nn.Module`` adapters over the NumPy core.
+
+Example:
+    >>> import torch
+    >>> from posenc.torch import SinusoidalPositionalEncoding
+    >>> SinusoidalPositionalEncoding(512, dropout=0.0)(torch.zeros(2, 10, 512)).shape
+    torch.Size([2, 10, 512])
+"""
+
+from .modules import (
+    InputEmbedding,
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+    TokenEmbedding,
+    exact_table,
+)
+
+__all__ = [
+    "InputEmbedding",
+    "LearnedPositionalEmbedding",
+    "SinusoidalPositionalEncoding",
+    "TokenEmbedding",
+    "exact_table",
+]

@@ -1,0 +1,450 @@
+"""PyTorch modules over the NumPy core.
+
+The modules never re-derive a formula: tables come from :mod:`posenc.core`, computed in
+float64 with exact angle reduction and rounded once to the module's dtype. Conventions
+shared by every module here:
+
+* input ``x`` is ``(batch, seq, d_model)`` or ``(seq, d_model)`` and floating point;
+* positions are keyword-only: ``offset=`` (an int, for KV-cache decoding) or
+  ``positions=`` (an integer tensor ``(seq,)`` or ``(batch, seq)``, for packed
+  sequences); both default to ``0 .. seq-1``;
+* derived tables are non-persistent buffers: nothing derived goes into ``state_dict``,
+  and state dicts from other code that carry such a table (the seed module's ``pe``)
+  still load.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .._checks import (
+    DEFAULT_MAX_BYTES,
+    FORMULAS,
+    LAYOUTS,
+    check_base,
+    check_choice,
+    check_d_model,
+    check_int,
+    check_probability,
+    describe,
+)
+from ..core.sinusoidal import table_values
+
+_FORMATS = {
+    torch.float64: "float64",
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
+
+
+def exact_table(
+    length: int,
+    d_model: int,
+    *,
+    base: float = 10000.0,
+    layout: str = "interleaved",
+    formula: str = "paper",
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    start: int = 0,
+) -> Tensor:
+    """The sinusoidal table for positions ``start .. start+length-1`` as a tensor.
+
+    Values are the correctly rounded exact encoding in ``dtype`` (float64, float32,
+    float16 or bfloat16), never a cast of a table computed in another precision.
+
+    Example:
+        >>> exact_table(2, 4, base=100).tolist()
+        [[0.0, 1.0, 0.0, 1.0], [0.8414709568023682, 0.5403023362159729, 0.0998334139585495, 0.9950041770935059]]
+    """
+    length = check_int(length, "length", minimum=0)
+    d_model = check_d_model(d_model)
+    start = check_int(start, "start", minimum=-(2**53))
+    fmt = _format(dtype)
+    values = table_values(
+        length,
+        d_model,
+        start=start,
+        base=check_base(base),
+        layout=check_choice(layout, "layout", LAYOUTS),
+        formula=check_choice(formula, "formula", FORMULAS),
+        fmt=fmt,
+    )
+    # bfloat16 arrives as float32 holding exact bfloat16 values, so this cast is exact.
+    return torch.from_numpy(values).to(device=device, dtype=dtype)
+
+
+def _format(dtype: Any) -> str:
+    if dtype not in _FORMATS:
+        raise TypeError(
+            f"dtype must be one of {[str(d) for d in _FORMATS]}, got {describe(dtype)}"
+        )
+    return _FORMATS[dtype]
+
+
+def _check_input(x: Any, d_model: int, name: str) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} expects a torch.Tensor, got {describe(x)}")
+    if x.dim() not in (2, 3):
+        raise ValueError(
+            f"{name} expects x of shape (batch, seq, d_model) or (seq, d_model), "
+            f"got shape {tuple(x.shape)}"
+        )
+    if x.shape[-1] != d_model:
+        raise ValueError(
+            f"{name} was built for d_model={d_model}, but x has last dimension "
+            f"{x.shape[-1]} (shape {tuple(x.shape)})"
+        )
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{name} expects floating-point embeddings, got dtype {x.dtype}; "
+            "token ids go through TokenEmbedding first"
+        )
+
+
+def _check_positions(positions: Any, x: Tensor, name: str) -> None:
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"{name}: positions must be an integer tensor, got {describe(positions)}")
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+        raise TypeError(
+            f"{name}: positions must be an integer tensor, got dtype {positions.dtype} "
+            "(fractional positions: use posenc.sinusoidal)"
+        )
+    seq = x.shape[-2]
+    if positions.dim() not in (1, 2) or positions.shape[-1] != seq:
+        raise ValueError(
+            f"{name}: positions must have shape (seq,) or (batch, seq) with seq={seq}, "
+            f"got shape {tuple(positions.shape)}"
+        )
+    if positions.dim() == 2 and x.dim() == 3 and positions.shape[0] not in (1, x.shape[0]):
+        raise ValueError(
+            f"{name}: positions has batch size {positions.shape[0]} but x has {x.shape[0]}"
+        )
+
+
+def _check_offset(offset: Any, name: str) -> int:
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(
+            f"{name}: offset must be an int >= 0, got {describe(offset)} "
+            "(per-token positions go in positions=)"
+        )
+    if offset < 0:
+        raise ValueError(f"{name}: offset must be an int >= 0, got {offset}")
+    return offset
+
+
+def _drop_keys(*names: str):
+    """A load-state-dict pre-hook that discards derived entries written by other code."""
+
+    def hook(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        for name in names:
+            state_dict.pop(prefix + name, None)
+
+    return hook
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds the sinusoidal encoding of "Attention Is All You Need" §3.5, then dropout.
+
+    ``forward(x) = dropout(x + PE[positions])``: the seed texts' ``PositionalEncoding``
+    module, without its traps:
+
+    * the table is a non-persistent buffer (no ``pe`` in ``state_dict``; a state dict
+      that has one, as the seed module writes, still loads);
+    * it is built in float64 with exact angles and rounded once to the module's dtype:
+      ``.half()``, ``.bfloat16()``, ``.to(dtype)`` rebuild it correctly rounded instead of
+      casting, and an input of another dtype gets its own correctly rounded table;
+    * a sequence longer than ``max_length`` grows the table instead of failing (in
+      eager mode; under ``torch.compile`` call :meth:`extend` first);
+    * positions are keyword-only: ``offset=`` for KV-cache decoding, ``positions=`` for
+      packed sequences.
+
+    Args:
+        d_model: Width of the embeddings (any int >= 1).
+        dropout: Dropout probability applied after the addition.
+        max_length: Number of positions the table holds initially.
+        base: The ``n`` of ``sin(k / n^(2i/d))``.
+        layout: ``"interleaved"`` (paper) or ``"split"`` (tensor2tensor / fairseq).
+        formula: ``"paper"`` or ``"tensor2tensor"`` frequency spacing.
+
+    Call arguments:
+        x: ``(batch, seq, d_model)`` or ``(seq, d_model)`` floating-point embeddings.
+        positions: Optional integer tensor ``(seq,)`` or ``(batch, seq)``, each >= 0.
+        offset: Optional int: positions ``offset .. offset+seq-1``.
+
+    Shapes:
+        output: same shape and dtype as ``x``.
+
+    Example:
+        >>> pe = SinusoidalPositionalEncoding(4, dropout=0.0, max_length=10, base=100)
+        >>> out = pe(torch.zeros(1, 3, 4))
+        >>> out[0, 1].tolist() == exact_table(2, 4, base=100)[1].tolist()
+        True
+
+    References:
+        Vaswani et al., "Attention Is All You Need", NeurIPS 2017, §3.5.
+    """
+
+    pe: Tensor
+
+    def __init__(
+        self,
+        d_model: int,
+        dropout: float = 0.1,
+        max_length: int = 5000,
+        base: float = 10000.0,
+        *,
+        layout: str = "interleaved",
+        formula: str = "paper",
+    ) -> None:
+        super().__init__()
+        self.d_model = check_d_model(d_model)
+        self.max_length = check_int(max_length, "max_length", minimum=1)
+        self.base = check_base(base)
+        self.layout = check_choice(layout, "layout", LAYOUTS)
+        self.formula = check_choice(formula, "formula", FORMULAS)
+        self.dropout = nn.Dropout(check_probability(dropout))
+        self.register_buffer("pe", self._build(self.max_length, torch.float32), persistent=False)
+        # Tables for inputs whose dtype or device differs from the buffer's.
+        self._other_tables: dict[tuple[torch.dtype, torch.device], Tensor] = {}
+        self.register_load_state_dict_pre_hook(_drop_keys("pe"))
+
+    def _build(self, length: int, dtype: torch.dtype, device: Any = None) -> Tensor:
+        return exact_table(
+            length,
+            self.d_model,
+            base=self.base,
+            layout=self.layout,
+            formula=self.formula,
+            dtype=dtype,
+            device=device,
+        )
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        # fn has converted the buffer (e.g. float32 -> bfloat16 by rounding a rounded
+        # value); rebuild it from the exact values in its new dtype and device instead.
+        if self.pe.device.type != "meta":
+            self.pe = self._build(self.pe.shape[0], self.pe.dtype, self.pe.device)
+        self._other_tables = {}
+        return self
+
+    def extend(self, length: int) -> None:
+        """Make the table hold at least ``length`` positions (it never shrinks)."""
+        length = check_int(length, "length", minimum=1)
+        if length > self.pe.shape[0]:
+            self.pe = self._build(length, self.pe.dtype, self.pe.device)
+            self._other_tables = {}
+
+    def table(self, end: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """Rows ``0 .. end-1`` (at least) of the table in ``dtype`` on ``device``."""
+        if end > self.pe.shape[0]:
+            if torch.compiler.is_compiling():
+                raise ValueError(
+                    f"positions up to {end - 1} need a longer table than the "
+                    f"{self.pe.shape[0]} rows built; under torch.compile call "
+                    f".extend({end}) before compiling"
+                )
+            self.extend(max(end, 2 * self.pe.shape[0]))
+        if self.pe.dtype == dtype and self.pe.device == device:
+            return self.pe
+        key = (dtype, device)
+        table = self._other_tables.get(key)
+        if table is None or table.shape[0] < self.pe.shape[0]:
+            table = self._build(self.pe.shape[0], dtype, device)
+            self._other_tables[key] = table
+        return table
+
+    def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
+        _check_input(x, self.d_model, type(self).__name__)
+        seq = x.shape[-2]
+        if positions is None:
+            offset = _check_offset(offset, type(self).__name__)
+            pe = self.table(offset + seq, x.dtype, x.device)[offset : offset + seq]  # (seq, d)
+        else:
+            _check_positions(positions, x, type(self).__name__)
+            end = seq  # in compiled code the gather itself rejects bad indices
+            if not torch.compiler.is_compiling() and positions.numel():
+                low, high = int(positions.min()), int(positions.max())
+                if low < 0:
+                    raise ValueError(f"positions must be >= 0, got {low}")
+                end = high + 1
+            table = self.table(end, x.dtype, x.device)
+            pe = nn.functional.embedding(positions.to(x.device), table)  # (seq, d) or (B, seq, d)
+        return self.dropout(x + pe)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, max_length={self.max_length}, base={self.base:g}, "
+            f"layout={self.layout!r}, formula={self.formula!r}"
+        )
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Adds a trained embedding per position (``max_length`` of them), then dropout.
+
+    Learned embeddings cannot represent a position they were not trained with: a
+    position ``>= max_length`` is an error, never a silent wrap-around.
+
+    Args:
+        max_length: Number of positions (0 .. max_length-1).
+        d_model: Width of the embeddings.
+        dropout: Dropout probability applied after the addition.
+        init_std: Standard deviation of the normal initialisation (GPT-2 uses 0.02).
+
+    Call arguments:
+        x, positions, offset: As for :class:`SinusoidalPositionalEncoding`.
+
+    Example:
+        >>> emb = LearnedPositionalEmbedding(16, 8)
+        >>> emb(torch.zeros(2, 5, 8)).shape
+        torch.Size([2, 5, 8])
+    """
+
+    def __init__(
+        self, max_length: int, d_model: int, dropout: float = 0.0, *, init_std: float = 0.02
+    ) -> None:
+        super().__init__()
+        self.max_length = check_int(max_length, "max_length", minimum=1)
+        self.d_model = check_d_model(d_model)
+        self.init_std = float(init_std)
+        if not self.init_std > 0:
+            raise ValueError(f"init_std must be > 0, got {init_std!r}")
+        self.weight = nn.Parameter(torch.empty(self.max_length, self.d_model))
+        self.dropout = nn.Dropout(check_probability(dropout))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, mean=0.0, std=self.init_std)
+
+    def _too_long(self, last: int) -> ValueError:
+        return ValueError(
+            f"position {last} is beyond this learned embedding's max_length="
+            f"{self.max_length} (positions 0..{self.max_length - 1}); learned embeddings "
+            "cannot extrapolate: build it with a larger max_length"
+        )
+
+    def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
+        _check_input(x, self.d_model, type(self).__name__)
+        seq = x.shape[-2]
+        if positions is None:
+            offset = _check_offset(offset, type(self).__name__)
+            if offset + seq > self.max_length:
+                raise self._too_long(offset + seq - 1)
+            pe = self.weight[offset : offset + seq]  # (seq, d)
+        else:
+            _check_positions(positions, x, type(self).__name__)
+            if not torch.compiler.is_compiling() and positions.numel():
+                low, high = int(positions.min()), int(positions.max())
+                if low < 0:
+                    raise ValueError(f"positions must be >= 0, got {low}")
+                if high >= self.max_length:
+                    raise self._too_long(high)
+            pe = nn.functional.embedding(positions.to(x.device), self.weight)
+        return self.dropout(x + pe.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return f"max_length={self.max_length}, d_model={self.d_model}"
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids → vectors, scaled by ``√d_model`` as in the paper (§3.4).
+
+    Args:
+        vocab_size: Number of token ids (0 .. vocab_size-1).
+        d_model: Width of the embeddings.
+        scale: Multiply by ``√d_model`` (paper); ``False`` for a plain lookup.
+        padding_idx: Optional id whose vector stays zero and gets no gradient.
+
+    Example:
+        >>> emb = TokenEmbedding(10, 4)
+        >>> emb(torch.tensor([[1, 2, 3]])).shape
+        torch.Size([1, 3, 4])
+    """
+
+    def __init__(
+        self, vocab_size: int, d_model: int, *, scale: bool = True, padding_idx: int | None = None
+    ) -> None:
+        super().__init__()
+        self.vocab_size = check_int(vocab_size, "vocab_size", minimum=1)
+        self.d_model = check_d_model(d_model)
+        if not isinstance(scale, bool):
+            raise TypeError(f"scale must be a bool, got {describe(scale)}")
+        if padding_idx is not None:
+            padding_idx = check_int(padding_idx, "padding_idx", minimum=0)
+            if padding_idx >= self.vocab_size:
+                raise ValueError(
+                    f"padding_idx must be in 0..{self.vocab_size - 1}, got {padding_idx}"
+                )
+        self.scale = scale
+        self.embedding = nn.Embedding(self.vocab_size, self.d_model, padding_idx=padding_idx)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        if not isinstance(ids, Tensor):
+            raise TypeError(f"TokenEmbedding expects an integer tensor, got {describe(ids)}")
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise TypeError(f"TokenEmbedding expects integer token ids, got dtype {ids.dtype}")
+        if not torch.compiler.is_compiling() and ids.numel():
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= self.vocab_size:
+                bad = low if low < 0 else high
+                raise ValueError(f"token id {bad} is outside the vocabulary 0..{self.vocab_size - 1}")
+        out = self.embedding(ids)
+        return out * math.sqrt(self.d_model) if self.scale else out
+
+    def extra_repr(self) -> str:
+        return f"vocab_size={self.vocab_size}, d_model={self.d_model}, scale={self.scale}"
+
+
+class InputEmbedding(nn.Module):
+    """The path of the seed texts: token ids → embedding → + positional encoding → dropout.
+
+    Args:
+        vocab_size: Number of token ids.
+        d_model: Width of the embeddings.
+        positional: ``"sinusoidal"``, ``"learned"`` or a module with the
+            ``forward(x, *, positions=None, offset=0)`` convention.
+        dropout: Dropout after the addition.
+        max_length: Initial table size (sinusoidal) or number of positions (learned).
+        base: Sinusoid base ``n``.
+        scale: Scale token vectors by ``√d_model``.
+        padding_idx: Optional padding id for the token embedding.
+
+    Example:
+        >>> layer = InputEmbedding(100, 16, dropout=0.0)
+        >>> layer(torch.tensor([[5, 6, 7]])).shape
+        torch.Size([1, 3, 16])
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        *,
+        positional: str | nn.Module = "sinusoidal",
+        dropout: float = 0.1,
+        max_length: int = 5000,
+        base: float = 10000.0,
+        scale: bool = True,
+        padding_idx: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.tokens = TokenEmbedding(vocab_size, d_model, scale=scale, padding_idx=padding_idx)
+        if isinstance(positional, nn.Module):
+            self.positional = positional
+        elif positional == "sinusoidal":
+            self.positional = SinusoidalPositionalEncoding(d_model, dropout, max_length, base)
+        elif positional == "learned":
+            self.positional = LearnedPositionalEmbedding(max_length, d_model, dropout)
+        else:
+            raise ValueError(
+                f"positional must be 'sinusoidal', 'learned' or an nn.Module, got {positional!r}"
+            )
+
+    def forward(self, ids: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
+        return self.positional(self.tokens(ids), positions=positions, offset=offset)
