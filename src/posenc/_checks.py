@@ -23,7 +23,10 @@ DEFAULT_MAX_BYTES = 4 * 2**30
 
 
 def describe(value: Any) -> str:
-    """``repr`` of ``value`` with its type, kept short."""
+    """``repr`` of ``value`` with its type, kept short (arrays by shape and dtype)."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if isinstance(shape, tuple) and dtype is not None and not np.isscalar(value):
+        return f"a {type(value).__name__} of shape {tuple(shape)} and dtype {dtype}"
     text = repr(value)
     if len(text) > 60:
         text = text[:57] + "..."

@@ -1,0 +1,266 @@
+"""Tests of posenc.plot: every figure renders, has the right size and draws the right data.
+
+Expected values come from the seed texts' formulas (text 000: ``np.sin(k / np.power(n,
+2*x/d))``, wavelengths ``2π·n^(2i/d)``), from direct NumPy reductions of the table, or
+from closed forms (``PE·PEᵀ``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+
+import posenc
+from posenc import plot
+
+KINDS = ["heatmap", "sinusoids", "dimensions", "first-positions", "long-range",
+         "wavelengths", "similarity", "grid"]  # fmt: skip
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from the IHDR chunk of a PNG file."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_registry_names_the_cli_kinds():
+    assert list(plot.PLOTS) == KINDS
+    assert all(callable(function) for function in plot.PLOTS.values())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_renders_a_png_of_the_expected_size(kind, tmp_path):
+    from matplotlib.figure import Figure
+
+    fig = plot.PLOTS[kind]()
+    assert isinstance(fig, Figure)
+    assert fig.axes, "a figure with no axes"
+    for dpi in (100, 50):
+        out = plot.save(fig, tmp_path / f"{kind}-{dpi}.png", dpi=dpi)
+        assert out == tmp_path / f"{kind}-{dpi}.png"
+        data = out.read_bytes()
+        assert data[:4] == b"\x89PNG"
+        width, height = fig.get_size_inches() * dpi
+        assert png_size(data) == (round(width), round(height))
+
+
+@pytest.mark.parametrize("suffix", ["svg", "pdf"])
+def test_save_picks_the_format_from_the_extension(tmp_path, suffix):
+    out = plot.save(plot.grid(), tmp_path / f"grid.{suffix}")
+    head = out.read_bytes()[:200]
+    assert (b"<svg" in head) if suffix == "svg" else head.startswith(b"%PDF")
+
+
+def test_heatmap_image_is_the_float64_table():
+    fig = plot.heatmap()
+    data = np.asarray(fig.axes[0].images[0].get_array())
+    np.testing.assert_array_equal(data, posenc.sinusoidal(100, 512, dtype="float64"))
+    # The float32 table the seed would show rounds to the same picture.
+    np.testing.assert_array_equal(data.astype(np.float32), posenc.sinusoidal(100, 512))
+    assert fig.axes[0].images[0].get_clim() == (-1.0, 1.0)
+    assert len(fig.axes) == 2  # the image and its colour bar
+
+
+def test_heatmap_split_layout_is_a_column_permutation():
+    fig = plot.heatmap(10, 8, layout="split")
+    data = np.asarray(fig.axes[0].images[0].get_array())
+    perm = posenc.layout_permutation(8, "interleaved", "split")
+    np.testing.assert_array_equal(data, _table(10, 8)[:, perm])
+
+
+def _table(length, d_model, base=10000.0):
+    return posenc.sinusoidal(length, d_model, base=base, dtype="float64")
+
+
+def test_sinusoids_match_the_seed_plotSinusoid():
+    # Seed text 000: x = np.arange(0, 100, 1); y = np.sin(k / np.power(n, 2*x/d)).
+    fig = plot.sinusoids()
+    n, d = 10000, 512
+    x = np.arange(0, 100, 1)
+    assert [ax.get_title() for ax in fig.axes] == ["k = 0", "k = 4", "k = 8", "k = 12"]
+    for ax, k in zip(fig.axes, (0, 4, 8, 12), strict=True):
+        (line,) = ax.lines
+        np.testing.assert_array_equal(line.get_xdata(), x)
+        seed = np.sin(k / np.power(n, 2 * x / d))
+        np.testing.assert_allclose(line.get_ydata(), seed, rtol=0, atol=1e-14)
+        # and exactly the sine columns of posenc's table
+        np.testing.assert_array_equal(line.get_ydata(), _table(k + 1, d)[k, 0:200:2])
+
+
+def test_sinusoids_more_positions_than_a_row():
+    fig = plot.sinusoids((1, 2, 3, 4, 5, 6), d_model=16, base=100, columns=8)
+    assert [ax.get_title() for ax in fig.axes] == [f"k = {k}" for k in range(1, 7)]
+
+
+def test_dimensions_lines_are_the_columns_for_each_d():
+    d_models, columns = (20, 50, 128), (0, 1, 2, 4, 6, 8)
+    fig = plot.dimensions(d_models, 50, columns=columns)
+    assert len(fig.axes) == len(columns)
+    for ax, j in zip(fig.axes, columns, strict=True):
+        assert len(ax.lines) == len(d_models)
+        for line, d in zip(ax.lines, d_models, strict=True):
+            np.testing.assert_array_equal(line.get_ydata(), _table(50, d)[:, j])
+    # Seed text 002: columns 0 and 1 do not depend on d; column 2 does.
+    first = [line.get_ydata() for line in fig.axes[0].lines]
+    np.testing.assert_array_equal(first[0], first[2])
+    third = [line.get_ydata() for line in fig.axes[2].lines]
+    assert not np.allclose(third[0], third[2])
+
+
+def test_first_positions_image():
+    fig = plot.first_positions()
+    np.testing.assert_array_equal(fig.axes[0].images[0].get_array(), _table(20, 50))
+    assert len(fig.axes) == 2
+
+
+def test_grid_image_is_seed_004_shape():
+    fig = plot.grid()
+    np.testing.assert_array_equal(fig.axes[0].images[0].get_array(), _table(16, 64))
+    assert fig.axes[0].images[0].get_clim() == (-1.0, 1.0)
+
+
+@pytest.mark.parametrize(("length", "pixels"), [(1000, 10), (1003, 7), (5, 10), (1, 1)])
+def test_long_range_bins_equal_a_direct_reduction(length, pixels):
+    fig = plot.long_range(length, 50, pixels=pixels)
+    mean = np.asarray(fig.axes[0].images[0].get_array())
+    spread = np.asarray(fig.axes[1].images[0].get_array())
+    table = _table(length, 50)
+    bins = min(length, pixels)
+    edges = [b * length // bins for b in range(bins + 1)]
+    groups = [table[a:b] for a, b in itertools.pairwise(edges)]
+    # The chunked tables may differ from this one in the last bit (each is within a few
+    # 1e-16 of the exact values), hence the tolerances.
+    np.testing.assert_allclose(mean, [g.mean(axis=0) for g in groups], rtol=0, atol=1e-13)
+    np.testing.assert_allclose(
+        spread, [g.max(axis=0) - g.min(axis=0) for g in groups], rtol=0, atol=2e-15
+    )
+
+
+def test_long_range_chunks_agree_across_chunk_boundaries(monkeypatch):
+    monkeypatch.setattr(plot, "_CHUNK_ELEMENTS", 50 * 37)  # 37-row chunks, bins of 100
+    edges, mean, low, high = plot._binned_table(1000, 50, 10000.0, 10)
+    table = _table(1000, 50).reshape(10, 100, 50)
+    np.testing.assert_array_equal(edges, np.arange(0, 1001, 100))
+    np.testing.assert_allclose(mean, table.mean(axis=1), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(low, table.min(axis=1), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(high, table.max(axis=1), rtol=0, atol=1e-15)
+
+
+def test_long_range_title_says_what_is_drawn():
+    fig = plot.long_range(50000, 50, pixels=400)
+    assert "125 positions" in fig.axes[0].get_title()
+    assert "Mean" in fig.axes[0].get_title()
+    assert "max − min" in fig.axes[1].get_title()
+
+
+def test_wavelength_line_is_the_geometric_ladder():
+    d, n = 512, 10000.0
+    fig = plot.wavelength_spectrum(d, n)
+    line = fig.axes[0].lines[0]
+    i = np.arange(d // 2)
+    np.testing.assert_array_equal(line.get_xdata(), i)
+    np.testing.assert_allclose(line.get_ydata(), 2 * np.pi * np.power(n, 2 * i / d), rtol=1e-13)
+    assert fig.axes[0].get_yscale() == "log"
+    references = [ln.get_ydata()[0] for ln in fig.axes[0].lines[1:]]
+    np.testing.assert_allclose(references, [2 * math.pi, 2 * math.pi * n])
+
+
+def test_wavelength_both_formulas():
+    fig = plot.wavelength_spectrum(32, 100.0, formula="both")
+    paper, t2t = fig.axes[0].lines[:2]
+    i = np.arange(16)
+    np.testing.assert_allclose(t2t.get_ydata(), 2 * np.pi * 100.0 ** (i / 15), rtol=1e-13)
+    np.testing.assert_allclose(paper.get_ydata(), 2 * np.pi * 100.0 ** (2 * i / 32), rtol=1e-13)
+
+
+def test_similarity_matrix_and_offset_curve():
+    fig = plot.similarity()
+    table = _table(100, 512)
+    gram = np.asarray(fig.axes[0].images[0].get_array())
+    np.testing.assert_allclose(gram, table @ table.T, rtol=0, atol=1e-5)
+    curve = fig.axes[1].lines[0]  # then the d/2 reference line
+    k = np.arange(-99, 100)
+    np.testing.assert_array_equal(curve.get_xdata(), k)
+    np.testing.assert_allclose(curve.get_ydata(), posenc.offset_similarity(k, 512), atol=1e-12)
+    # Every diagonal of the matrix is the curve's value at its offset.
+    for offset in (0, 1, 7, 99):
+        np.testing.assert_allclose(np.diagonal(gram, offset), curve.get_ydata()[99 + offset],
+                                   atol=1e-10)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "kwargs", "error", "named"),
+    [
+        ("heatmap", {"length": -1}, ValueError, "-1"),
+        ("heatmap", {"length": 2.5}, TypeError, "2.5"),
+        ("heatmap", {"d_model": 0}, ValueError, "d_model"),
+        ("heatmap", {"base": 1}, ValueError, "base"),
+        ("heatmap", {"base": -3.0}, ValueError, "-3.0"),
+        ("heatmap", {"layout": "zigzag"}, ValueError, "zigzag"),
+        ("sinusoids", {"positions": []}, ValueError, "positions"),
+        ("sinusoids", {"positions": [1.0, float("nan")]}, ValueError, "nan"),
+        ("sinusoids", {"columns": 300}, ValueError, "300"),
+        ("dimensions", {"d_models": (20, 0)}, ValueError, "d_models[1]"),
+        ("dimensions", {"d_models": "20"}, TypeError, "'20'"),
+        ("dimensions", {"columns": (0, 25)}, ValueError, "25"),
+        ("first-positions", {"length": 0}, ValueError, "length"),
+        ("long-range", {"pixels": 0}, ValueError, "pixels"),
+        ("long-range", {"length": True}, TypeError, "True"),
+        ("wavelengths", {"formula": "rope"}, ValueError, "rope"),
+        ("wavelengths", {"d_model": 1}, ValueError, "d_model"),
+        ("similarity", {"d_model": 511}, ValueError, "511"),
+        ("grid", {"base": "big"}, TypeError, "big"),
+    ],
+)
+def test_bad_arguments_are_named(kind, kwargs, error, named):
+    with pytest.raises(error) as info:
+        plot.PLOTS[kind](**kwargs)
+    assert named in str(info.value)
+
+
+def test_unknown_kind_is_not_registered():
+    with pytest.raises(KeyError, match="spiral"):
+        plot.PLOTS["spiral"]
+
+
+def test_save_rejects_bad_input(tmp_path):
+    fig = plot.grid()
+    with pytest.raises(ValueError, match=r"grid\.xyz"):
+        plot.save(fig, tmp_path / "grid.xyz")
+    with pytest.raises(ValueError, match="grid"):
+        plot.save(fig, tmp_path / "grid")
+    with pytest.raises(ValueError, match="0"):
+        plot.save(fig, tmp_path / "grid.png", dpi=0)
+    with pytest.raises(TypeError, match="not a figure"):
+        plot.save("not a figure", tmp_path / "grid.png")
+
+
+def test_missing_matplotlib_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ImportError, match=r"pip install 'posenc\[plot\]'"):
+        plot.grid()
+
+
+def test_import_posenc_does_not_import_matplotlib():
+    code = (
+        "import sys, posenc, posenc.plot; "
+        "assert 'matplotlib' not in sys.modules, [m for m in sys.modules if 'matplotlib' in m]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_figures_do_not_use_pyplot():
+    code = (
+        "import sys, posenc.plot as p; [f() for f in p.PLOTS.values()]; "
+        "assert 'matplotlib.pyplot' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
