@@ -206,7 +206,9 @@ def test_negative_and_fractional_positions_follow_the_formula():
     omega = posenc.frequencies(10, 100)
     angle = positions[:, None] * omega
     expected = np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(5, 10)
-    assert_allclose(posenc.sinusoidal(positions, 10, base=100, dtype="float64"), expected, atol=1e-12)
+    assert_allclose(
+        posenc.sinusoidal(positions, 10, base=100, dtype="float64"), expected, atol=1e-12
+    )
 
 
 # ---------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ import pytest
 torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-from seed_oracles import gen_pe_torch, seed_positional_encoding_class  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
 import posenc  # noqa: E402
@@ -21,6 +20,7 @@ from posenc.torch import (  # noqa: E402
     TokenEmbedding,
     exact_table,
 )
+from seed_oracles import gen_pe_torch, seed_positional_encoding_class  # noqa: E402
 
 # Seed 003: the embedded batch (3, 6, 4), printed to 2 decimals, and the outputs of the
 # positional encoding with n=100 (from-scratch section) and n=10000 (module section).
@@ -80,7 +80,11 @@ def test_nothing_derived_in_state_dict_and_seed_checkpoints_load():
     ours.load_state_dict(seed.state_dict(), strict=True)
     # Nested, with a prefix, and the table is untouched by the loaded values.
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), SinusoidalPositionalEncoding(16, 0.0, 50))
-    state = {"0.weight": torch.zeros(16, 16), "0.bias": torch.zeros(16), "1.pe": torch.ones(1, 50, 16)}
+    state = {
+        "0.weight": torch.zeros(16, 16),
+        "0.bias": torch.zeros(16),
+        "1.pe": torch.ones(1, 50, 16),
+    }
     model.load_state_dict(state, strict=True)
     assert torch.equal(model[1].pe, exact_table(50, 16))
 
@@ -271,7 +275,11 @@ def test_learned_embedding_beyond_max_length_is_an_error():
 )  # fmt: skip
 @pytest.mark.parametrize("cls", ["sinusoidal", "learned"])
 def test_bad_input(call, error, match, cls):
-    module = SinusoidalPositionalEncoding(8, 0.0, 16) if cls == "sinusoidal" else LearnedPositionalEmbedding(16, 8)
+    module = (
+        SinusoidalPositionalEncoding(8, 0.0, 16)
+        if cls == "sinusoidal"
+        else LearnedPositionalEmbedding(16, 8)
+    )
     with pytest.raises(error, match=match):
         call(module)
 

@@ -97,7 +97,7 @@ def wavelengths(d_model: int, base: float = 10000.0, *, formula: str = "paper") 
     ``2π · n^(2i/d)`` from ``2π`` up to (but, for finite ``d``, not reaching) ``2πn``.
 
     Example:
-        >>> [round(w, 4) for w in wavelengths(4, 100.0)]
+        >>> wavelengths(4, 100.0).round(4).tolist()
         [6.2832, 62.8319]
     """
     d_model = check_d_model(d_model)

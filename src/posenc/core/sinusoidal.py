@@ -238,9 +238,7 @@ def layout_permutation(d_model: int, source: str, target: str) -> np.ndarray:
     d_model = check_d_model(d_model)
     source = check_choice(source, "source", LAYOUTS)
     target = check_choice(target, "target", LAYOUTS)
-    interleaved_to_split = np.concatenate(
-        [np.arange(0, d_model, 2), np.arange(1, d_model, 2)]
-    )
+    interleaved_to_split = np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
     if source == target:
         return np.arange(d_model)
     if source == "interleaved":

@@ -22,7 +22,6 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import (
-    DEFAULT_MAX_BYTES,
     FORMULAS,
     LAYOUTS,
     check_base,
@@ -59,8 +58,8 @@ def exact_table(
     float16 or bfloat16), never a cast of a table computed in another precision.
 
     Example:
-        >>> exact_table(2, 4, base=100).tolist()
-        [[0.0, 1.0, 0.0, 1.0], [0.8414709568023682, 0.5403023362159729, 0.0998334139585495, 0.9950041770935059]]
+        >>> exact_table(2, 4, base=100)[1].tolist()  # float32 values of sin 1, cos 1, ...
+        [0.8414709568023682, 0.5403022766113281, 0.0998334139585495, 0.9950041770935059]
     """
     length = check_int(length, "length", minimum=0)
     d_model = check_d_model(d_model)
@@ -81,9 +80,7 @@ def exact_table(
 
 def _format(dtype: Any) -> str:
     if dtype not in _FORMATS:
-        raise TypeError(
-            f"dtype must be one of {[str(d) for d in _FORMATS]}, got {describe(dtype)}"
-        )
+        raise TypeError(f"dtype must be one of {[str(d) for d in _FORMATS]}, got {describe(dtype)}")
     return _FORMATS[dtype]
 
 
@@ -393,7 +390,9 @@ class TokenEmbedding(nn.Module):
             low, high = int(ids.min()), int(ids.max())
             if low < 0 or high >= self.vocab_size:
                 bad = low if low < 0 else high
-                raise ValueError(f"token id {bad} is outside the vocabulary 0..{self.vocab_size - 1}")
+                raise ValueError(
+                    f"token id {bad} is outside the vocabulary 0..{self.vocab_size - 1}"
+                )
         out = self.embedding(ids)
         return out * math.sqrt(self.d_model) if self.scale else out
 

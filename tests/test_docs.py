@@ -1,0 +1,31 @@
+"""Every docstring example in the package runs and prints what it says."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import numpy as np
+import pytest
+
+MODULES = {
+    "posenc": None,
+    "posenc.core.frequencies": None,
+    "posenc.core.sinusoidal": None,
+    "posenc.analysis": None,
+    "posenc.vocab": None,
+    "posenc.torch": "torch",
+    "posenc.torch.modules": "torch",
+    "posenc.plot": "matplotlib",
+}
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_docstring_examples(name):
+    if MODULES[name]:
+        pytest.importorskip(MODULES[name])
+    module = importlib.import_module(name)
+    with np.printoptions(legacy=False):
+        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0
+    assert result.attempted > 0, f"{name} has no examples"
