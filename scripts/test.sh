@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: make .venv, install posenc with every
+# extra and the test group, then lint and run pytest. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+# The CPU build of PyTorch first, so that the torch>= requirement of posenc[torch] is
+# already met and pip does not fetch the newest release with its CUDA packages.
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+pip_install() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
+pip_install --upgrade "pip>=25.1"          # for --group (PEP 735 dependency groups)
+pip_install "$TORCH_SPEC"
+pip_install -e ".[all]" --group test
+
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/python -m pytest "$@"
