@@ -97,14 +97,7 @@ def offset_similarity(
     odd ``d_model`` the lone sine column adds ``sin(pω)sin((p+k)ω)``, which depends on
     ``pos``, so only even widths are accepted.
     """
-    d_model = check_d_model(d_model)
-    if d_model % 2:
-        raise ValueError(f"offset_similarity needs an even d_model, got {d_model}")
-    base = check_base(base)
-    formula = check_choice(formula, "formula", FORMULAS)
-    offsets = check_positions(offsets, "offsets").astype(np.float64)
-    hi, lo = frequency_turns(d_model, base, formula)
-    _, cos = unit_phasors(offsets[..., None], hi, lo)
+    _, cos = _offset_phasors("offset_similarity", offsets, d_model, base, formula, scale=1.0)
     return cos.sum(axis=-1)
 
 
@@ -116,15 +109,22 @@ def offset_distances(
     Closed form ``sqrt(Σ_i 2 - 2 cos(k ω_i)) = 2 sqrt(Σ_i sin²(k ω_i / 2))``, evaluated in
     the second form so that small offsets keep their relative accuracy.
     """
+    half_sin, _ = _offset_phasors("offset_distances", offsets, d_model, base, formula, scale=0.5)
+    return 2 * np.sqrt(np.square(half_sin).sum(axis=-1))
+
+
+def _offset_phasors(
+    name: str, offsets: Any, d_model: int, base: float, formula: str, *, scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validated ``(sin, cos)`` of ``scale · k · ω_i`` for each offset ``k``, even ``d``."""
     d_model = check_d_model(d_model)
     if d_model % 2:
-        raise ValueError(f"offset_distances needs an even d_model, got {d_model}")
+        raise ValueError(f"{name} needs an even d_model, got {d_model}")
     base = check_base(base)
     formula = check_choice(formula, "formula", FORMULAS)
     offsets = check_positions(offsets, "offsets").astype(np.float64)
     hi, lo = frequency_turns(d_model, base, formula)
-    half_sin, _ = unit_phasors(offsets[..., None] / 2, hi, lo)
-    return 2 * np.sqrt(np.square(half_sin).sum(axis=-1))
+    return unit_phasors(scale * offsets[..., None], hi, lo)
 
 
 @dataclass(frozen=True)
