@@ -103,6 +103,27 @@ def test_formats_agree_between_range_and_array_paths(fmt):
     assert_allclose(fast[shuffled].astype(np.float64), gathered.astype(np.float64), atol=atol)
 
 
+@pytest.mark.parametrize("start", [0, 5_000_000])
+def test_long_range_builds_stay_accurate(start):
+    # A million consecutive positions go three levels deep in the phasor recursion;
+    # compare sampled rows with the per-element exact reduction.
+    length, d = 1_000_000, 16
+    table = posenc.sinusoidal(np.arange(start, start + length), d, dtype="float64")
+    rows = np.random.default_rng(0).choice(length, 5000, replace=False)
+    direct = posenc.sinusoidal(rows + float(start), d, dtype="float64")
+    assert_allclose(table[rows], direct, rtol=0, atol=3e-15)
+
+
+def test_threads_do_not_change_values():
+    tables = [posenc.sinusoidal(3001, 64, threads=n) for n in (1, 2, 3)]
+    split = [posenc.sinusoidal(3001, 63, layout="split", threads=n) for n in (1, 2)]
+    assert_array_equal(tables[0], tables[1])
+    assert_array_equal(tables[0], tables[2])
+    assert_array_equal(split[0], split[1])
+    with pytest.raises(ValueError, match="threads must be an int >= 1, got 0"):
+        posenc.sinusoidal(10, 4, threads=0)
+
+
 def test_peers_float32_angles_are_far_off_at_1e7():
     # What every peer does: float32 positions times float32 frequencies.
     position, d = 10_000_000, 64

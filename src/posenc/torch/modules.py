@@ -135,6 +135,11 @@ def _check_offset(offset: Any, name: str) -> int:
     return offset
 
 
+def _dropout(dropout: nn.Dropout, x: Tensor) -> Tensor:
+    """``dropout(x)``, skipping the module call where it is the identity (eval or p=0)."""
+    return dropout(x) if dropout.training and dropout.p > 0 else x
+
+
 def _drop_keys(*names: str):
     """A load-state-dict pre-hook that discards derived entries written by other code."""
 
@@ -273,7 +278,7 @@ class SinusoidalPositionalEncoding(nn.Module):
                 end = high + 1
             table = self.table(end, x.dtype, x.device)
             pe = nn.functional.embedding(positions.to(x.device), table)  # (seq, d) or (B, seq, d)
-        return self.dropout(x + pe)
+        return _dropout(self.dropout, x + pe)
 
     def extra_repr(self) -> str:
         return (
@@ -343,7 +348,7 @@ class LearnedPositionalEmbedding(nn.Module):
                 if high >= self.max_length:
                     raise self._too_long(high)
             pe = nn.functional.embedding(positions.to(x.device), self.weight)
-        return self.dropout(x + pe.to(x.dtype))
+        return _dropout(self.dropout, x + pe.to(x.dtype))
 
     def extra_repr(self) -> str:
         return f"max_length={self.max_length}, d_model={self.d_model}"
