@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -184,8 +186,32 @@ def _contiguous_range(positions: Any) -> tuple[int, int] | None:
     return int(start), int(array.size)
 
 
-_LEAF = 16  # ranges this short get their phasors from sin/cos directly
-_PARALLEL_ENTRIES = 1 << 18  # tables smaller than this are built on one thread
+_LEAF = 32  # ranges this short are finished by _leaf_phasors
+_DIRECT = 8  # ... which calls sin/cos for this many positions and doubles the rest
+_PARALLEL_ENTRIES = 1 << 18  # smaller tables gain nothing from a second thread
+
+
+def _leaf_phasors(start: float, n: int, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """``e^{i k ω}`` for ``k = start .. start+n-1`` (``n <= _LEAF``), complex128 ``(n, m)``.
+
+    One exact ``sin``/``cos`` evaluation covers positions ``start .. start+7`` and the
+    steps ``e^{i8ω}``, ``e^{i16ω}``; the rest follows by doubling (at most two complex
+    multiplies per value).
+    """
+    direct = min(n, _DIRECT)
+    steps = []
+    while direct * 2 ** len(steps) < n:
+        steps.append(float(direct * 2 ** len(steps)))
+    positions = np.concatenate([start + np.arange(direct, dtype=np.float64), steps])
+    sin, cos = unit_phasors(positions[:, None], hi, lo)
+    z = np.empty((direct * 2 ** len(steps), hi.size), np.complex128)
+    z.real[: positions.size], z.imag[: positions.size] = cos, sin
+    step = z[direct : direct + len(steps)].copy()  # the exact e^{i·step·ω} rows
+    size = direct
+    for row in step:
+        np.multiply(z[:size], row, out=z[size : 2 * size])
+        size *= 2
+    return z[:n]
 
 
 def _phasors(start: float, n: int, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
@@ -194,20 +220,18 @@ def _phasors(start: float, n: int, hi: np.ndarray, lo: np.ndarray) -> np.ndarray
     Recursive: ``k = start + aB + b`` with ``B ≈ √n`` a power of two; the fine phasors
     ``e^{ibω}`` and the coarse ones ``e^{iaBω}`` are themselves ranges (the latter of the
     frequencies ``Bω``, whose double-double turns are ``B·hi + B·lo`` exactly), so only
-    short ranges ever call ``sin``/``cos``. Each level adds one complex multiply, about
-    2**-52 of error; a range of 10**6 positions is three levels deep.
+    a few positions per level ever go through ``sin``/``cos``. Each level adds one
+    complex multiply, about 2**-52 of error; a range of 10**6 positions is two levels
+    above the leaves.
     """
     if n <= _LEAF:
-        sin, cos = unit_phasors((start + np.arange(n, dtype=np.float64))[:, None], hi, lo)
-        z = np.empty(sin.shape, np.complex128)
-        z.real, z.imag = cos, sin
-        return z
+        return _leaf_phasors(start, n, hi, lo)
     block = 1 << math.ceil(math.log2(math.sqrt(n)))
     n_blocks = -(-n // block)
     fine = _phasors(0.0, block, hi, lo)  # (B, m)
     coarse = _phasors(0.0, n_blocks, hi * block, lo * block)  # (A, m), e^{iaBω}
     if start:
-        coarse *= _phasors(start, 1, hi, lo)
+        coarse *= _leaf_phasors(start, 1, hi, lo)
     return (coarse[:, None, :] * fine[None, :, :]).reshape(-1, hi.size)[:n]
 
 
@@ -233,7 +257,7 @@ def _range_table(
     fine = np.conj(_phasors(0.0, block, hi, lo))  # e^{-ibω}, (B, m)
     coarse = _phasors(0.0, n_blocks, hi * block, lo * block)
     if start:
-        coarse *= _phasors(start, 1, hi, lo)
+        coarse *= _leaf_phasors(start, 1, hi, lo)
     coarse = 1j * np.conj(coarse)  # e^{i(π/2 - (start+aB)ω)}, (A, m)
 
     direct = layout == "interleaved" and d % 2 == 0 and fmt in ("float32", "float64")
@@ -257,14 +281,41 @@ def _range_table(
         else:
             _write(out[rows], product.real, product.imag, fmt, layout)
 
-    chunks = range(0, n_blocks, blocks_per_chunk)
-    if workers == 1:
-        for a0 in chunks:
-            fill(a0)
-    else:
-        with ThreadPoolExecutor(workers) as pool:  # NumPy releases the GIL in ufuncs
-            list(pool.map(fill, chunks))
+    _run(fill, range(0, n_blocks, blocks_per_chunk), workers)
     return out
+
+
+_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, pool)
+_POOL_LOCK = threading.Lock()
+
+
+def _run(task: Callable[[int], None], items: Sequence[int], workers: int) -> None:
+    """``task(item)`` for every item on ``workers`` threads (the caller is one of them).
+
+    NumPy releases the GIL inside ufuncs, so the threads run in parallel. The pool is
+    made once per process (a forked child makes its own) and reused, so that tables
+    of a few hundred microseconds gain from it too.
+    """
+    if workers <= 1 or len(items) <= 1:
+        for item in items:
+            task(item)
+        return
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(_cpu_count(), thread_name_prefix="posenc"))
+        pool = _POOL[1]
+    # Interleave the items so each worker gets an even share, run share 0 here.
+    shares = [items[i::workers] for i in range(workers)]
+    futures = [pool.submit(_run_all, task, share) for share in shares[1:]]
+    _run_all(task, shares[0])
+    for future in futures:
+        future.result()
+
+
+def _run_all(task: Callable[[int], None], items: Sequence[int]) -> None:
+    for item in items:
+        task(item)
 
 
 def _workers(threads: int | None, entries: int, blocks: int) -> int:
