@@ -48,7 +48,10 @@ def embed_sentence(
     vocab = Vocabulary(tokens)
     ids = vocab.encode(tokens)
     if backend == "torch":
-        import torch
+        try:
+            import torch
+        except ImportError as exc:
+            raise ImportError("the torch backend needs PyTorch: pip install 'posenc[torch]'") from exc
 
         from .torch import InputEmbedding
 
