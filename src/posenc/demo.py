@@ -51,7 +51,9 @@ def embed_sentence(
         try:
             import torch
         except ImportError as exc:
-            raise ImportError("the torch backend needs PyTorch: pip install 'posenc[torch]'") from exc
+            raise ImportError(
+                "the torch backend needs PyTorch: pip install 'posenc[torch]'"
+            ) from exc
 
         from .torch import InputEmbedding
 
