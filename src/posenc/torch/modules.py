@@ -245,20 +245,22 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def table(self, end: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         """Rows ``0 .. end-1`` (at least) of the table in ``dtype`` on ``device``."""
-        if end > self.pe.shape[0]:
+        pe = self.pe  # one nn.Module attribute lookup
+        if end > pe.shape[0]:
             if torch.compiler.is_compiling():
                 raise ValueError(
                     f"positions up to {end - 1} need a longer table than the "
-                    f"{self.pe.shape[0]} rows built; under torch.compile call "
+                    f"{pe.shape[0]} rows built; under torch.compile call "
                     f".extend({end}) before compiling"
                 )
-            self.extend(max(end, 2 * self.pe.shape[0]))
-        if self.pe.dtype == dtype and self.pe.device == device:
-            return self.pe
+            self.extend(max(end, 2 * pe.shape[0]))
+            pe = self.pe
+        if pe.dtype == dtype and pe.device == device:
+            return pe
         key = (dtype, device)
         table = self._other_tables.get(key)
-        if table is None or table.shape[0] < self.pe.shape[0]:
-            table = self._build(self.pe.shape[0], dtype, device)
+        if table is None or table.shape[0] < pe.shape[0]:
+            table = self._build(pe.shape[0], dtype, device)
             self._other_tables[key] = table
         return table
 
