@@ -1,0 +1,50 @@
+"""torch.export and ONNX export of the PyTorch modules, checked by running the results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from posenc.torch import (  # noqa: E402
+    InputEmbedding,
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+)
+
+
+def _modules():
+    torch.manual_seed(0)
+    return {
+        "sinusoidal": (SinusoidalPositionalEncoding(16, 0.0, 64).eval(), torch.randn(2, 10, 16)),
+        "learned": (LearnedPositionalEmbedding(64, 16).eval(), torch.randn(2, 10, 16)),
+        "input": (InputEmbedding(30, 16, dropout=0.0, max_length=64).eval(),
+                  torch.randint(0, 30, (2, 10))),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["sinusoidal", "learned", "input"])
+def test_torch_export_with_a_dynamic_sequence_length(name):
+    module, example = _modules()[name]
+    seq = torch.export.Dim("seq", max=64)
+    program = torch.export.export(module, (example,), dynamic_shapes=({1: seq},))
+    longer = torch.randint(0, 30, (2, 37)) if name == "input" else torch.randn(2, 37, 16)
+    assert torch.equal(program.module()(longer), module(longer))
+
+
+@pytest.mark.parametrize("name", ["sinusoidal", "learned", "input"])
+def test_onnx_export_runs_in_onnxruntime(name, tmp_path):
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    module, example = _modules()[name]
+    seq = torch.export.Dim("seq", max=64)
+    program = torch.onnx.export(
+        module, (example,), dynamo=True, dynamic_shapes=({1: seq},), verbose=False
+    )
+    path = tmp_path / f"{name}.onnx"
+    program.save(str(path))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    longer = torch.randint(0, 30, (2, 25)) if name == "input" else torch.randn(2, 25, 16)
+    (out,) = session.run(None, {session.get_inputs()[0].name: longer.numpy()})
+    np.testing.assert_allclose(out, module(longer).detach().numpy(), rtol=0, atol=1e-6)
