@@ -12,6 +12,7 @@ MODULES = {
     "posenc": None,
     "posenc.core.frequencies": None,
     "posenc.core.sinusoidal": None,
+    "posenc.core.rope": None,
     "posenc.analysis": None,
     "posenc.vocab": None,
     "posenc.torch": "torch",

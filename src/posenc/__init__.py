@@ -17,15 +17,28 @@ from .analysis import (
     precision_report,
     relative_map,
 )
-from .core import frequencies, layout_permutation, sinusoidal, wavelengths
+from .core import (
+    ROPE_SCALINGS,
+    apply_rope,
+    frequencies,
+    layout_permutation,
+    rope_frequencies,
+    rope_permutation,
+    rope_scaling,
+    rope_tables,
+    sinusoidal,
+    wavelengths,
+)
 from .vocab import Vocabulary, tokenize
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ROPE_SCALINGS",
     "ClosestPair",
     "Vocabulary",
     "__version__",
+    "apply_rope",
     "frequencies",
     "layout_permutation",
     "min_pairwise_distance",
@@ -33,6 +46,10 @@ __all__ = [
     "offset_similarity",
     "precision_report",
     "relative_map",
+    "rope_frequencies",
+    "rope_permutation",
+    "rope_scaling",
+    "rope_tables",
     "sinusoidal",
     "tokenize",
     "wavelengths",

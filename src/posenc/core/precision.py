@@ -16,6 +16,8 @@ A float32 angle, as every peer library forms it, has an absolute error of
 
 from __future__ import annotations
 
+import decimal
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -138,3 +140,53 @@ def _dtype_name(dtype: Any) -> str | None:
                 return name
         return None
     return np_dtype.name
+
+
+# 2π to 64 significant digits, for turning arbitrary float64 frequencies into turns.
+_TWO_PI_DECIMAL = decimal.Decimal(
+    "6.283185307179586476925286766559005768394338798750211641949889185"
+)
+_TURNS_CONTEXT = decimal.Context(prec=50)
+
+
+def turns_of(omega: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``ω / 2π`` as a double-double ``(hi, lo)``, each float64 ``ω`` taken as exact.
+
+    This is what :func:`unit_phasors` needs for frequencies that are only known as
+    float64 numbers (scaled RoPE frequencies, user-supplied ``inv_freq``): the quotient
+    is computed with :mod:`decimal` at 50 significant digits, so ``hi + lo`` is within
+    about 2**-106 (relative) of the exact ``ω / 2π``. Results are cached per input.
+
+    Args:
+        omega: Finite float64 values (any shape), radians per position.
+
+    Returns:
+        ``(hi, lo)``: read-only float64 arrays of ``omega``'s shape, ``|lo| <= ulp(hi)/2``.
+
+    Example:
+        >>> hi, lo = turns_of([1.0, 0.5])
+        >>> hi.tolist()
+        [0.15915494309189535, 0.07957747154594767]
+        >>> bool(abs(lo[0]) < 2**-53 * hi[0])
+        True
+    """
+    values = np.ascontiguousarray(omega, dtype=np.float64)
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"frequencies must be finite, got {describe(omega)} with inf or nan")
+    hi, lo = _turns_cached(values.tobytes())
+    return hi.reshape(values.shape), lo.reshape(values.shape)
+
+
+@lru_cache(maxsize=512)
+def _turns_cached(key: bytes) -> tuple[np.ndarray, np.ndarray]:
+    values = np.frombuffer(key, dtype=np.float64)
+    ctx = _TURNS_CONTEXT
+    hi = np.empty(values.size)
+    lo = np.empty(values.size)
+    for i, w in enumerate(values.tolist()):
+        turns = ctx.divide(decimal.Decimal(w), _TWO_PI_DECIMAL)  # Decimal(float) is exact
+        hi[i] = float(turns)
+        lo[i] = float(ctx.subtract(turns, decimal.Decimal(hi[i])))
+    hi.flags.writeable = False
+    lo.flags.writeable = False
+    return hi, lo
