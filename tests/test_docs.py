@@ -13,10 +13,15 @@ MODULES = {
     "posenc.core.frequencies": None,
     "posenc.core.sinusoidal": None,
     "posenc.core.rope": None,
+    "posenc.core.alibi": None,
+    "posenc.core.t5": None,
+    "posenc.core.nope": None,
+    "posenc.core.precision": None,
     "posenc.analysis": None,
     "posenc.vocab": None,
     "posenc.torch": "torch",
     "posenc.torch.modules": "torch",
+    "posenc.torch.rope": "torch",
     "posenc.plot": "matplotlib",
 }
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import inspect
 import math
 
@@ -12,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
-from posenc.core import precision, rope
 from posenc.core.precision import round_to_format, turns_of
 from posenc.core.rope import (
     ROPE_SCALINGS,
@@ -749,11 +747,3 @@ def test_registry_functions_share_one_signature():
         assert inv_freq.dtype == np.float64, name
         assert inv_freq.shape == (4,), name
         assert isinstance(attention, float), name
-
-
-@pytest.mark.parametrize("module", [rope, precision])
-def test_docstring_examples(module):
-    with np.printoptions(legacy=False):
-        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.failed == 0
-    assert result.attempted > 0

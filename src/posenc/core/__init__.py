@@ -1,6 +1,8 @@
 """Pure NumPy math: one implementation per formula, float64 inside."""
 
+from .alibi import alibi_bias, alibi_slopes
 from .frequencies import frequencies, wavelengths
+from .nope import nope
 from .rope import (
     ROPE_SCALINGS,
     apply_rope,
@@ -10,16 +12,23 @@ from .rope import (
     rope_tables,
 )
 from .sinusoidal import layout_permutation, sinusoidal
+from .t5 import relative_position_bucket, relative_positions, t5_bias
 
 __all__ = [
     "ROPE_SCALINGS",
+    "alibi_bias",
+    "alibi_slopes",
     "apply_rope",
     "frequencies",
     "layout_permutation",
+    "nope",
+    "relative_position_bucket",
+    "relative_positions",
     "rope_frequencies",
     "rope_permutation",
     "rope_scaling",
     "rope_tables",
     "sinusoidal",
+    "t5_bias",
     "wavelengths",
 ]

@@ -14,11 +14,14 @@ from .modules import (
     TokenEmbedding,
     exact_table,
 )
+from .rope import RotaryEmbedding, convert_rope_weights
 
 __all__ = [
     "InputEmbedding",
     "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "TokenEmbedding",
+    "convert_rope_weights",
     "exact_table",
 ]
