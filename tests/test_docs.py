@@ -22,6 +22,8 @@ MODULES = {
     "posenc.torch": "torch",
     "posenc.torch.modules": "torch",
     "posenc.torch.rope": "torch",
+    "posenc.torch.bias": "torch",
+    "posenc.torch.attention": "torch",
     "posenc.plot": "matplotlib",
 }
 

@@ -7,6 +7,8 @@ Example:
     torch.Size([2, 10, 512])
 """
 
+from .attention import KVCache, MultiHeadAttention
+from .bias import ALiBiBias, T5RelativeBias
 from .modules import (
     InputEmbedding,
     LearnedPositionalEmbedding,
@@ -17,10 +19,14 @@ from .modules import (
 from .rope import RotaryEmbedding, convert_rope_weights
 
 __all__ = [
+    "ALiBiBias",
     "InputEmbedding",
+    "KVCache",
     "LearnedPositionalEmbedding",
+    "MultiHeadAttention",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
+    "T5RelativeBias",
     "TokenEmbedding",
     "convert_rope_weights",
     "exact_table",

@@ -1,0 +1,224 @@
+"""Multi-head self-attention into which any positional scheme is injected.
+
+Where each scheme acts:
+
+* absolute encodings (sinusoidal, learned, NoPE) act on the input embeddings, before
+  this module: pass ``position=None`` here;
+* RoPE rotates the queries and keys (:class:`posenc.torch.RotaryEmbedding`);
+* ALiBi and T5 add a bias to the scores (:class:`ALiBiBias`, :class:`T5RelativeBias`).
+
+The scores go through :func:`torch.nn.functional.scaled_dot_product_attention`.
+Keys and values of earlier steps can be kept in a :class:`KVCache`; decoding one token
+at a time then equals the full-sequence call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .._checks import check_int, check_probability, describe
+from .bias import ALiBiBias, T5RelativeBias
+from .modules import _check_offset
+from .rope import RotaryEmbedding
+
+
+class KVCache:
+    """Keys and values of the positions seen so far, ``(batch, heads, seen, head_dim)``.
+
+    Example:
+        >>> cache = KVCache()
+        >>> k, v = cache.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+        >>> cache.length, tuple(k.shape)
+        (3, (1, 2, 3, 4))
+    """
+
+    def __init__(self) -> None:
+        self.keys: Tensor | None = None
+        self.values: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Number of positions cached (the offset of the next query)."""
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Append this step's keys and values; return all of them."""
+        if self.keys is None or self.values is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat([self.keys, keys], dim=-2)  # (B, H, seen + T, hs)
+            self.values = torch.cat([self.values, values], dim=-2)
+        return self.keys, self.values
+
+
+class MultiHeadAttention(nn.Module):
+    """Causal or bidirectional multi-head self-attention with an injected position scheme.
+
+    Args:
+        d_model: Width of the input and output.
+        num_heads: Number of heads; must divide ``d_model``.
+        position: ``None`` (no positional information inside attention: NoPE, or an
+            absolute encoding added to the input), a :class:`RotaryEmbedding` (its
+            ``head_dim`` must be ``d_model // num_heads``, ``qk_layout="bhsd"``), an
+            :class:`ALiBiBias` or a :class:`T5RelativeBias` (with ``num_heads`` heads).
+        causal: Mask future keys (decoder) or not (encoder).
+        dropout: Dropout on the attention weights (training only).
+        bias: Whether the projections have biases.
+
+    Call arguments:
+        x: ``(batch, seq, d_model)``.
+        positions: Optional integer tensor ``(seq,)`` or ``(batch, seq)``: the positions
+            of the queries (and of the keys, without a cache), for packed sequences.
+        offset: Position of the first token when no cache is given.
+        cache: A :class:`KVCache`; its length is the offset of ``x``.
+        attn_mask: Optional boolean mask broadcastable to ``(batch, heads, seq, keys)``,
+            True where a query may attend (e.g. block-diagonal for packed documents).
+
+    Example:
+        >>> attention = MultiHeadAttention(32, 4, position=ALiBiBias(4))
+        >>> attention(torch.randn(2, 10, 32)).shape
+        torch.Size([2, 10, 32])
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        position: nn.Module | None = None,
+        causal: bool = True,
+        dropout: float = 0.0,
+        bias: bool = False,
+    ) -> None:
+        super().__init__()
+        self.d_model = check_int(d_model, "d_model", minimum=1)
+        self.num_heads = check_int(num_heads, "num_heads", minimum=1)
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"num_heads must divide d_model, got d_model={self.d_model} and "
+                f"num_heads={self.num_heads}"
+            )
+        self.head_dim = self.d_model // self.num_heads
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {describe(causal)}")
+        self.causal = causal
+        self.dropout = check_probability(dropout)
+        _check_position(position, self.num_heads, self.head_dim)
+        self.position = position
+        self.qkv = nn.Linear(self.d_model, 3 * self.d_model, bias=bias)
+        self.out = nn.Linear(self.d_model, self.d_model, bias=bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        offset: int = 0,
+        cache: KVCache | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> Tensor:
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else describe(x)
+            raise ValueError(
+                f"MultiHeadAttention expects x of shape (batch, seq, {self.d_model}), got {shape}"
+            )
+        offset = _check_offset(offset, "MultiHeadAttention")
+        if cache is not None:
+            if offset:
+                raise ValueError("pass either offset= or cache= (the cache knows its length)")
+            offset = cache.length
+        B, T, C = x.shape
+        nh, hs = self.num_heads, self.head_dim
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 × (B, T, C)
+        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if isinstance(self.position, RotaryEmbedding):
+            q, k = self.position(
+                q, k, positions=positions, offset=0 if positions is not None else offset
+            )
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, nh, S, hs) with S = offset + T
+        S = k.shape[-2]
+
+        mask = self._mask(T, S, offset, positions, x.device, q.dtype, attn_mask)
+        is_causal = self.causal and mask is None and T == S
+        y = nn.functional.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
+            scale=1.0 / math.sqrt(hs),
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.out(y)
+
+    def _mask(
+        self,
+        T: int,
+        S: int,
+        offset: int,
+        positions: Tensor | None,
+        device: torch.device,
+        dtype: torch.dtype,
+        attn_mask: Tensor | None,
+    ) -> Tensor | None:
+        """Float mask (bias and -inf) or None when plain causal/no mask suffices."""
+        bias = None
+        if isinstance(self.position, (ALiBiBias, T5RelativeBias)):
+            key_positions = positions if (positions is not None and S == T) else None
+            bias = self.position(
+                T,
+                S,
+                offset=offset if positions is None else 0,
+                positions=positions,
+                key_positions=key_positions,
+                dtype=dtype,
+                device=device,
+            )  # (nh, T, S) or (B, nh, T, S)
+        allowed = attn_mask
+        needs_causal_mask = self.causal and (bias is not None or attn_mask is not None or T != S)
+        if needs_causal_mask:
+            query_pos = torch.arange(offset, offset + T, device=device)
+            if positions is not None and S == T:
+                query_pos = torch.arange(T, device=device)  # packed: order within the batch row
+            causal = torch.arange(S, device=device)[None, :] <= query_pos[:, None]  # (T, S)
+            allowed = causal if allowed is None else (allowed & causal)
+        if bias is None and allowed is None:
+            return None
+        if allowed is None:
+            return bias
+        if bias is None:
+            return allowed
+        return bias.masked_fill(~allowed, float("-inf"))
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, causal={self.causal}"
+
+
+def _check_position(position: nn.Module | None, num_heads: int, head_dim: int) -> None:
+    if position is None:
+        return
+    if isinstance(position, RotaryEmbedding):
+        if position.head_dim != head_dim or position.qk_layout != "bhsd":
+            raise ValueError(
+                f"the RotaryEmbedding must have head_dim={head_dim} and qk_layout='bhsd', "
+                f"got head_dim={position.head_dim}, qk_layout={position.qk_layout!r}"
+            )
+        return
+    if isinstance(position, (ALiBiBias, T5RelativeBias)):
+        if position.num_heads != num_heads:
+            raise ValueError(
+                f"the {type(position).__name__} has {position.num_heads} heads, the attention "
+                f"{num_heads}"
+            )
+        return
+    raise TypeError(
+        "position must be None, a RotaryEmbedding, an ALiBiBias or a T5RelativeBias "
+        f"(absolute encodings act on the input, not in attention), got {describe(position)}"
+    )

@@ -1,0 +1,222 @@
+"""Attention-score biases: ALiBi and T5's learned relative position bias.
+
+Both return a bias of shape ``(heads, query, key)`` (or ``(batch, heads, query, key)``
+with per-example positions) that the attention adds to its scores before the softmax.
+The numbers come from the core: ALiBi's slopes from :func:`posenc.alibi_slopes`, T5's
+bucket of every relative distance from :func:`posenc.relative_position_bucket`; the
+modules only combine them with integer distances on the tensors' device.
+
+Positions follow the convention of the other modules: queries sit at
+``offset .. offset+q-1`` (KV-cache decoding) and keys at ``0 .. k-1``, or both are given
+explicitly (``positions=``, ``key_positions=``) for packed sequences.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .._checks import check_choice, check_int, describe
+from ..core.alibi import alibi_slopes
+from ..core.t5 import relative_position_bucket
+from .modules import _check_offset, _drop_keys
+
+
+def _relative_positions(
+    query_length: int,
+    key_length: int | None,
+    offset: int,
+    positions: Tensor | None,
+    key_positions: Tensor | None,
+    device: torch.device,
+    name: str,
+) -> Tensor:
+    """``key position - query position``: ``(q, k)``, or ``(batch, q, k)`` when given."""
+    query_length = check_int(query_length, "query_length", minimum=0)
+    offset = _check_offset(offset, name)
+    if key_length is None:
+        key_length = offset + query_length
+    key_length = check_int(key_length, "key_length", minimum=0)
+    if positions is None:
+        positions = torch.arange(offset, offset + query_length, device=device)
+    if key_positions is None:
+        key_positions = torch.arange(key_length, device=device)
+    for value, what, size in ((positions, "positions", query_length),
+                              (key_positions, "key_positions", key_length)):  # fmt: skip
+        if not isinstance(value, Tensor) or value.is_floating_point() or value.is_complex():
+            raise TypeError(f"{name}: {what} must be an integer tensor, got {describe(value)}")
+        if value.dim() not in (1, 2) or value.shape[-1] != size:
+            raise ValueError(
+                f"{name}: {what} must have shape ({size},) or (batch, {size}), "
+                f"got {tuple(value.shape)}"
+            )
+    return key_positions.to(device).unsqueeze(-2) - positions.to(device).unsqueeze(-1)
+
+
+class ALiBiBias(nn.Module):
+    """ALiBi (Press et al., 2022): a linear penalty ``-m_h · distance`` per head.
+
+    Args:
+        num_heads: Number of attention heads; slopes follow the paper's rule for any
+            count (geometric for powers of two, interleaved otherwise).
+        mode: ``"causal"``: ``-m·(i - j)`` for keys at or before the query and 0 after
+            it (hiding future keys is the causal mask's job); ``"symmetric"``:
+            ``-m·|i - j|`` for bidirectional attention.
+
+    Call arguments:
+        query_length, key_length: Sizes of the score matrix (``key_length`` defaults to
+            ``offset + query_length``).
+        offset: Position of the first query (KV-cache decoding).
+        positions, key_positions: Optional integer tensors of query / key positions.
+        dtype, device: Of the returned bias (float32 on the slopes' device by default).
+
+    Shapes:
+        output: ``(heads, q, k)``, or ``(batch, heads, q, k)`` with batched positions.
+
+    Example:
+        >>> ALiBiBias(2)(3)[1]
+        tensor([[ 0.0000,  0.0000,  0.0000],
+                [-0.0625,  0.0000,  0.0000],
+                [-0.1250, -0.0625,  0.0000]])
+
+    References:
+        Press, Smith and Lewis, "Train Short, Test Long: Attention with Linear Biases
+        Enables Input Length Extrapolation", ICLR 2022.
+    """
+
+    slopes: Tensor
+
+    def __init__(self, num_heads: int, *, mode: str = "causal") -> None:
+        super().__init__()
+        self.num_heads = check_int(num_heads, "num_heads", minimum=1)
+        self.mode = check_choice(mode, "mode", ("causal", "symmetric"))
+        self.register_buffer("slopes", self._build(), persistent=False)
+        self.register_load_state_dict_pre_hook(_drop_keys("slopes", "alibi"))
+
+    def _build(self, device: Any = None) -> Tensor:
+        return torch.from_numpy(alibi_slopes(self.num_heads)).to(device)  # float64
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        # The slopes stay float64 (exact from the core) whatever the module's dtype.
+        if self.slopes.device.type != "meta":
+            self.slopes = self._build(self.slopes.device)
+        return self
+
+    def forward(
+        self,
+        query_length: int,
+        key_length: int | None = None,
+        *,
+        offset: int = 0,
+        positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | None = None,
+    ) -> Tensor:
+        device = self.slopes.device if device is None else device
+        rel = _relative_positions(
+            query_length, key_length, offset, positions, key_positions, device, "ALiBiBias"
+        )  # (..., q, k), key - query
+        distance = rel.clamp(max=0) if self.mode == "causal" else -rel.abs()  # (..., q, k) ≤ 0
+        slopes = self.slopes.to(device).view(-1, 1, 1)  # (H, 1, 1), float64
+        # float64 product of an exact slope and an integer, rounded once to dtype.
+        bias = slopes * distance.to(torch.float64).unsqueeze(-3)  # (..., H, q, k)
+        return bias.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, mode={self.mode!r}"
+
+
+class T5RelativeBias(nn.Module):
+    """T5's learned relative position bias: one weight per (distance bucket, head).
+
+    The bucket of a relative distance (exact up to ``num_buckets/2`` or ``/4``,
+    log-spaced up to ``max_distance``, then constant) comes from
+    :func:`posenc.relative_position_bucket`, precomputed for every distance within
+    ``±max_distance``; longer distances share the last bucket of their side.
+
+    Args:
+        num_heads: Number of attention heads.
+        bidirectional: Encoder (True) or causal decoder (False) buckets.
+        num_buckets: Number of buckets (32 in T5).
+        max_distance: Distance from which all buckets saturate (128 in T5).
+        compat: ``"hf"`` (bit-equal to Hugging Face's float32 buckets, what trained
+            checkpoints assume) or ``"exact"`` (integer maths).
+
+    Call arguments:
+        As for :class:`ALiBiBias`.
+
+    The weight is named ``relative_attention_bias`` as in Hugging Face's ``T5Attention``,
+    so its ``relative_attention_bias.weight`` loads directly.
+
+    Example:
+        >>> bias = T5RelativeBias(4)
+        >>> bias(5).shape
+        torch.Size([4, 5, 5])
+    """
+
+    buckets: Tensor
+
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        bidirectional: bool = True,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        compat: str = "hf",
+    ) -> None:
+        super().__init__()
+        self.num_heads = check_int(num_heads, "num_heads", minimum=1)
+        if not isinstance(bidirectional, bool):
+            raise TypeError(f"bidirectional must be a bool, got {describe(bidirectional)}")
+        self.bidirectional = bidirectional
+        self.num_buckets = check_int(num_buckets, "num_buckets", minimum=2)
+        self.max_distance = check_int(max_distance, "max_distance", minimum=1)
+        self.compat = check_choice(compat, "compat", ("hf", "exact"))
+        self.relative_attention_bias = nn.Embedding(self.num_buckets, self.num_heads)
+        self.register_buffer("buckets", self._build(), persistent=False)
+        self.register_load_state_dict_pre_hook(_drop_keys("buckets"))
+
+    def _build(self, device: Any = None) -> Tensor:
+        distances = np.arange(-self.max_distance, self.max_distance + 1)
+        buckets = relative_position_bucket(
+            distances,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+            compat=self.compat,
+        )
+        return torch.from_numpy(buckets).to(device)  # (2·max_distance + 1,), int64
+
+    def forward(
+        self,
+        query_length: int,
+        key_length: int | None = None,
+        *,
+        offset: int = 0,
+        positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | None = None,
+    ) -> Tensor:
+        weight = self.relative_attention_bias.weight  # (num_buckets, H)
+        device = weight.device if device is None else device
+        rel = _relative_positions(
+            query_length, key_length, offset, positions, key_positions, device, "T5RelativeBias"
+        )  # (..., q, k)
+        index = rel.clamp(-self.max_distance, self.max_distance) + self.max_distance
+        buckets = self.buckets.to(device)[index]  # (..., q, k)
+        bias = nn.functional.embedding(buckets, weight)  # (..., q, k, H)
+        bias = bias.movedim(-1, -3)  # (..., H, q, k)
+        return bias if dtype is None else bias.to(dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, bidirectional={self.bidirectional}, "
+            f"num_buckets={self.num_buckets}, max_distance={self.max_distance}"
+        )
