@@ -77,7 +77,7 @@ class ALiBiBias(nn.Module):
         output: ``(heads, q, k)``, or ``(batch, heads, q, k)`` with batched positions.
 
     Example:
-        >>> ALiBiBias(2)(3)[1]
+        >>> ALiBiBias(2)(3)[0]  # head 0 of 2: slope 2**-4
         tensor([[ 0.0000,  0.0000,  0.0000],
                 [-0.0625,  0.0000,  0.0000],
                 [-0.1250, -0.0625,  0.0000]])
