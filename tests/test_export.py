@@ -8,9 +8,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from posenc.torch import (  # noqa: E402
+    ALiBiBias,
     InputEmbedding,
     LearnedPositionalEmbedding,
+    MultiHeadAttention,
+    NoPositionalEncoding,
+    RotaryEmbedding,
     SinusoidalPositionalEncoding,
+    T5RelativeBias,
 )
 
 
@@ -21,10 +26,21 @@ def _modules():
         "learned": (LearnedPositionalEmbedding(64, 16).eval(), torch.randn(2, 10, 16)),
         "input": (InputEmbedding(30, 16, dropout=0.0, max_length=64).eval(),
                   torch.randint(0, 30, (2, 10))),
+        "nope": (NoPositionalEncoding(16).eval(), torch.randn(2, 10, 16)),
+        "attention-rope": (MultiHeadAttention(16, 2, position=RotaryEmbedding(8, max_length=64)).eval(),
+                           torch.randn(2, 10, 16)),
+        "attention-alibi": (MultiHeadAttention(16, 2, position=ALiBiBias(2)).eval(),
+                            torch.randn(2, 10, 16)),
+        "attention-t5": (MultiHeadAttention(16, 2, position=T5RelativeBias(2, bidirectional=False)).eval(),
+                         torch.randn(2, 10, 16)),
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["sinusoidal", "learned", "input"])
+NAMES = ["sinusoidal", "learned", "input", "nope", "attention-rope", "attention-alibi",
+         "attention-t5"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_torch_export_with_a_dynamic_sequence_length(name):
     module, example = _modules()[name]
     seq = torch.export.Dim("seq", max=64)
@@ -33,7 +49,7 @@ def test_torch_export_with_a_dynamic_sequence_length(name):
     assert torch.equal(program.module()(longer), module(longer))
 
 
-@pytest.mark.parametrize("name", ["sinusoidal", "learned", "input"])
+@pytest.mark.parametrize("name", NAMES)
 def test_onnx_export_runs_in_onnxruntime(name, tmp_path):
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")

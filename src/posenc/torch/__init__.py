@@ -12,6 +12,7 @@ from .bias import ALiBiBias, T5RelativeBias
 from .modules import (
     InputEmbedding,
     LearnedPositionalEmbedding,
+    NoPositionalEncoding,
     SinusoidalPositionalEncoding,
     TokenEmbedding,
     exact_table,
@@ -24,6 +25,7 @@ __all__ = [
     "KVCache",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
+    "NoPositionalEncoding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "T5RelativeBias",

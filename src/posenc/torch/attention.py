@@ -144,8 +144,9 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.update(k, v)  # (B, nh, S, hs) with S = offset + T
         S = k.shape[-2]
 
-        mask = self._mask(T, S, offset, positions, x.device, q.dtype, attn_mask)
-        is_causal = self.causal and mask is None and T == S
+        cached = cache is not None  # without a cache the keys are this step's: S == T
+        mask = self._mask(T, S, offset, positions, cached, x.device, q.dtype, attn_mask)
+        is_causal = self.causal and mask is None and not cached
         y = nn.functional.scaled_dot_product_attention(
             q,
             k,
@@ -164,6 +165,7 @@ class MultiHeadAttention(nn.Module):
         S: int,
         offset: int,
         positions: Tensor | None,
+        cached: bool,
         device: torch.device,
         dtype: torch.dtype,
         attn_mask: Tensor | None,
@@ -171,7 +173,7 @@ class MultiHeadAttention(nn.Module):
         """Float mask (bias and -inf) or None when plain causal/no mask suffices."""
         bias = None
         if isinstance(self.position, (ALiBiBias, T5RelativeBias)):
-            key_positions = positions if (positions is not None and S == T) else None
+            key_positions = positions if (positions is not None and not cached) else None
             bias = self.position(
                 T,
                 S,
@@ -182,10 +184,10 @@ class MultiHeadAttention(nn.Module):
                 device=device,
             )  # (nh, T, S) or (B, nh, T, S)
         allowed = attn_mask
-        needs_causal_mask = self.causal and (bias is not None or attn_mask is not None or T != S)
+        needs_causal_mask = self.causal and (bias is not None or attn_mask is not None or cached)
         if needs_causal_mask:
             query_pos = torch.arange(offset, offset + T, device=device)
-            if positions is not None and S == T:
+            if positions is not None and not cached:
                 query_pos = torch.arange(T, device=device)  # packed: order within the batch row
             causal = torch.arange(S, device=device)[None, :] <= query_pos[:, None]  # (T, S)
             allowed = causal if allowed is None else (allowed & causal)

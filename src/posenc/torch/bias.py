@@ -25,6 +25,11 @@ from ..core.t5 import relative_position_bucket
 from .modules import _check_offset, _drop_keys
 
 
+def _length(value: Any, name: str) -> Any:
+    """An int >= 0, or a symbolic size under torch.export / torch.compile (unchecked)."""
+    return value if isinstance(value, torch.SymInt) else check_int(value, name, minimum=0)
+
+
 def _relative_positions(
     query_length: int,
     key_length: int | None,
@@ -35,11 +40,11 @@ def _relative_positions(
     name: str,
 ) -> Tensor:
     """``key position - query position``: ``(q, k)``, or ``(batch, q, k)`` when given."""
-    query_length = check_int(query_length, "query_length", minimum=0)
+    query_length = _length(query_length, "query_length")
     offset = _check_offset(offset, name)
     if key_length is None:
         key_length = offset + query_length
-    key_length = check_int(key_length, "key_length", minimum=0)
+    key_length = _length(key_length, "key_length")
     if positions is None:
         positions = torch.arange(offset, offset + query_length, device=device)
     if key_positions is None:

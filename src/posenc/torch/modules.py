@@ -356,6 +356,37 @@ class LearnedPositionalEmbedding(nn.Module):
         return f"max_length={self.max_length}, d_model={self.d_model}"
 
 
+class NoPositionalEncoding(nn.Module):
+    """NoPE: the explicit choice of no positional information (``dropout(x)``).
+
+    Causal attention can infer positions on its own (Kazemnejad et al., 2023, "The
+    Impact of Positional Encoding on Length Generalization in Transformers"); naming
+    the choice lets experiments and models swap it in wherever an encoding module goes.
+    It takes the same arguments as the other modules and checks its input the same way.
+
+    Example:
+        >>> x = torch.randn(2, 5, 8)
+        >>> torch.equal(NoPositionalEncoding(8)(x, offset=3), x)
+        True
+    """
+
+    def __init__(self, d_model: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.d_model = check_d_model(d_model)
+        self.dropout = nn.Dropout(check_probability(dropout))
+
+    def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
+        _check_input(x, self.d_model, type(self).__name__)
+        if positions is None:
+            _check_offset(offset, type(self).__name__)
+        else:
+            _check_positions(positions, x, type(self).__name__)
+        return _dropout(self.dropout, x)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}"
+
+
 class TokenEmbedding(nn.Module):
     """Token ids → vectors, scaled by ``√d_model`` as in the paper (§3.4).
 
@@ -413,7 +444,7 @@ class InputEmbedding(nn.Module):
     Args:
         vocab_size: Number of token ids.
         d_model: Width of the embeddings.
-        positional: ``"sinusoidal"``, ``"learned"`` or a module with the
+        positional: ``"sinusoidal"``, ``"learned"``, ``"none"`` (NoPE) or a module with the
             ``forward(x, *, positions=None, offset=0)`` convention.
         dropout: Dropout after the addition.
         max_length: Initial table size (sinusoidal) or number of positions (learned).
@@ -447,9 +478,12 @@ class InputEmbedding(nn.Module):
             self.positional = SinusoidalPositionalEncoding(d_model, dropout, max_length, base)
         elif positional == "learned":
             self.positional = LearnedPositionalEmbedding(max_length, d_model, dropout)
+        elif positional == "none":
+            self.positional = NoPositionalEncoding(d_model, dropout)
         else:
             raise ValueError(
-                f"positional must be 'sinusoidal', 'learned' or an nn.Module, got {positional!r}"
+                "positional must be 'sinusoidal', 'learned', 'none' or an nn.Module, got "
+                f"{positional!r}"
             )
 
     def forward(self, ids: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:

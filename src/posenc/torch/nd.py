@@ -1,0 +1,168 @@
+"""PyTorch module for N-D sinusoidal encodings (images, video), over :mod:`posenc.core.nd`.
+
+Input is channels-last, ``(batch, *spatial, channels)``, as the ``positional_encodings``
+package's ``PositionalEncoding2D/3D`` take it. The tables come from the NumPy core,
+exact and rounded once to the input's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .._checks import check_base, check_choice, check_int, check_probability, describe
+from ..core.nd import ND_LAYOUTS, check_channels, check_shape, nd_values
+from .modules import _drop_keys, _dropout, _format
+
+_CACHE_SIZE = 16  # tables kept per module (one per grid shape, dtype and device in use)
+
+
+class SinusoidalPositionalEncodingND(nn.Module):
+    """Adds an N-D sinusoidal encoding to channels-last input, then dropout.
+
+    ``forward(x) = dropout(x + table)`` with ``table`` of shape ``(*spatial, channels)``
+    from :func:`posenc.core.nd.sinusoidal_nd` for the grid ``x.shape[1:-1]``, correctly
+    rounded in ``x.dtype``. :meth:`encoding` returns the table alone, which is what the
+    ``positional_encodings`` package's ``PositionalEncoding2D(channels)(x)`` returns
+    (there repeated over the batch; here without the batch axis, ready to broadcast).
+
+    Tables are cached per (grid shape, dtype, device), at most 16, and are not
+    buffers: nothing goes into ``state_dict``, and the package's ``inv_freq`` /
+    ``cached_penc`` entries in a loaded state dict are dropped. Moving or casting the
+    module clears the cache (the next call rebuilds exact tables).
+
+    Under ``torch.compile(fullgraph=True)`` the table for each grid shape/dtype/device
+    must already be cached: run the module once eagerly (or call :meth:`encoding`)
+    before compiling; a missing table raises a ``ValueError`` that says so.
+
+    Args:
+        channels: Width of the channel axis (last axis of ``x``); the rules of
+            :func:`~posenc.core.nd.sinusoidal_nd` for ``layout`` apply.
+        layout: ``"positional-encodings"`` (the package's split, any number of spatial
+            axes) or ``"mae"`` (MAE 2-D sin-cos; 1 or 2 spatial axes).
+        base: The ``n`` of ``sin(k / n^(2i/c))`` (10000 in both references).
+        dropout: Dropout probability applied after the addition.
+        ndim: Number of spatial axes expected (2 for images, 3 for video), or ``None``
+            to accept any rank the layout supports.
+
+    Call arguments:
+        x: ``(batch, *spatial, channels)`` floating-point features (float16, bfloat16,
+            float32 or float64).
+
+    Shapes:
+        output: same shape and dtype as ``x``.
+
+    Example:
+        >>> pe = SinusoidalPositionalEncodingND(6)
+        >>> x = torch.zeros(2, 4, 5, 6)  # (batch, height, width, channels)
+        >>> pe(x).shape
+        torch.Size([2, 4, 5, 6])
+        >>> bool((pe(x)[1] == pe.encoding((4, 5))).all())
+        True
+
+    References:
+        He et al., "Masked Autoencoders Are Scalable Vision Learners", CVPR 2022
+        (facebookresearch/mae); Carion et al., "End-to-End Object Detection with
+        Transformers", ECCV 2020; the ``positional-encodings`` package
+        (tatp22/multidim-positional-encoding).
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        *,
+        layout: str = "positional-encodings",
+        base: float = 10000.0,
+        dropout: float = 0.0,
+        ndim: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.layout = check_choice(layout, "layout", ND_LAYOUTS)
+        self.channels = check_int(channels, "channels", minimum=1)
+        self.base = check_base(base)
+        self.ndim = None if ndim is None else check_int(ndim, "ndim", minimum=1)
+        if self.ndim is not None:
+            check_shape((1,) * self.ndim, self.layout)
+            check_channels(self.channels, self.ndim, self.layout)
+        self.dropout = nn.Dropout(check_probability(dropout))
+        self._tables: dict[tuple[tuple[int, ...], torch.dtype, torch.device], Tensor] = {}
+        # State dicts of the package's modules carry these derived entries.
+        self.register_load_state_dict_pre_hook(_drop_keys("inv_freq", "cached_penc"))
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self._tables = {}
+        return self
+
+    def encoding(
+        self,
+        shape: tuple[int, ...],
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> Tensor:
+        """The table ``(*shape, channels)`` alone, correctly rounded in ``dtype``.
+
+        Cached: later calls (and :meth:`forward` on input of that grid, dtype and device)
+        reuse it.
+        """
+        device = torch.device("cpu") if device is None else torch.device(device)
+        key = (tuple(shape), dtype, device)
+        table = self._tables.get(key)
+        if table is not None:
+            return table
+        if torch.compiler.is_compiling():
+            raise ValueError(
+                f"{type(self).__name__} has no table for grid {tuple(shape)}, {dtype} on "
+                f"{device}; under torch.compile run the module once on such input (or call "
+                f".encoding({tuple(shape)}, {dtype}, '{device}')) before compiling"
+            )
+        return self._build(key)
+
+    @torch.compiler.disable
+    def _build(self, key: tuple[tuple[int, ...], torch.dtype, torch.device]) -> Tensor:
+        """Build, cache and return the table for ``key``; never traced by dynamo."""
+        shape, dtype, device = key
+        fmt = _format(dtype)
+        shape = check_shape(shape, self.layout)
+        if self.ndim is not None and len(shape) != self.ndim:
+            raise ValueError(
+                f"{type(self).__name__} was built for ndim={self.ndim} spatial axes, got "
+                f"grid shape {shape}"
+            )
+        check_channels(self.channels, len(shape), self.layout)
+        values = nd_values(shape, self.channels, base=self.base, layout=self.layout, fmt=fmt)
+        # bfloat16 arrives as float32 holding exact bfloat16 values, so this cast is exact.
+        table = torch.from_numpy(values).to(device=device, dtype=dtype)
+        if len(self._tables) >= _CACHE_SIZE:
+            self._tables.pop(next(iter(self._tables)))
+        self._tables[key] = table
+        return table
+
+    def forward(self, x: Tensor) -> Tensor:
+        _check_input(x, self.channels, self.ndim, type(self).__name__)
+        table = self.encoding(tuple(x.shape[1:-1]), x.dtype, x.device)  # (*spatial, C)
+        return _dropout(self.dropout, x + table)
+
+    def extra_repr(self) -> str:
+        ndim = "" if self.ndim is None else f", ndim={self.ndim}"
+        return f"channels={self.channels}, layout={self.layout!r}, base={self.base:g}{ndim}"
+
+
+def _check_input(x: Any, channels: int, ndim: int | None, name: str) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} expects a torch.Tensor, got {describe(x)}")
+    expected = "(batch, *spatial, channels)" if ndim is None else f"rank {ndim + 2}"
+    if x.dim() < 3 or (ndim is not None and x.dim() != ndim + 2):
+        raise ValueError(
+            f"{name} expects channels-last x of shape (batch, *spatial, channels), "
+            f"{expected}, got shape {tuple(x.shape)}"
+        )
+    if x.shape[-1] != channels:
+        raise ValueError(
+            f"{name} was built for channels={channels}, but x has last dimension "
+            f"{x.shape[-1]} (shape {tuple(x.shape)}); input must be channels-last"
+        )
+    if not x.is_floating_point():
+        raise TypeError(f"{name} expects floating-point features, got dtype {x.dtype}")
