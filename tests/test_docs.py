@@ -17,6 +17,8 @@ MODULES = {
     "posenc.core.t5": None,
     "posenc.core.nope": None,
     "posenc.core.precision": None,
+    "posenc.core.nd": None,
+    "posenc.core.rope_nd": None,
     "posenc.analysis": None,
     "posenc.vocab": None,
     "posenc.torch": "torch",
@@ -24,6 +26,7 @@ MODULES = {
     "posenc.torch.rope": "torch",
     "posenc.torch.bias": "torch",
     "posenc.torch.attention": "torch",
+    "posenc.torch.nd": "torch",
     "posenc.plot": "matplotlib",
 }
 

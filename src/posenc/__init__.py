@@ -22,6 +22,8 @@ from .core import (
     alibi_bias,
     alibi_slopes,
     apply_rope,
+    apply_xpos,
+    axial_rope_tables,
     frequencies,
     layout_permutation,
     nope,
@@ -32,8 +34,10 @@ from .core import (
     rope_scaling,
     rope_tables,
     sinusoidal,
+    sinusoidal_nd,
     t5_bias,
     wavelengths,
+    xpos_scales,
 )
 from .vocab import Vocabulary, tokenize
 
@@ -47,6 +51,8 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "apply_xpos",
+    "axial_rope_tables",
     "frequencies",
     "layout_permutation",
     "min_pairwise_distance",
@@ -62,7 +68,9 @@ __all__ = [
     "rope_scaling",
     "rope_tables",
     "sinusoidal",
+    "sinusoidal_nd",
     "t5_bias",
     "tokenize",
     "wavelengths",
+    "xpos_scales",
 ]

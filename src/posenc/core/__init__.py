@@ -2,6 +2,7 @@
 
 from .alibi import alibi_bias, alibi_slopes
 from .frequencies import frequencies, wavelengths
+from .nd import sinusoidal_nd
 from .nope import nope
 from .rope import (
     ROPE_SCALINGS,
@@ -11,6 +12,7 @@ from .rope import (
     rope_scaling,
     rope_tables,
 )
+from .rope_nd import apply_xpos, axial_rope_tables, xpos_scales
 from .sinusoidal import layout_permutation, sinusoidal
 from .t5 import relative_position_bucket, relative_positions, t5_bias
 
@@ -19,6 +21,8 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "apply_xpos",
+    "axial_rope_tables",
     "frequencies",
     "layout_permutation",
     "nope",
@@ -29,6 +33,8 @@ __all__ = [
     "rope_scaling",
     "rope_tables",
     "sinusoidal",
+    "sinusoidal_nd",
     "t5_bias",
     "wavelengths",
+    "xpos_scales",
 ]

@@ -17,6 +17,7 @@ from .modules import (
     TokenEmbedding,
     exact_table,
 )
+from .nd import SinusoidalPositionalEncodingND
 from .rope import RotaryEmbedding, convert_rope_weights
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "NoPositionalEncoding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
+    "SinusoidalPositionalEncodingND",
     "T5RelativeBias",
     "TokenEmbedding",
     "convert_rope_weights",

@@ -65,7 +65,8 @@ class SinusoidalPositionalEncodingND(nn.Module):
     References:
         He et al., "Masked Autoencoders Are Scalable Vision Learners", CVPR 2022
         (facebookresearch/mae); Carion et al., "End-to-End Object Detection with
-        Transformers", ECCV 2020; the ``positional-encodings`` package
+        Transformers", ECCV 2020 (the per-axis split; DETR's own variant is neither
+        layout); the ``positional-encodings`` package
         (tatp22/multidim-positional-encoding).
     """
 
@@ -153,11 +154,11 @@ class SinusoidalPositionalEncodingND(nn.Module):
 def _check_input(x: Any, channels: int, ndim: int | None, name: str) -> None:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} expects a torch.Tensor, got {describe(x)}")
-    expected = "(batch, *spatial, channels)" if ndim is None else f"rank {ndim + 2}"
     if x.dim() < 3 or (ndim is not None and x.dim() != ndim + 2):
+        rank = "rank >= 3" if ndim is None else f"rank {ndim + 2} for ndim={ndim}"
         raise ValueError(
-            f"{name} expects channels-last x of shape (batch, *spatial, channels), "
-            f"{expected}, got shape {tuple(x.shape)}"
+            f"{name} expects channels-last x of shape (batch, *spatial, channels), {rank}, "
+            f"got shape {tuple(x.shape)}"
         )
     if x.shape[-1] != channels:
         raise ValueError(
