@@ -1,4 +1,9 @@
-"""The ``posenc`` command: outputs, files and one-line errors with exit status 2."""
+"""The ``posenc`` command: outputs, files and one-line errors with exit status 2.
+
+The RoPE, ALiBi and T5 tables are checked against the core functions (``rope_scaling``,
+``rope_tables``, ``alibi_bias``, ``relative_position_bucket``), which test_rope.py,
+test_alibi.py and test_t5.py check against Hugging Face and the papers' reference code.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import numpy as np
 import pytest
 
 import posenc
+import posenc.plot
 from posenc.cli import main
 from test_seeds import SEED_000_TABLE
 
@@ -39,6 +45,7 @@ def test_table_csv_json_npy_round_trip(capsys, tmp_path, dtype):
     status, out, _ = run(capsys, *common, "--format", "json")
     record = json.loads(out)
     assert status == 0
+    assert record["scheme"] == "sinusoidal"
     assert record["dtype"] == dtype
     assert record["d_model"] == 8
     np.testing.assert_array_equal(np.array(record["values"]), expected)
@@ -71,6 +78,124 @@ def test_table_start_and_layout(capsys):
         (["frobnicate"], "invalid choice"),
         ([], "required"),
         (["embed", "!!!"], "no words"),
+        # options of another scheme, named
+        (
+            ["table", "--scheme", "rope", "--d-model", "8"],
+            "--d-model does not apply to --scheme rope .use --head-dim",
+        ),
+        (
+            ["table", "--scheme", "rope", "--layout", "split"],
+            "--layout does not apply to --scheme rope .use --rope-layout",
+        ),
+        (
+            ["table", "--scheme", "rope", "--formula", "paper"],
+            "--formula does not apply to --scheme rope",
+        ),
+        (["table", "--scheme", "alibi", "--base", "10"], "--base does not apply to --scheme alibi"),
+        (
+            ["table", "--scheme", "alibi", "--start", "3"],
+            "--start does not apply to --scheme alibi",
+        ),
+        (
+            ["table", "--scheme", "alibi", "--causal"],
+            "--causal does not apply to --scheme alibi .use --mode",
+        ),
+        (
+            ["table", "--scheme", "t5", "--dtype", "float32"],
+            "--dtype does not apply to --scheme t5",
+        ),
+        (["table", "--scheme", "t5", "--mode", "causal"], "--mode does not apply to --scheme t5"),
+        (["table", "--scheme", "t5", "--heads", "4"], "--heads does not apply to --scheme t5"),
+        (["table", "--scheme", "nope", "--base", "100"], "--base does not apply to --scheme nope"),
+        (
+            ["table", "--scheme", "nope", "--factor", "2"],
+            "--factor does not apply to --scheme nope",
+        ),
+        (["table", "--head-dim", "8"], "--head-dim does not apply to --scheme sinusoidal"),
+        (["table", "--num-buckets", "8"], "--num-buckets does not apply to --scheme sinusoidal"),
+        (["table", "--bidirectional"], "--bidirectional does not apply to --scheme sinusoidal"),
+        (
+            ["table", "--scaling-param", "factor=2"],
+            "--scaling-param does not apply to --scheme sinusoidal",
+        ),
+        (["table", "--scheme", "spiral"], "invalid choice: 'spiral'"),
+        # RoPE scaling parameters
+        (
+            ["table", "--scheme", "rope", "--factor", "8"],
+            "--factor does not apply to --scaling default",
+        ),
+        (["table", "--scheme", "rope", "--scaling", "linear"], "--scaling linear needs --factor"),
+        (
+            ["table", "--scheme", "rope", "--scaling", "llama3", "--factor", "8"],
+            "needs --scaling-param low_freq_factor=..., --scaling-param high_freq_factor=..., --original-max-position-embeddings",
+        ),
+        (
+            [
+                "table",
+                "--scheme",
+                "rope",
+                "--scaling",
+                "linear",
+                "--factor",
+                "2",
+                "--scaling-param",
+                "beta=1",
+            ],
+            "--scaling-param beta=... does not apply to --scaling linear .it takes factor",
+        ),
+        (
+            [
+                "table",
+                "--scheme",
+                "rope",
+                "--scaling",
+                "linear",
+                "--factor",
+                "2",
+                "--scaling-param",
+                "factor=2",
+            ],
+            "factor is given twice",
+        ),
+        (["table", "--scheme", "rope", "--scaling-param", "oops"], "KEY=VALUE, got 'oops'"),
+        (
+            ["table", "--scheme", "rope", "--scaling", "ntk", "--scaling-param", "factor=big"],
+            "must be a number",
+        ),
+        (
+            ["table", "--scheme", "rope", "--scaling", "linear", "--factor", "0.5"],
+            "factor must be .* >= 1, got 0.5",
+        ),
+        (["table", "--scheme", "rope", "--scaling", "dynamic"], "invalid choice: 'dynamic'"),
+        (["table", "--scheme", "rope", "--head-dim", "7"], "even int >= 2"),
+        (
+            ["table", "--scheme", "rope", "--rotary-dim", "10"],
+            "rotary_dim must be at most head_dim=8",
+        ),
+        (["table", "--scheme", "rope", "--format", "npy"], "needs --output"),
+        # values out of range, named by the core
+        (["table", "--scheme", "alibi", "--heads", "0"], "num_heads must be an int >= 1, got 0"),
+        (["table", "--scheme", "alibi", "--mode", "both"], "invalid choice: 'both'"),
+        (["table", "--scheme", "t5", "--num-buckets", "3"], "num_buckets must be >= 4"),
+        (
+            ["table", "--scheme", "t5", "--max-distance", "8"],
+            "max_distance must be > max_exact = 8",
+        ),
+        (["table", "--scheme", "t5", "--causal", "--bidirectional"], "not allowed with"),
+        (["table", "--scheme", "t5", "-L", "100000"], "T5 bucket matrix would need"),
+        (["table", "--scheme", "nope", "-d", "0"], "d_model must be an int >= 1, got 0"),
+        (
+            ["plot", "t5", "-o", "x.png", "--head-dim", "8"],
+            "--head-dim does not apply to this picture",
+        ),
+        (
+            ["plot", "rope-spectrum", "-o", "x.png", "--length", "8"],
+            "--length does not apply to this picture",
+        ),
+        (
+            ["plot", "alibi", "-o", "x.png", "--d-model", "8"],
+            "--d-model does not apply to this picture",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, match):
@@ -79,6 +204,205 @@ def test_bad_arguments_exit_2_with_one_line(capsys, argv, match):
     assert len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err
     assert pytest.importorskip("re").search(match, err), err
+
+
+# The NumPy dtype each table is saved in: bfloat16 values travel as exact float32.
+CONTAINER = {"float64": np.float64, "float32": np.float32, "float16": np.float16,
+             "bfloat16": np.float32}  # fmt: skip
+
+ROPE_CASES = [
+    # (options, scaling, params): Llama 3.1's llama3 scaling; YaRN (attention factor
+    # != 1, applied to the tables); a partial rotary width; LongRoPE's list parameters.
+    (["--head-dim", "16", "--base", "500000"], "llama3",
+     {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192}),
+    (["--head-dim", "8", "--rope-layout", "interleaved"], "yarn",
+     {"factor": 4.0, "original_max_position_embeddings": 64}),
+    (["--head-dim", "12", "--rotary-dim", "8", "--start", "1000"], "default", {}),
+    (["--head-dim", "8", "--base", "100"], "longrope",
+     {"short_factor": [1.0, 1.0, 2.0, 3.0], "long_factor": [1.0, 2.0, 4.0, 8.0],
+      "original_max_position_embeddings": 16, "seq_len": 32, "factor": 2.0}),
+]  # fmt: skip
+
+
+def _scaling_argv(scaling, params):
+    argv = ["--scaling", scaling]
+    for key, value in params.items():
+        if key in ("factor", "original_max_position_embeddings"):
+            argv += ["--" + key.replace("_", "-"), str(value)]
+        elif isinstance(value, list):
+            argv += ["--scaling-param", f"{key}={','.join(map(str, value))}"]
+        else:
+            argv += ["--scaling-param", f"{key}={value}"]
+    return argv
+
+
+def _expected_rope(options, scaling, params, length, dtype):
+    head_dim = int(options[options.index("--head-dim") + 1])
+    base = float(options[options.index("--base") + 1]) if "--base" in options else 10000.0
+    rotary_dim = (
+        int(options[options.index("--rotary-dim") + 1]) if "--rotary-dim" in options else None
+    )
+    start = int(options[options.index("--start") + 1]) if "--start" in options else 0
+    layout = "interleaved" if "interleaved" in options else "half"
+    inv_freq, attention = posenc.rope_scaling(scaling, head_dim, base, rotary_dim=rotary_dim,
+                                              **params)  # fmt: skip
+    cos, sin = posenc.rope_tables(np.arange(start, start + length), inv_freq, dtype=dtype,
+                                  layout=layout, scale=attention)  # fmt: skip
+    return inv_freq, attention, cos.astype(np.float64), sin.astype(np.float64), start
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize(("options", "scaling", "params"), ROPE_CASES)
+def test_rope_table_round_trips(capsys, tmp_path, options, scaling, params, dtype):
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    length = 20
+    inv_freq, attention, cos, sin, start = _expected_rope(options, scaling, params, length, dtype)
+    common = ["table", "--scheme", "rope", "-L", str(length), "--dtype", dtype, *options,
+              *_scaling_argv(scaling, params)]  # fmt: skip
+    status, out, err = run(capsys, *common, "--format", "json")
+    assert status == 0, err
+    record = json.loads(out)
+    assert record["scheme"] == "rope"
+    assert record["scaling"] == scaling
+    assert record["scaling_params"] == params
+    assert record["positions"] == [start, start + length]
+    assert record["rotary_dim"] == 2 * inv_freq.size
+    np.testing.assert_array_equal(record["inv_freq"], inv_freq)
+    assert record["attention_factor"] == attention
+    np.testing.assert_array_equal(np.array(record["cos"]), cos)
+    np.testing.assert_array_equal(np.array(record["sin"]), sin)
+    # npy: an .npz archive at exactly the path given, whatever its suffix.
+    path = tmp_path / "rope.npy"
+    assert run(capsys, *common, "--format", "npy", "-o", str(path))[0] == 0
+    with np.load(path) as archive:
+        assert sorted(archive.files) == ["attention_factor", "cos", "inv_freq", "sin"]
+        np.testing.assert_array_equal(archive["cos"].astype(np.float64), cos)
+        np.testing.assert_array_equal(archive["sin"].astype(np.float64), sin)
+        np.testing.assert_array_equal(archive["inv_freq"], inv_freq)
+        assert float(archive["attention_factor"]) == attention
+    # csv: one row per position, the cos columns then the sin columns.
+    assert run(capsys, *common, "--format", "csv", "-o", str(tmp_path / "rope.csv"))[0] == 0
+    # CSV keeps enough digits to give back the same value in the table's dtype.
+    parsed = np.loadtxt(tmp_path / "rope.csv", delimiter=",", ndmin=2).astype(CONTAINER[dtype])
+    np.testing.assert_array_equal(parsed.astype(np.float64), np.hstack([cos, sin]))
+
+
+def test_rope_attention_factor_scales_the_tables(capsys):
+    # YaRN x4: attention factor 0.1 ln 4 + 1; the tables are cos/sin times it (HF).
+    status, out, _ = run(capsys, "table", "--scheme", "rope", "-L", "3", "--scaling", "yarn",
+                         "--factor", "4", "--original-max-position-embeddings", "64",
+                         "--format", "json")  # fmt: skip
+    assert status == 0
+    record = json.loads(out)
+    assert record["attention_factor"] == pytest.approx(0.1 * np.log(4) + 1, rel=1e-15)
+    assert record["cos"][0] == [record["attention_factor"]] * 8
+
+
+def test_rope_table_text(capsys):
+    status, out, _ = run(capsys, "table", "--scheme", "rope", "-L", "2", "--head-dim", "4",
+                         "--base", "100")  # fmt: skip
+    assert status == 0
+    assert "RoPE: head_dim=4, rotary_dim=4, base=100, half layout, scaling default" in out
+    assert "inv_freq (radians per position):\n[1 0.1]\n" in out  # θ = 100^(-2i/4)
+    assert "attention_factor: 1\n" in out
+    assert "cos (positions 0..1 x 4):" in out
+    assert " [0.54030231 0.99500417 0.54030231 0.99500417]]" in out  # cos 1, cos 0.1
+
+
+@pytest.mark.parametrize(("heads", "mode", "dtype"),
+                         [(8, "causal", "float64"), (6, "symmetric", "float32"),
+                          (12, "causal", "float16"), (3, "symmetric", "bfloat16")])  # fmt: skip
+def test_alibi_table_round_trips(capsys, tmp_path, heads, mode, dtype):
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    length = 7
+    bias = posenc.alibi_bias(length, num_heads=heads, mode=mode, dtype=dtype).astype(np.float64)
+    common = ["table", "--scheme", "alibi", "-L", str(length), "--heads", str(heads),
+              "--mode", mode, "--dtype", dtype]  # fmt: skip
+    status, out, _ = run(capsys, *common, "--format", "json")
+    assert status == 0
+    record = json.loads(out)
+    assert (record["scheme"], record["heads"], record["mode"]) == ("alibi", heads, mode)
+    np.testing.assert_array_equal(record["slopes"], posenc.alibi_slopes(heads))
+    np.testing.assert_array_equal(np.array(record["values"]), bias)
+    assert run(capsys, *common, "--format", "npy", "-o", str(tmp_path / "a.npy"))[0] == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npy").astype(np.float64), bias)
+    # csv: the heads' matrices stacked, row h * length + i.
+    assert run(capsys, *common, "--format", "csv", "-o", str(tmp_path / "a.csv"))[0] == 0
+    parsed = np.loadtxt(tmp_path / "a.csv", delimiter=",").astype(CONTAINER[dtype])
+    np.testing.assert_array_equal(parsed.reshape(heads, length, length).astype(np.float64), bias)
+
+
+def test_alibi_table_text_is_press_et_al(capsys):
+    status, out, _ = run(capsys, "table", "--scheme", "alibi", "-L", "3", "--heads", "2")
+    assert status == 0
+    # 2 heads: slopes 2^-4 and 2^-8; head 0's matrix is -(i - j)/16 below the diagonal.
+    assert "slopes:\n[0.0625 0.00390625]\n" in out
+    assert "head 0 (slope 0.0625):\n[[ 0.      0.      0.    ]\n [-0.0625  0." in out
+
+
+@pytest.mark.parametrize(("options", "kwargs"), [
+    ([], {}),
+    (["--causal", "--num-buckets", "16", "--max-distance", "32"],
+     {"bidirectional": False, "num_buckets": 16, "max_distance": 32}),
+    (["--bidirectional", "--num-buckets", "17", "--max-distance", "27", "--compat", "exact"],
+     {"num_buckets": 17, "max_distance": 27, "compat": "exact"}),
+])  # fmt: skip
+def test_t5_table_round_trips(capsys, tmp_path, options, kwargs):
+    length = 150  # past max_distance: the last bucket of each side appears
+    buckets = posenc.relative_position_bucket(posenc.relative_positions(length), **kwargs)
+    common = ["table", "--scheme", "t5", "-L", str(length), *options]
+    status, out, _ = run(capsys, *common, "--format", "json")
+    assert status == 0
+    record = json.loads(out)
+    assert record["scheme"] == "t5"
+    assert record["bidirectional"] == kwargs.get("bidirectional", True)
+    np.testing.assert_array_equal(np.array(record["values"]), buckets)
+    assert run(capsys, *common, "--format", "npy", "-o", str(tmp_path / "t.npy"))[0] == 0
+    saved = np.load(tmp_path / "t.npy")
+    assert saved.dtype == np.int64
+    np.testing.assert_array_equal(saved, buckets)
+    assert run(capsys, *common, "--format", "csv", "-o", str(tmp_path / "t.csv"))[0] == 0
+    np.testing.assert_array_equal(np.loadtxt(tmp_path / "t.csv", delimiter=",", dtype=np.int64),
+                                  buckets)  # fmt: skip
+
+
+def test_t5_table_text(capsys):
+    status, out, _ = run(capsys, "table", "--scheme", "t5", "-L", "3", "--causal")
+    assert status == 0
+    # Causal: the query's own and future keys are bucket 0, past keys bucket i - j.
+    assert out.endswith("[[0 0 0]\n [1 0 0]\n [2 1 0]]\n")
+    status, out, _ = run(capsys, "table", "--scheme", "t5", "-L", "3")
+    assert out.endswith("[[ 0 17 18]\n [ 1  0 17]\n [ 2  1  0]]\n")  # upper half: 16 + d
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+def test_nope_table_is_zeros_of_the_sinusoidal_shape(capsys, tmp_path, dtype):
+    common = ["table", "--scheme", "nope", "-L", "5", "-d", "6", "--dtype", dtype]
+    status, out, _ = run(capsys, *common, "--format", "json")
+    assert status == 0
+    record = json.loads(out)
+    assert record["scheme"] == "nope"
+    np.testing.assert_array_equal(np.array(record["values"]), np.zeros((5, 6)))
+    assert run(capsys, *common, "--format", "npy", "-o", str(tmp_path / "z.npy"))[0] == 0
+    assert np.load(tmp_path / "z.npy").shape == (5, 6)
+
+
+def test_plot_new_kinds_take_their_options(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    for argv in (
+        ["alibi", "--heads", "4", "-L", "8"],
+        ["t5", "-L", "16", "--num-buckets", "16", "--max-distance", "32"],
+        ["rope-spectrum", "--head-dim", "32", "--base", "10000", "--factor", "4",
+         "--original-max-position-embeddings", "2048"],
+        ["rope-score", "-L", "4096", "--head-dim", "32", "--factor", "2"],
+    ):  # fmt: skip
+        path = tmp_path / f"{argv[0]}.png"
+        status, _, err = run(capsys, "plot", *argv, "-o", str(path))
+        assert status == 0, err
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_console_script_exit_status():
@@ -132,6 +456,18 @@ def test_demo_reproduces_the_walk_through(tmp_path, capsys):
     assert report["posenc_float32_max_ulp_error"] <= 0.5 + 1e-6
     assert report["float32_angle_max_abs_error"] > 0.2
     pngs = sorted(p.name for p in (tmp_path / "demo").glob("*.png"))
-    assert len(pngs) == 8
+    assert pngs == sorted(f"{kind}.png" for kind in posenc.plot.PLOTS)
+    assert len(pngs) == 12
+    # The relative schemes: ALiBi's 12 heads end with 2^-0.5 ... (Press et al.'s
+    # get_slopes), T5's buckets for d = -10..10, YaRN's attention factor 0.1 ln 8 + 1.
+    assert (
+        "12 heads: 0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625, 0.707107, 0.353553, 0.176777, 0.0883883"
+        in out
+    )
+    assert (
+        "bucket:   8   8   8   7   6   5   4   3   2   1   0  17  18  19  20  21  22  23  24  24  24"
+        in out
+    )
+    assert f"yarn x8 attention factor: {0.1 * np.log(8) + 1:.6f}" in out
     table = np.loadtxt(tmp_path / "demo" / "table_i_am_a_robot.csv", delimiter=",")
     np.testing.assert_allclose(table, SEED_000_TABLE, rtol=0, atol=5e-9)

@@ -1,8 +1,11 @@
 """Tests of posenc.plot: every figure renders, has the right size and draws the right data.
 
 Expected values come from the seed texts' formulas (text 000: ``np.sin(k / np.power(n,
-2*x/d))``, wavelengths ``2π·n^(2i/d)``), from direct NumPy reductions of the table, or
-from closed forms (``PE·PEᵀ``).
+2*x/d))``, wavelengths ``2π·n^(2i/d)``), from direct NumPy reductions of the table, from
+closed forms (``PE·PEᵀ``, RoPE's ``2 Σ cos(Δ θ_i)``, linear and NTK wavelengths), or from
+the core functions the pictures are pictures of (``rope_scaling``, ``alibi_bias``,
+``relative_position_bucket``), themselves tested against Hugging Face and the papers'
+reference code in test_rope.py, test_alibi.py and test_t5.py.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import posenc
 from posenc import plot
 
 KINDS = ["heatmap", "sinusoids", "dimensions", "first-positions", "long-range",
-         "wavelengths", "similarity", "grid"]  # fmt: skip
+         "wavelengths", "similarity", "grid", "rope-spectrum", "rope-score", "alibi",
+         "t5"]  # fmt: skip
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -33,7 +37,10 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 
 def test_registry_names_the_cli_kinds():
+    from posenc.cli import PLOT_KINDS
+
     assert list(plot.PLOTS) == KINDS
+    assert list(PLOT_KINDS) == KINDS
     assert all(callable(function) for function in plot.PLOTS.values())
 
 
@@ -219,12 +226,217 @@ def test_similarity_matrix_and_offset_curve():
         ("wavelengths", {"d_model": 1}, ValueError, "d_model"),
         ("similarity", {"d_model": 511}, ValueError, "511"),
         ("grid", {"base": "big"}, TypeError, "big"),
+        ("rope-spectrum", {"head_dim": 6.0}, TypeError, "head_dim"),
+        ("rope-spectrum", {"head_dim": 2}, ValueError, "head_dim"),
+        ("rope-spectrum", {"head_dim": 10, "methods": ("yarn", "dynamic")}, ValueError, "dynamic"),
+        ("rope-spectrum", {"factor": 0.5}, ValueError, "0.5"),
+        ("rope-spectrum", {"base": 1}, ValueError, "base"),
+        ("rope-score", {"length": 1}, ValueError, "length"),
+        ("rope-score", {"length": 2**25}, ValueError, "2**24"),
+        ("rope-score", {"methods": ()}, TypeError, "methods"),
+        ("rope-score", {"bins": 0}, ValueError, "bins"),
+        (
+            "rope-score",
+            {"original_max_position_embeddings": 0},
+            ValueError,
+            "original_max_position_embeddings",
+        ),
+        ("alibi", {"num_heads": 0}, ValueError, "num_heads"),
+        ("alibi", {"show": (0, 8)}, ValueError, "num_heads=8"),
+        ("alibi", {"mode": "bidirectional"}, ValueError, "bidirectional"),
+        ("t5", {"num_buckets": 3}, ValueError, "num_buckets"),
+        ("t5", {"max_distance": 8}, ValueError, "max_exact"),
+        ("t5", {"bidirectional": "yes"}, TypeError, "bidirectional"),
     ],
 )
 def test_bad_arguments_are_named(kind, kwargs, error, named):
     with pytest.raises(error) as info:
         plot.PLOTS[kind](**kwargs)
     assert named in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------
+# RoPE, ALiBi, T5
+
+# Llama 3.1's rope_scaling (config.json of meta-llama/Llama-3.1-8B): rope_theta 500000,
+# head_dim 4096 / 32 = 128, factor 8, low_freq_factor 1, high_freq_factor 4,
+# original_max_position_embeddings 8192.
+LLAMA31 = {"head_dim": 128, "base": 500000.0, "factor": 8.0, "original": 8192}
+METHODS = ["default", "linear", "ntk", "yarn", "llama3", "longrope"]
+
+
+def test_scaling_examples_are_llama31_and_documented():
+    examples = plot.scaling_examples()
+    assert list(examples) == METHODS
+    assert examples["llama3"] == {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    assert examples["yarn"] == {"factor": 8.0, "original_max_position_embeddings": 8192}
+    longrope = examples["longrope"]
+    i = np.arange(64)
+    np.testing.assert_allclose(longrope["long_factor"], 8.0 ** ((i / 63) ** 2), rtol=1e-15)
+    assert longrope["short_factor"] == [1.0] * 64
+    assert longrope["seq_len"] == 65536  # > L0: the long factors are in use
+
+
+def test_rope_spectrum_lines_are_the_scaled_wavelengths():
+    fig = plot.rope_spectrum()
+    left, right = fig.axes
+    examples = plot.scaling_examples()
+    d, base, factor = LLAMA31["head_dim"], LLAMA31["base"], LLAMA31["factor"]
+    i = np.arange(d // 2)
+    reference = posenc.rope_frequencies(d, base)
+    assert [line.get_label().split(" ")[0] for line in left.lines[: len(METHODS)]] == METHODS
+    for k, method in enumerate(METHODS):
+        inv_freq, attention = posenc.rope_scaling(method, d, base, **examples[method])
+        np.testing.assert_array_equal(left.lines[k].get_xdata(), i)
+        np.testing.assert_array_equal(left.lines[k].get_ydata(), 2 * np.pi / inv_freq)
+        np.testing.assert_array_equal(right.lines[k].get_ydata(), reference / inv_freq)
+        assert ("attention" in left.lines[k].get_label()) == (attention != 1.0)
+    # Closed forms: 2π·base^(2i/d), the linear ones factor times longer, NTK's base
+    # base·factor^(d/(d-2)).
+    wavelength = {m: left.lines[k].get_ydata() for k, m in enumerate(METHODS)}
+    np.testing.assert_allclose(wavelength["default"], 2 * np.pi * base ** (2 * i / d), rtol=1e-13)
+    np.testing.assert_allclose(wavelength["linear"], factor * wavelength["default"], rtol=1e-15)
+    ntk_base = base * factor ** (d / (d - 2))
+    np.testing.assert_allclose(wavelength["ntk"], 2 * np.pi * ntk_base ** (2 * i / d), rtol=1e-12)
+    # llama3: wavelengths below 8192/4 kept, above 8192 stretched by 8.
+    short, long = wavelength["default"] < 2048, wavelength["default"] > 8192
+    np.testing.assert_array_equal(wavelength["llama3"][short], wavelength["default"][short])
+    np.testing.assert_allclose(
+        wavelength["llama3"][long], 8 * wavelength["default"][long], rtol=1e-15
+    )
+    assert left.get_yscale() == "log"
+    references = [ln.get_ydata()[0] for ln in left.lines[len(METHODS) :]]
+    assert references == [8192, 65536]
+
+
+def test_rope_spectrum_takes_other_settings():
+    fig = plot.rope_spectrum(64, 10000.0, factor=4.0, original_max_position_embeddings=2048,
+                             methods=("linear", "yarn"))  # fmt: skip
+    inv_freq, _ = posenc.rope_scaling("yarn", 64, 10000.0, factor=4.0,
+                                      original_max_position_embeddings=2048)  # fmt: skip
+    np.testing.assert_array_equal(fig.axes[0].lines[1].get_ydata(), 2 * np.pi / inv_freq)
+    assert "head_dim = 64" in fig._suptitle.get_text()
+
+
+def _closed_form_score(distances, inv_freq):
+    # q = k = (1, ..., 1): each pair contributes |(1, 1)|² cos(Δ θ_i) = 2 cos(Δ θ_i).
+    return 2 * np.cos(np.multiply.outer(np.asarray(distances, dtype=np.float64), inv_freq)).sum(-1)
+
+
+def test_rope_score_is_the_closed_form():
+    fig = plot.rope_score()
+    (ax,) = fig.axes
+    examples = plot.scaling_examples()
+    methods = ["default", "linear", "yarn", "llama3"]
+    assert [ax.lines[2 * k + 1].get_label() for k in range(4)] == methods
+    for k, method in enumerate(methods):
+        inv_freq, _ = posenc.rope_scaling(method, 128, 500000.0, **examples[method])
+        sampled = ax.lines[2 * k]
+        x = sampled.get_xdata()
+        np.testing.assert_array_equal(x[:64], np.arange(1, 65))  # every distance to 64
+        assert x[-1] == 65535
+        np.testing.assert_allclose(sampled.get_ydata(), _closed_form_score(x, inv_freq),
+                                   rtol=0, atol=1e-9)  # fmt: skip
+    assert ax.get_xscale() == "log"
+    # The long-term decay: the default's bin means fall from ~128 to well under half.
+    means = ax.lines[1].get_ydata()
+    assert means[0] > 120
+    assert means[-1] < 40
+    # Scaling stretches the decay: at 8192 the scaled means sit above the default's.
+    middles = ax.lines[1].get_xdata()
+    near = np.searchsorted(middles, 8192)
+    for k in (1, 2, 3):
+        assert ax.lines[2 * k + 1].get_ydata()[near] > means[near] + 10
+
+
+def test_rope_score_bin_means_average_every_distance():
+    fig = plot.rope_score(1000, 16, 10000.0, factor=4.0, original_max_position_embeddings=256,
+                          methods=("default", "ntk"), points=50, bins=10)  # fmt: skip
+    ax = fig.axes[0]
+    starts = np.unique(np.floor(np.geomspace(1, 1000, 11)[:-1]).astype(int))
+    ends = np.append(starts[1:], 1000)
+    for k, method in enumerate(("default", "ntk")):
+        inv_freq, _ = posenc.rope_scaling(method, 16, 10000.0,
+                                          **({"factor": 4.0} if method == "ntk" else {}))  # fmt: skip
+        expected = [_closed_form_score(np.arange(a, b), inv_freq).mean()
+                    for a, b in zip(starts, ends, strict=True)]  # fmt: skip
+        means = ax.lines[2 * k + 1]
+        np.testing.assert_allclose(means.get_ydata(), expected, rtol=0, atol=1e-10)
+        np.testing.assert_allclose(means.get_xdata(), np.sqrt(starts * (ends - 1.0)))
+    # Two lines per method, the zero line and the lines at L0 and factor·L0 ...
+    assert len(ax.lines) == 4 + 1 + 2
+    # ... which are left out when the distances stay below L0.
+    assert len(plot.rope_score(200, 16, original_max_position_embeddings=256).axes[0].lines) == 9
+    assert len(plot.rope_score(2, 8, methods="default").axes[0].lines[0].get_xdata()) == 1
+
+
+def test_alibi_images_are_the_bias():
+    fig = plot.alibi()
+    bias = posenc.alibi_bias(32, num_heads=8, dtype="float64")
+    images = fig.axes[:4]
+    assert len(fig.axes) == 8  # 4 heads, then their colour bars
+    future = np.triu(np.ones((32, 32), dtype=bool), k=1)
+    for ax, head in zip(images, (0, 2, 5, 7), strict=True):
+        array = ax.images[0].get_array()
+        np.testing.assert_array_equal(np.ma.getdata(array), bias[head])
+        np.testing.assert_array_equal(np.ma.getmaskarray(array), future)
+        # Press et al.: 8 heads' slopes are 1/2, 1/4, ..., 1/256.
+        assert ax.get_title() == f"head {head}: m = {2.0 ** -(head + 1):.8g}"
+        assert array[31, 0] == -31 * 2.0 ** -(head + 1)
+    assert "0.5, 0.25, 0.125" in fig._suptitle.get_text()
+
+
+def test_alibi_symmetric_and_chosen_heads():
+    fig = plot.alibi(10, 12, show=(11,), mode="symmetric")
+    array = fig.axes[0].images[0].get_array()
+    slope = posenc.alibi_slopes(12)[11]
+    i = np.arange(10)
+    np.testing.assert_array_equal(np.ma.getdata(array), -slope * np.abs(i[:, None] - i[None, :]))
+    assert not np.ma.getmaskarray(array).any()
+    assert [ax.get_title() for ax in plot.alibi(8, 2).axes[:2]] == [
+        "head 0: m = 0.0625", "head 1: m = 0.00390625"]  # fmt: skip
+
+
+def test_t5_image_and_curve_are_the_buckets():
+    fig = plot.t5()
+    matrix = fig.axes[0].images[0].get_array()
+    np.testing.assert_array_equal(
+        matrix, posenc.relative_position_bucket(posenc.relative_positions(64))
+    )
+    curve = fig.axes[1].lines[0]
+    d = curve.get_xdata()
+    np.testing.assert_array_equal(d, np.arange(-192, 193))
+    buckets = curve.get_ydata()
+    np.testing.assert_array_equal(buckets, posenc.relative_position_bucket(d))
+    # T5's rule with 32 buckets (16 per side, 8 exact): bucket |d| for past keys under 8,
+    # 16 + d for later keys, and saturation at |d| >= 128.
+    np.testing.assert_array_equal(buckets[(d > -8) & (d <= 0)], -d[(d > -8) & (d <= 0)])
+    np.testing.assert_array_equal(buckets[(d > 0) & (d < 8)], 16 + d[(d > 0) & (d < 8)])
+    assert set(buckets[d <= -128]) == {15}
+    assert set(buckets[d >= 128]) == {31}
+    # Log-spaced for 8 <= |d| < 128: bucket 8 + k with k the largest in 0..7 such that
+    # 8·ln(|d|/8)/ln(128/8) >= k, i.e. |d|^8 >= 8^8·16^k (exact integers).
+    for distance in range(8, 128):
+        k = max(k for k in range(8) if distance**8 >= 8**8 * 16**k)
+        assert buckets[d == -distance][0] == 8 + k
+        assert buckets[d == distance][0] == 16 + 8 + k
+
+
+def test_t5_causal():
+    fig = plot.t5(20, num_buckets=16, max_distance=32, bidirectional=False)
+    np.testing.assert_array_equal(
+        fig.axes[0].images[0].get_array(),
+        posenc.relative_position_bucket(posenc.relative_positions(20), bidirectional=False,
+                                        num_buckets=16, max_distance=32),
+    )  # fmt: skip
+    curve = fig.axes[1].lines[0]
+    assert set(curve.get_ydata()[curve.get_xdata() >= 0]) == {0}
+    assert "causal" in fig._suptitle.get_text()
 
 
 def test_unknown_kind_is_not_registered():

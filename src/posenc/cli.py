@@ -1,6 +1,7 @@
 """The ``posenc`` command.
 
-``posenc table``   print or save the encoding matrix (text, csv, json, npy)
+``posenc table``   print or save a scheme's numbers (text, csv, json, npy): the sinusoidal
+                  table, RoPE cos/sin tables, ALiBi biases, T5 buckets or NoPE zeros
 ``posenc plot``    draw one of the pictures to a file
 ``posenc embed``   run tokens → ids → embedding → + positional encoding on a sentence
 ``posenc demo``    the seed walk-through: tables, every picture, a property report
@@ -22,9 +23,22 @@ from typing import Any, NoReturn
 import numpy as np
 
 from . import __version__
-from ._checks import FORMULAS, LAYOUTS, check_base, check_choice, check_d_model
+from ._checks import (
+    DEFAULT_MAX_BYTES,
+    FORMULAS,
+    LAYOUTS,
+    check_base,
+    check_choice,
+    check_d_model,
+    check_memory,
+)
+from .core.alibi import MODES as ALIBI_MODES
+from .core.alibi import alibi_bias_values, alibi_slopes
+from .core.nope import nope
 from .core.precision import FORMATS
+from .core.rope import ROPE_LAYOUTS, ROPE_SCALINGS, rope_scaling, rope_table_values
 from .core.sinusoidal import table_values
+from .core.t5 import COMPATS, relative_position_bucket, relative_positions
 
 PLOT_KINDS = (
     "heatmap",
@@ -35,7 +49,46 @@ PLOT_KINDS = (
     "wavelengths",
     "similarity",
     "grid",
+    "rope-spectrum",
+    "rope-score",
+    "alibi",
+    "t5",
 )
+
+SCHEMES = ("sinusoidal", "rope", "alibi", "t5", "nope")
+
+# `posenc table` options that belong to some schemes only: dest -> (flag, schemes,
+# default). They parse to None, so that an option given for another scheme is an error.
+_SCHEME_OPTIONS: dict[str, tuple[str, tuple[str, ...], Any]] = {
+    "d_model": ("--d-model", ("sinusoidal", "nope"), 4),
+    "base": ("--base", ("sinusoidal", "rope"), 10000.0),
+    "layout": ("--layout", ("sinusoidal",), "interleaved"),
+    "formula": ("--formula", ("sinusoidal",), "paper"),
+    "start": ("--start", ("sinusoidal", "rope", "nope"), 0),
+    "dtype": ("--dtype", ("sinusoidal", "rope", "alibi", "nope"), "float64"),
+    "head_dim": ("--head-dim", ("rope",), 8),
+    "rotary_dim": ("--rotary-dim", ("rope",), None),
+    "rope_layout": ("--rope-layout", ("rope",), "half"),
+    "scaling": ("--scaling", ("rope",), "default"),
+    "factor": ("--factor", ("rope",), None),
+    "original_max_position_embeddings": ("--original-max-position-embeddings", ("rope",), None),
+    "scaling_param": ("--scaling-param", ("rope",), []),
+    "heads": ("--heads", ("alibi",), 8),
+    "mode": ("--mode", ("alibi",), "causal"),
+    "num_buckets": ("--num-buckets", ("t5",), 32),
+    "max_distance": ("--max-distance", ("t5",), 128),
+    "bidirectional": ("--bidirectional/--causal", ("t5",), True),
+    "compat": ("--compat", ("t5",), "hf"),
+}
+# What to use instead, for options people carry over from another scheme.
+_INSTEAD = {
+    ("d_model", "rope"): "--head-dim",
+    ("layout", "rope"): "--rope-layout",
+    ("d_model", "alibi"): "--heads",
+    ("mode", "t5"): "--bidirectional/--causal",
+    ("bidirectional", "alibi"): "--mode",
+    ("max_distance", "alibi"): "--length",
+}
 
 
 class UsageError(Exception):
@@ -63,21 +116,81 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--layout", choices=LAYOUTS, default="interleaved")
         p.add_argument("--formula", choices=FORMULAS, default="paper")
 
-    table = commands.add_parser("table", help="print or save the encoding matrix")
-    encoding_options(table, length=4, d_model=4, base=10000.0)
-    table.add_argument("--start", type=int, default=0, help="first position (default 0)")
-    table.add_argument("--dtype", choices=list(FORMATS), default="float64")
+    table = commands.add_parser(
+        "table",
+        help="print or save a scheme's numbers",
+        description=(
+            "Print or save the numbers of one scheme. Options of another scheme are an "
+            "error. sinusoidal: the (length, d_model) table. rope: the cos and sin tables "
+            "(length, rotary_dim), multiplied by the scaling's attention factor as in "
+            "Hugging Face, with inv_freq and attention_factor. alibi: the slopes and the "
+            "(heads, length, length) bias. t5: the (length, length) buckets of key - query. "
+            "nope: zeros of the sinusoidal table's shape. Formats: text; json (one object); "
+            "csv (rope: cos columns then sin columns; alibi: the heads' matrices stacked, "
+            "row h*length + i; t5: integers); npy (one .npy array; rope: an .npz archive "
+            "with cos, sin, inv_freq and attention_factor, at the path given)."
+        ),
+    )
+    table.add_argument("--scheme", choices=SCHEMES, default="sinusoidal")
+    table.add_argument("--length", "-L", type=int, default=4, help="number of positions (4)")
+    table.add_argument("--start", type=int, help="first position (0); sinusoidal, rope, nope")
+    table.add_argument("--dtype", choices=list(FORMATS), help="float64 (default) ...; not t5")
     table.add_argument("--format", choices=("text", "csv", "json", "npy"), default="text")
     table.add_argument("--output", "-o", type=Path, help="write to this file (npy needs one)")
     table.add_argument("--precision", type=int, default=8, help="decimals in text output")
     table.add_argument("--full", action="store_true", help="print every row in text output")
+    sinusoidal = table.add_argument_group("sinusoidal (and nope: --d-model)")
+    sinusoidal.add_argument("--d-model", "-d", type=int, help="encoding width (4)")
+    sinusoidal.add_argument("--base", "-n", type=float, help="n of k/n^(2i/d); rope's base (1e4)")
+    sinusoidal.add_argument("--layout", choices=LAYOUTS, help="interleaved (default) or split")
+    sinusoidal.add_argument("--formula", choices=FORMULAS, help="paper (default) or tensor2tensor")
+    rope = table.add_argument_group("rope (also --base, --start, --dtype)")
+    rope.add_argument("--head-dim", type=int, help="features per head (8)")
+    rope.add_argument("--rotary-dim", type=int, help="rotated features (head_dim)")
+    rope.add_argument("--rope-layout", choices=ROPE_LAYOUTS, help="half (default) or interleaved")
+    rope.add_argument("--scaling", choices=list(ROPE_SCALINGS), help="scaling method (default)")
+    rope.add_argument("--factor", type=float, help="the scaling's factor")
+    rope.add_argument(
+        "--original-max-position-embeddings", type=int, metavar="L0", help="the length trained on"
+    )
+    rope.add_argument(
+        "--scaling-param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="another parameter of the scaling, repeatable: a number, true/false or a "
+        "list (1,2,3 or [1,2,3]), e.g. low_freq_factor=1 high_freq_factor=4",
+    )
+    alibi = table.add_argument_group("alibi (also --dtype)")
+    alibi.add_argument("--heads", type=int, help="number of heads (8)")
+    alibi.add_argument("--mode", choices=ALIBI_MODES, help="causal (default) or symmetric")
+    t5 = table.add_argument_group("t5")
+    t5.add_argument("--num-buckets", type=int, help="number of buckets (32)")
+    t5.add_argument("--max-distance", type=int, help="distance where buckets saturate (128)")
+    direction = t5.add_mutually_exclusive_group()
+    direction.add_argument(
+        "--bidirectional", dest="bidirectional", action="store_const", const=True,
+        help="encoder buckets: both directions (default)",
+    )  # fmt: skip
+    direction.add_argument(
+        "--causal", dest="bidirectional", action="store_const", const=False,
+        help="decoder buckets: every key at or after the query is bucket 0",
+    )  # fmt: skip
+    t5.add_argument("--compat", choices=COMPATS, help="hf (float32 edges, default) or exact")
 
     plot = commands.add_parser("plot", help="draw a picture to a file")
     plot.add_argument("kind", choices=PLOT_KINDS)
     plot.add_argument("--output", "-o", type=Path, required=True, help="FILE.png|svg|pdf")
     plot.add_argument("--length", "-L", type=int, help="number of positions")
     plot.add_argument("--d-model", "-d", type=int, help="encoding width")
-    plot.add_argument("--base", "-n", type=float, help="the n of k / n^(2i/d)")
+    plot.add_argument("--base", "-n", type=float, help="the n of k / n^(2i/d); RoPE's base")
+    plot.add_argument("--head-dim", type=int, help="RoPE: features per head")
+    plot.add_argument("--factor", type=float, help="RoPE: the context extension")
+    plot.add_argument(
+        "--original-max-position-embeddings", type=int, metavar="L0", help="RoPE: trained length"
+    )
+    plot.add_argument("--heads", type=int, help="ALiBi: number of heads")
+    plot.add_argument("--num-buckets", type=int, help="T5: number of buckets")
+    plot.add_argument("--max-distance", type=int, help="T5: where buckets saturate")
     plot.add_argument("--dpi", type=int, default=100)
 
     embed = commands.add_parser("embed", help="run the seed pipeline on a sentence")
@@ -98,12 +211,76 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_table(args: argparse.Namespace) -> None:
+    _resolve_scheme_options(args)
     if args.format == "npy" and args.output is None:
         raise UsageError("posenc table: --format npy needs --output FILE")
     if args.precision < 0:
         raise UsageError(f"posenc table: --precision must be >= 0, got {args.precision}")
     if args.length < 0:
         raise ValueError(f"--length must be >= 0, got {args.length}")
+    table = _SCHEME_TABLES[args.scheme](args)
+    if args.format == "npy":
+        if isinstance(table.npy, dict):  # several arrays: an .npz archive at the given path
+            with open(args.output, "wb") as file:
+                np.savez(file, **table.npy)
+            print(f"wrote {args.output} (npz: {', '.join(table.npy)})")
+            return
+        # bfloat16 is stored as float32 holding exact bfloat16 values (portable .npy).
+        np.save(args.output, table.npy)
+        shape = "x".join(str(n) for n in table.npy.shape)
+        print(f"wrote {args.output} ({shape} {table.npy.dtype})")
+        return
+    if args.format == "csv":
+        text = _format_csv(table.csv, args)
+    elif args.format == "json":
+        text = json.dumps(_jsonable(table.record)) + "\n"
+    else:
+        text = "".join(
+            (f"{heading}\n" if heading else "")
+            + ("" if values is None else _format_text(values, args, vector=values.ndim == 1))
+            for heading, values in table.text
+        )
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        args.output.write_text(text)
+        print(f"wrote {args.output}")
+
+
+class _Table:
+    """One scheme's output: the JSON record, the CSV matrix, the npy payload, text blocks."""
+
+    def __init__(
+        self,
+        record: dict[str, Any],
+        csv: np.ndarray,
+        npy: np.ndarray | dict[str, np.ndarray],
+        text: list[tuple[str | None, np.ndarray | None]],
+    ) -> None:
+        self.record, self.csv, self.npy, self.text = record, csv, npy, text
+
+
+def _resolve_scheme_options(args: argparse.Namespace) -> None:
+    """Refuse options of other schemes; fill in the defaults of the chosen one."""
+    for dest, (flag, schemes, default) in _SCHEME_OPTIONS.items():
+        value = getattr(args, dest)
+        if value is None:
+            setattr(args, dest, list(default) if isinstance(default, list) else default)
+            continue
+        if args.scheme in schemes:
+            continue
+        if dest == "bidirectional":
+            flag = "--bidirectional" if value else "--causal"
+        instead = _INSTEAD.get((dest, args.scheme))
+        hint = f"use {instead}" if instead else f"it is an option of --scheme {'/'.join(schemes)}"
+        raise UsageError(f"posenc table: {flag} does not apply to --scheme {args.scheme} ({hint})")
+
+
+def _positions(args: argparse.Namespace) -> list[int]:
+    return [args.start, args.start + args.length]
+
+
+def _sinusoidal_table(args: argparse.Namespace) -> _Table:
     values = table_values(
         args.length,
         check_d_model(args.d_model),
@@ -113,46 +290,266 @@ def _cmd_table(args: argparse.Namespace) -> None:
         fmt=args.dtype,
         start=args.start,
     )
-    if args.format == "npy":
-        # bfloat16 is stored as float32 holding exact bfloat16 values (portable .npy).
-        np.save(args.output, values)
-        print(f"wrote {args.output} ({values.shape[0]}x{values.shape[1]} {values.dtype})")
-        return
-    text = _format_table(values, args)
-    if args.output is None:
-        sys.stdout.write(text)
+    record = {
+        "scheme": "sinusoidal",
+        "positions": _positions(args),
+        "d_model": args.d_model,
+        "base": args.base,
+        "layout": args.layout,
+        "formula": args.formula,
+        "dtype": args.dtype,
+        "values": values,
+    }
+    return _Table(record, values, values, [(None, values)])
+
+
+def _rope_table(args: argparse.Namespace) -> _Table:
+    params = _scaling_params(args)
+    inv_freq, attention = rope_scaling(
+        args.scaling, args.head_dim, args.base, rotary_dim=args.rotary_dim, **params
+    )
+    cos, sin = rope_table_values(
+        args.length,
+        inv_freq,
+        fmt=args.dtype,
+        layout=args.rope_layout,
+        scale=attention,
+        start=args.start,
+    )  # (L, rotary_dim) each
+    rotary_dim = 2 * inv_freq.size
+    record = {
+        "scheme": "rope",
+        "positions": _positions(args),
+        "head_dim": args.head_dim,
+        "rotary_dim": rotary_dim,
+        "base": args.base,
+        "layout": args.rope_layout,
+        "scaling": args.scaling,
+        "scaling_params": params,
+        "dtype": args.dtype,
+        "inv_freq": inv_freq,
+        "attention_factor": attention,
+        "cos": cos,
+        "sin": sin,
+    }
+    npz = {
+        "cos": cos,
+        "sin": sin,
+        "inv_freq": inv_freq,
+        "attention_factor": np.float64(attention),
+    }
+    span = f"positions {args.start}..{args.start + args.length - 1} x {rotary_dim}"
+    scaled = "" if attention == 1.0 else ", times the attention factor"
+    shown = "".join(f", {k}={v}" for k, v in params.items() if not isinstance(v, list))
+    text: list[tuple[str | None, np.ndarray | None]] = [
+        (
+            f"RoPE: head_dim={args.head_dim}, rotary_dim={rotary_dim}, base={args.base:g}, "
+            f"{args.rope_layout} layout, scaling {args.scaling}{shown}, {args.dtype}",
+            None,
+        ),
+        ("inv_freq (radians per position):", inv_freq),
+        (f"attention_factor: {attention:.17g}", None),
+        (f"cos ({span}{scaled}):", cos),
+        (f"sin ({span}{scaled}):", sin),
+    ]
+    return _Table(record, np.hstack([cos, sin]), npz, text)
+
+
+def _scaling_params(args: argparse.Namespace) -> dict[str, Any]:
+    """The RoPE scaling's parameters from --factor, --original-... and --scaling-param."""
+    params: dict[str, Any] = {}
+    for key in ("factor", "original_max_position_embeddings"):
+        if getattr(args, key) is not None:
+            params[key] = getattr(args, key)
+    for item in args.scaling_param:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise UsageError(f"posenc table: --scaling-param needs KEY=VALUE, got {item!r}")
+        if key in params:
+            raise UsageError(f"posenc table: the scaling parameter {key} is given twice")
+        params[key] = _parse_value(text, item)
+    function = ROPE_SCALINGS[args.scaling]
+    accepted = {
+        p.name: p
+        for p in inspect.signature(function).parameters.values()
+        if p.kind is p.KEYWORD_ONLY and p.name != "rotary_dim"
+    }
+    takes = ", ".join(accepted) or "no parameters"
+    for key in params:
+        if key not in accepted:
+            raise UsageError(
+                f"posenc table: {_param_flag(key)} does not apply to --scaling {args.scaling} "
+                f"(it takes {takes})"
+            )
+    missing = [name for name, p in accepted.items() if p.default is p.empty and name not in params]
+    if missing:
+        needs = ", ".join(_param_flag(name) for name in missing)
+        raise UsageError(f"posenc table: --scaling {args.scaling} needs {needs}")
+    return params
+
+
+def _param_flag(key: str) -> str:
+    if key in ("factor", "original_max_position_embeddings"):
+        return "--" + key.replace("_", "-")
+    return f"--scaling-param {key}=..."
+
+
+def _parse_value(text: str, item: str) -> Any:
+    """A --scaling-param value: an int, a float, true/false or a list of floats."""
+    text = text.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    body = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    if "," in body or body != text:
+        try:
+            return [float(part) for part in body.split(",") if part.strip()]
+        except ValueError:
+            pass
+    raise UsageError(
+        f"posenc table: --scaling-param {item!r}: the value must be a number, true/false or "
+        "a list such as 1,2,3"
+    )
+
+
+def _alibi_table(args: argparse.Namespace) -> _Table:
+    bias = alibi_bias_values(
+        args.length, num_heads=args.heads, mode=args.mode, fmt=args.dtype
+    )  # (H, L, L)
+    slopes = alibi_slopes(args.heads)
+    record = {
+        "scheme": "alibi",
+        "length": args.length,
+        "heads": args.heads,
+        "mode": args.mode,
+        "dtype": args.dtype,
+        "slopes": slopes,
+        "values": bias,
+    }
+    text: list[tuple[str | None, np.ndarray | None]] = [
+        (
+            f"ALiBi: {args.heads} heads, {args.mode}, {args.length} x {args.length}, "
+            f"{args.dtype} (bias[h, i, j]: query i, key j)",
+            None,
+        ),
+        ("slopes:", slopes),
+    ]
+    text += [(f"head {h} (slope {m:.17g}):", bias[h]) for h, m in enumerate(slopes)]
+    csv = bias.reshape(args.heads * args.length, args.length)  # row h*L + i
+    return _Table(record, csv, bias, text)
+
+
+def _t5_table(args: argparse.Namespace) -> _Table:
+    check_memory(16 * args.length**2, "this T5 bucket matrix", DEFAULT_MAX_BYTES)
+    buckets = relative_position_bucket(
+        relative_positions(args.length),
+        bidirectional=args.bidirectional,
+        num_buckets=args.num_buckets,
+        max_distance=args.max_distance,
+        compat=args.compat,
+    )  # (L, L) int64
+    record = {
+        "scheme": "t5",
+        "length": args.length,
+        "bidirectional": args.bidirectional,
+        "num_buckets": args.num_buckets,
+        "max_distance": args.max_distance,
+        "compat": args.compat,
+        "values": buckets,
+    }
+    direction = "bidirectional" if args.bidirectional else "causal"
+    heading = (
+        f"T5 buckets: {direction}, num_buckets={args.num_buckets}, "
+        f"max_distance={args.max_distance}, compat {args.compat} (bucket of key j - query i)"
+    )
+    return _Table(record, buckets, buckets, [(heading, buckets)])
+
+
+def _nope_table(args: argparse.Namespace) -> _Table:
+    # Zeros are exact in every format; bfloat16 travels as float32, as the other tables.
+    container = "float32" if args.dtype == "bfloat16" else args.dtype
+    values = nope(args.length, check_d_model(args.d_model), dtype=container)
+    record = {
+        "scheme": "nope",
+        "positions": _positions(args),
+        "d_model": args.d_model,
+        "dtype": args.dtype,
+        "values": values,
+    }
+    return _Table(record, values, values, [(None, values)])
+
+
+_SCHEME_TABLES = {
+    "sinusoidal": _sinusoidal_table,
+    "rope": _rope_table,
+    "alibi": _alibi_table,
+    "t5": _t5_table,
+    "nope": _nope_table,
+}
+
+
+def _jsonable(value: Any) -> Any:
+    """Arrays as (nested) lists of Python floats or ints, recursively."""
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, np.ndarray):
+        return (value if value.dtype.kind in "iu" else value.astype(np.float64)).tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _digits(args: argparse.Namespace) -> int:
+    return 17 if args.dtype == "float64" else 9  # enough to round-trip the dtype
+
+
+def _format_csv(values: np.ndarray, args: argparse.Namespace) -> str:
+    if values.dtype.kind in "iu":
+        rows = [",".join(str(v) for v in row) for row in values.tolist()]
     else:
-        args.output.write_text(text)
-        print(f"wrote {args.output}")
-
-
-def _format_table(values: np.ndarray, args: argparse.Namespace) -> str:
-    digits = 17 if args.dtype == "float64" else 9  # enough to round-trip the dtype
-    if args.format == "csv":
+        digits = _digits(args)
         rows = [",".join(f"{v:.{digits}g}" for v in row) for row in values.astype(np.float64)]
-        return "\n".join(rows) + "\n"
-    if args.format == "json":
-        record = {
-            "positions": [args.start, args.start + args.length],
-            "d_model": args.d_model,
-            "base": args.base,
-            "layout": args.layout,
-            "formula": args.formula,
-            "dtype": args.dtype,
-            "values": values.astype(np.float64).tolist(),
-        }
-        return json.dumps(record) + "\n"
+    return "\n".join(rows) + ("\n" if rows else "")
+
+
+def _format_text(values: np.ndarray, args: argparse.Namespace, *, vector: bool = False) -> str:
+    """A table as text; ``vector`` (frequencies, slopes) keeps significant digits instead."""
     threshold = sys.maxsize if args.full else 1000
+    formatter = None
+    if values.dtype.kind not in "iu":
+        values = values.astype(np.float64)
+        if vector:  # inv_freq spans 1 .. 1e-7: fixed decimals would drop the small ones
+            formatter = {"float_kind": lambda v: f"{v:.{max(args.precision, 1)}g}"}
     return (
         np.array2string(
-            values.astype(np.float64),
+            values,
             precision=args.precision,
             suppress_small=True,
             threshold=threshold,
             max_line_width=120,
+            formatter=formatter,
         )
         + "\n"
     )
+
+
+# `posenc plot` options -> the keyword of the picture's function that they set.
+_PLOT_OPTIONS = {
+    "length": "length",
+    "d_model": "d_model",
+    "base": "base",
+    "head_dim": "head_dim",
+    "factor": "factor",
+    "original_max_position_embeddings": "original_max_position_embeddings",
+    "heads": "num_heads",
+    "num_buckets": "num_buckets",
+    "max_distance": "max_distance",
+}
 
 
 def _cmd_plot(args: argparse.Namespace) -> None:
@@ -161,14 +558,14 @@ def _cmd_plot(args: argparse.Namespace) -> None:
     function = plot.PLOTS[args.kind]
     accepted = inspect.signature(function).parameters
     kwargs: dict[str, Any] = {}
-    for option in ("length", "d_model", "base"):
+    for option, parameter in _PLOT_OPTIONS.items():
         value = getattr(args, option)
         if value is None:
             continue
-        if option not in accepted:
+        if parameter not in accepted:
             flag = "--" + option.replace("_", "-")
             raise UsageError(f"posenc plot {args.kind}: {flag} does not apply to this picture")
-        kwargs[option] = value
+        kwargs[parameter] = value
     if args.dpi <= 0:
         raise UsageError(f"posenc plot: --dpi must be > 0, got {args.dpi}")
     path = plot.save(function(**kwargs), args.output, dpi=args.dpi)

@@ -1,7 +1,8 @@
 """``posenc demo`` and ``posenc embed``: the seed walk-through, reproduced and checked.
 
 The demo prints the seed texts' worked tables, runs the token → embedding → encoding
-pipeline on "I am a robot", writes every picture into the output folder and ends with a
+pipeline on "I am a robot", prints a few numbers of the other schemes (ALiBi slopes, T5
+buckets, RoPE scalings), writes every picture into the output folder and ends with a
 report of the properties the seed texts claim (uniqueness, bounds, the relative map,
 precision), each measured.
 """
@@ -16,8 +17,11 @@ from typing import TextIO
 import numpy as np
 
 from .analysis import min_pairwise_distance, offset_distances, relative_map
+from .core.alibi import alibi_slopes
 from .core.frequencies import frequencies
+from .core.rope import rope_scaling
 from .core.sinusoidal import sinusoidal
+from .core.t5 import relative_position_bucket
 from .vocab import Vocabulary, tokenize
 
 
@@ -126,6 +130,45 @@ def property_report(length: int = 2048, d_model: int = 512, base: float = 10000.
     }
 
 
+def other_schemes() -> str:
+    """A few numbers of the relative schemes, as printable text (part of ``posenc demo``).
+
+    ALiBi slopes for 8 and 12 heads; T5's buckets for relative positions -10 .. 10
+    (bidirectional, 32 buckets, max_distance 128); RoPE's inverse frequencies for
+    Llama 3.1's head (head_dim 128, base 500000) unscaled and with its ``llama3``
+    scaling (factor 8, low/high frequency factors 1/4, L₀ = 8192), and YaRN's
+    attention factor for the same extension.
+    """
+    lines = [
+        "ALiBi slopes m_h = 2^(-8(h+1)/n) (Press et al.; for 12 heads: the 8 slopes of 8 "
+        "heads, then 4 of the 16 heads' in between):"
+    ]
+    for heads in (8, 12):
+        slopes = ", ".join(f"{m:.6g}" for m in alibi_slopes(heads))
+        lines.append(f"  {heads:2d} heads: {slopes}")
+    distances = np.arange(-10, 11)
+    buckets = relative_position_bucket(distances, num_buckets=32, max_distance=128)
+    lines.append("T5 buckets (bidirectional, 32 buckets, max_distance 128), d = key - query:")
+    lines.append("  d:      " + " ".join(f"{d:3d}" for d in distances))
+    lines.append("  bucket: " + " ".join(f"{b:3d}" for b in buckets))
+    llama = {"factor": 8.0, "original_max_position_embeddings": 8192}
+    default, _ = rope_scaling("default", 128, 500000.0)
+    scaled, _ = rope_scaling(
+        "llama3", 128, 500000.0, low_freq_factor=1.0, high_freq_factor=4.0, **llama
+    )
+    _, yarn_attention = rope_scaling("yarn", 128, 500000.0, **llama)
+    lines.append("RoPE, head_dim 128, base 500000 (Llama 3.1), inv_freq[0, 1, ..., 62, 63]:")
+    for name, inv_freq in (("default", default), ("llama3 x8", scaled)):
+        first = ", ".join(f"{v:.6g}" for v in inv_freq[:2])
+        last = ", ".join(f"{v:.6g}" for v in inv_freq[-2:])
+        lines.append(f"  {name:9s}  {first}, ..., {last}")
+    lines.append(
+        f"  llama3 keeps pairs with wavelength < 8192/4 and divides those > 8192 by 8; "
+        f"yarn x8 attention factor: {yarn_attention:.6f} (0.1 ln 8 + 1)"
+    )
+    return "\n".join(lines) + "\n"
+
+
 def run_demo(output: Path | str = "posenc-demo", *, plots: bool = True, out: TextIO) -> dict:
     """Reproduce the seed walk-through into ``output``; returns the property report."""
     start = time.perf_counter()
@@ -143,6 +186,8 @@ def run_demo(output: Path | str = "posenc-demo", *, plots: bool = True, out: Tex
     say(_matrix(sinusoidal(10, 4, dtype=np.float64), 2) + "\n\n")
     say("the pipeline on 'I am a robot':\n")
     say(embed_sentence("I am a robot", d_model=4, base=100.0) + "\n")
+    say("the relative schemes:\n")
+    say(other_schemes() + "\n")
 
     tables = {
         "table_i_am_a_robot.csv": sinusoidal(4, 4, base=100, dtype=np.float64),

@@ -1,4 +1,4 @@
-"""Pictures of the sinusoidal encoding, as :class:`matplotlib.figure.Figure` objects.
+"""Pictures of the positional encodings, as :class:`matplotlib.figure.Figure` objects.
 
 Every function validates its arguments, computes the numbers with the float64 core of
 posenc and returns a new ``Figure`` built without :mod:`matplotlib.pyplot`: no global
@@ -29,6 +29,16 @@ The pictures, by the name the ``posenc plot`` command knows them by (:data:`PLOT
     ``PE · PEᵀ`` and the dot product against the offset ``k``.
 ``grid``
     The first 16 tokens of a 64-wide encoding (seed text 004).
+``rope-spectrum``
+    RoPE wavelengths of each scaling method (default, linear, ntk, yarn, llama3,
+    longrope) for a Llama-3.1-like head, against the original context length.
+``rope-score``
+    RoPE's score ``q_rot(m) · k_rot(n)`` of all-ones vectors against ``m - n``: the
+    long-term decay, unscaled and scaled.
+``alibi``
+    ALiBi bias matrices of a few heads, with their slopes.
+``t5``
+    T5's bucket matrix and the bucket against the relative distance.
 """
 
 from __future__ import annotations
@@ -53,8 +63,11 @@ from ._checks import (
     describe,
 )
 from .analysis import offset_similarity
+from .core.alibi import alibi_bias, alibi_slopes
 from .core.frequencies import wavelengths
+from .core.rope import apply_rope, rope_frequencies, rope_scaling, rope_tables
 from .core.sinusoidal import sinusoidal
+from .core.t5 import check_bucket_options, relative_position_bucket, relative_positions
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -62,14 +75,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PLOTS",
+    "alibi",
     "dimensions",
     "first_positions",
     "grid",
     "heatmap",
     "long_range",
+    "rope_score",
+    "rope_spectrum",
     "save",
+    "scaling_examples",
     "similarity",
     "sinusoids",
+    "t5",
     "wavelength_spectrum",
 ]
 
@@ -668,6 +686,495 @@ def grid(length: int = 16, d_model: int = 64, base: float = 10000.0) -> Figure:
     return fig
 
 
+# ---------------------------------------------------------------------------------------
+# RoPE, ALiBi and T5
+
+
+_SPECTRUM_METHODS = ("default", "linear", "ntk", "yarn", "llama3", "longrope")
+_METHOD_STYLES = {
+    "default": {"color": "black", "linestyle": "-", "linewidth": 2.0},
+    "linear": {"color": "tab:blue", "linestyle": "--"},
+    "ntk": {"color": "tab:orange", "linestyle": "-."},
+    "dynamic_ntk": {"color": "tab:brown", "linestyle": ":"},
+    "yarn": {"color": "tab:green", "linestyle": "-"},
+    "llama3": {"color": "tab:red", "linestyle": "-"},
+    "longrope": {"color": "tab:purple", "linestyle": ":"},
+}
+
+
+def scaling_examples(
+    head_dim: int = 128,
+    base: float = 500000.0,
+    factor: float = 8.0,
+    original_max_position_embeddings: int = 8192,
+) -> dict[str, dict[str, Any]]:
+    """Parameters of each RoPE scaling method for one context extension, as in the pictures.
+
+    The defaults are Llama 3.1's rotary settings (``head_dim`` 128, ``rope_theta``
+    500000, ``factor`` 8 from ``L₀`` = 8192 to 65536 positions). Each method gets the
+    parameters its :data:`posenc.ROPE_SCALINGS` function needs, with the published
+    defaults where it has them:
+
+    * ``linear``, ``ntk``: ``factor``;
+    * ``yarn``: ``factor`` and ``L₀`` (``beta_fast`` 32, ``beta_slow`` 1);
+    * ``llama3``: ``factor``, ``low_freq_factor`` 1, ``high_freq_factor`` 4 and ``L₀``
+      (Llama 3.1's ``rope_scaling``);
+    * ``longrope``: an *illustrative* set of divisors, not a searched one:
+      ``long_factor[i] = factor^((i/(m-1))²)`` for the ``m = head_dim/2`` pairs (1 for
+      the fastest pair, ``factor`` for the slowest, rising slower than NTK's
+      ``factor^(i/(m-1))``), ``short_factor`` all ones, ``seq_len = factor · L₀`` so
+      that the long divisors are the ones in use, and ``factor`` for the attention
+      factor ``sqrt(1 + ln(factor)/ln(L₀))``.
+
+    Args:
+        head_dim: Rotary width, an even int >= 4 (NTK needs ``d > 2``).
+        base: The RoPE base: finite, > 0 and not 1.
+        factor: The context extension, a finite number >= 1.
+        original_max_position_embeddings: ``L₀``, the length trained on (int >= 1).
+
+    Returns:
+        ``{method: params}`` for ``default``, ``linear``, ``ntk``, ``yarn``, ``llama3``
+        and ``longrope``; ``posenc.rope_scaling(method, head_dim, base, **params)``
+        gives the method's ``(inv_freq, attention_factor)``.
+
+    Example:
+        >>> examples = scaling_examples()
+        >>> examples["llama3"]["low_freq_factor"], examples["yarn"]["factor"]
+        (1.0, 8.0)
+        >>> import posenc
+        >>> inv_freq, attention = posenc.rope_scaling("yarn", 128, 500000.0, **examples["yarn"])
+        >>> round(attention, 6)  # 0.1 ln 8 + 1
+        1.207944
+    """
+    head_dim = check_int(head_dim, "head_dim", minimum=4)
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {head_dim}")
+    base = check_base(base)
+    factor = _check_factor(factor)
+    original = check_int(
+        original_max_position_embeddings, "original_max_position_embeddings", minimum=1
+    )
+    pairs = head_dim // 2
+    ramp = (np.arange(pairs) / (pairs - 1)) ** 2
+    return {
+        "default": {},
+        "linear": {"factor": factor},
+        "ntk": {"factor": factor},
+        "yarn": {"factor": factor, "original_max_position_embeddings": original},
+        "llama3": {
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": original,
+        },
+        "longrope": {
+            "short_factor": [1.0] * pairs,
+            "long_factor": (factor**ramp).tolist(),
+            "original_max_position_embeddings": original,
+            "seq_len": max(original + 1, round(factor * original)),
+            "factor": factor,
+        },
+    }
+
+
+def _check_factor(value: Any) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"factor must be a finite number >= 1, got {describe(value)}")
+    if not math.isfinite(value) or value < 1:
+        raise ValueError(f"factor must be a finite number >= 1, got {value!r}")
+    return float(value)
+
+
+def _check_methods(methods: Any, available: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(methods, str):
+        methods = (methods,)
+    if not isinstance(methods, (Sequence, np.ndarray)) or not len(methods):
+        raise TypeError(
+            f"methods must be a non-empty sequence of names from {list(available)}, "
+            f"got {describe(methods)}"
+        )
+    chosen = tuple(check_choice(m, "methods[...]", available) for m in methods)
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"methods must not repeat a name, got {list(chosen)}")
+    return chosen
+
+
+def _reference_lengths(ax: Axes, original: int, factor: float, *, axis: str) -> None:
+    """Lines at ``L₀`` and ``factor · L₀``, labelled, horizontal or vertical."""
+    for value, text, style in (
+        (original, f"L₀ = {original:,} (original context)", "--"),
+        (factor * original, f"factor · L₀ = {factor * original:,.0f}", ":"),
+    ):
+        if axis == "y":
+            ax.axhline(value, color="grey", linestyle=style, linewidth=1)
+            where, xycoords, offset = (0, value), ("axes fraction", "data"), (4, 3)
+        else:  # vertical text at the top, left of the line
+            ax.axvline(value, color="grey", linestyle=style, linewidth=1)
+            where, xycoords, offset = (value, 0.97), ("data", "axes fraction"), (-11, 0)
+        ax.annotate(
+            text,
+            where,
+            xycoords=xycoords,
+            xytext=offset,
+            textcoords="offset points",
+            rotation=0 if axis == "y" else 90,
+            va="baseline" if axis == "y" else "top",
+            fontsize="small",
+            color="dimgrey",
+        )
+
+
+def rope_spectrum(
+    head_dim: int = 128,
+    base: float = 500000.0,
+    factor: float = 8.0,
+    original_max_position_embeddings: int = 8192,
+    methods: Sequence[str] = _SPECTRUM_METHODS,
+) -> Figure:
+    """The RoPE wavelengths of each scaling method, and how much each pair is stretched.
+
+    Left: the wavelength ``2π/θ_i`` of every frequency pair ``i`` (log axis) for each
+    method, with :func:`scaling_examples`' parameters (Llama-3.1-like by default), and
+    horizontal lines at the original context ``L₀`` and at ``factor · L₀``. Pairs whose
+    wavelength is far below ``L₀`` turned many times during training; the methods
+    differ in which of the slow pairs they stretch. Right: the stretch
+    ``θ_i(default) / θ_i(method)`` (1 = unchanged, ``factor`` = fully interpolated).
+    Each legend entry gives the method's attention factor when it is not 1.
+
+    Args:
+        head_dim: Rotary width, an even int >= 4.
+        base: The RoPE base: finite, > 0 and not 1.
+        factor: The context extension, a finite number >= 1.
+        original_max_position_embeddings: ``L₀``, an int >= 1.
+        methods: Names among ``default``, ``linear``, ``ntk``, ``yarn``, ``llama3``,
+            ``longrope`` (all by default), one line each in this order.
+
+    Returns:
+        A new ``Figure`` with two axes; on each, ``lines[k]`` is ``methods[k]``.
+
+    Example:
+        >>> fig = rope_spectrum()
+        >>> [line.get_label() for line in fig.axes[0].lines][:3]
+        ['default', 'linear', 'ntk']
+    """
+    examples = scaling_examples(head_dim, base, factor, original_max_position_embeddings)
+    methods = _check_methods(methods, _SPECTRUM_METHODS)
+    original = int(examples["yarn"]["original_max_position_embeddings"])
+    factor = float(examples["linear"]["factor"])
+    reference = rope_frequencies(head_dim, base)
+    fig = _new_figure((14.0, 5.5))
+    left, right = fig.subplots(1, 2)
+    pairs = np.arange(head_dim // 2)
+    for name in methods:
+        inv_freq, attention = rope_scaling(name, head_dim, base, **examples[name])
+        label = name if attention == 1.0 else f"{name} (attention × {attention:.4g})"
+        style = _METHOD_STYLES[name]
+        left.plot(pairs, 2 * np.pi / inv_freq, label=label, **style)
+        right.plot(pairs, reference / inv_freq, label=name, **style)
+    left.set_yscale("log")
+    right.set_yscale("log")
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    right.yaxis.set_major_locator(LogLocator(base=2))
+    right.yaxis.set_major_formatter(ScalarFormatter())
+    right.yaxis.set_minor_formatter(NullFormatter())
+    _reference_lengths(left, original, factor, axis="y")
+    right.axhline(factor, color="grey", linestyle=":", linewidth=1)
+    left.set_xlabel("frequency pair i (θ_i = base^(-2i/d) before scaling)")
+    left.set_ylabel("wavelength 2π/θ_i (positions, log scale)")
+    left.set_title("Wavelength of each pair")
+    right.set_xlabel("frequency pair i")
+    right.set_ylabel("θ_i(default) / θ_i(method)  (log scale)")
+    right.set_title(f"Stretch of each pair: 1 = kept, {_fmt(factor)} = interpolated")
+    for ax in (left, right):
+        ax.grid(alpha=0.3, which="both")
+    left.legend(loc="upper left", fontsize="small")
+    fig.suptitle(
+        f"RoPE scaling methods: head_dim = {head_dim}, base = {_fmt(base)}, factor = "
+        f"{_fmt(factor)}, L₀ = {original:,} (longrope: illustrative divisors)"
+    )
+    return fig
+
+
+_MAX_SCORE_LENGTH = 1 << 24  # rope_score sums every distance below length for its means
+
+
+def rope_score(
+    length: int = 65536,
+    head_dim: int = 128,
+    base: float = 500000.0,
+    factor: float = 8.0,
+    original_max_position_embeddings: int = 8192,
+    methods: Sequence[str] = ("default", "linear", "yarn", "llama3"),
+    points: int = 1500,
+    bins: int = 100,
+) -> Figure:
+    """RoPE's attention score against the relative distance: the long-term decay.
+
+    With the query ``q`` and the key ``k`` both all ones, the score of a query at
+    position ``m`` and a key at ``n`` is ``q_rot(m) · k_rot(n)``; it depends on
+    ``Δ = m - n`` only, and equals ``2 Σ_i cos(Δ θ_i)`` (``head_dim`` at ``Δ = 0``).
+    For each method (with :func:`scaling_examples`' parameters) two lines are drawn:
+
+    * thin: the score at about ``points`` log-spaced integer distances (all of
+      ``1 .. 64``, then geometric up to ``length - 1``), computed by rotating the
+      vectors with :func:`posenc.apply_rope` (query at ``Δ``, key at 0). Sampled
+      sparsely, the fast pairs' oscillation shows as noise;
+    * thick: the mean of the closed form ``2 Σ_i cos(Δ θ_i)`` over *every* integer
+      distance in each of about ``bins`` log-spaced bins of ``1 .. length - 1`` (drawn at
+      the bin's geometric middle), which shows the decay without aliasing.
+
+    The tables are not multiplied by the attention factor, so the curves compare the
+    frequencies only. Vertical lines mark ``L₀`` and ``factor · L₀``: a scaling method
+    moves the decay of the slow pairs out by up to ``factor``.
+
+    Args:
+        length: One more than the largest distance drawn, an int in ``[2, 2**24]``.
+        head_dim: Rotary width, an even int >= 4.
+        base: The RoPE base: finite, > 0 and not 1.
+        factor: The context extension, a finite number >= 1.
+        original_max_position_embeddings: ``L₀``, an int >= 1.
+        methods: Names among ``default``, ``linear``, ``ntk``, ``yarn``, ``llama3``,
+            ``longrope``.
+        points: About how many distances to sample for the thin lines, an int >= 2.
+        bins: About how many bins to average over for the thick lines, an int >= 1.
+
+    Returns:
+        A new ``Figure`` with one axes: ``lines[2k]`` is the sampled score of
+        ``methods[k]`` (x: the distances) and ``lines[2k + 1]`` its bin means (x: the
+        geometric middle ``sqrt(first · last)`` of each bin's distances).
+
+    Example:
+        >>> fig = rope_score(1000, 16, 10000.0, factor=4.0, original_max_position_embeddings=256)
+        >>> line = fig.axes[0].lines[0]
+        >>> int(line.get_xdata()[0]), round(float(line.get_ydata()[0]), 6)  # 2 Σ cos(θ_i)
+        (1, 14.970332)
+    """
+    length = check_int(length, "length", minimum=2)
+    if length > _MAX_SCORE_LENGTH:
+        raise ValueError(
+            f"length must be at most 2**24 = {_MAX_SCORE_LENGTH} (every distance below it "
+            f"is summed), got {length}"
+        )
+    points = check_int(points, "points", minimum=2)
+    bins = check_int(bins, "bins", minimum=1)
+    examples = scaling_examples(head_dim, base, factor, original_max_position_embeddings)
+    methods = _check_methods(methods, _SPECTRUM_METHODS)
+    original = int(examples["yarn"]["original_max_position_embeddings"])
+    factor = float(examples["linear"]["factor"])
+    samples = _score_distances(length, points)  # (n,) from 1 to length - 1
+    # First distance of each bin: geometric from 1, the last bin ending at length - 1.
+    starts = np.unique(np.floor(np.geomspace(1, length, bins + 1)[:-1]).astype(np.int64))
+    ends = np.append(starts[1:], length)  # one past each bin's last distance
+    middles = np.sqrt(starts * (ends - 1.0))
+    ones = np.ones((samples.size, head_dim))  # (n, head_dim): the query at each Δ
+    fig = _new_figure((11.0, 5.5))
+    ax = fig.add_subplot()
+    for name in methods:
+        inv_freq, _ = rope_scaling(name, head_dim, base, **examples[name])
+        cos, sin = rope_tables(samples, inv_freq, dtype="float64")  # (n, head_dim)
+        queries = apply_rope(ones, cos, sin)  # q_rot(Δ)
+        key = apply_rope(ones[:1], *rope_tables(1, inv_freq, dtype="float64"))[0]  # k_rot(0)
+        every = _offset_scores(np.arange(1, length), inv_freq)  # Δ = 1 .. length - 1
+        means = np.add.reduceat(every, starts - 1) / (ends - starts)
+        style = _METHOD_STYLES[name]
+        ax.plot(samples, queries @ key, color=style["color"], linewidth=0.6, alpha=0.35)
+        ax.plot(middles, means, label=name, **{**style, "linewidth": 2.2})
+    ax.set_xscale("log")
+    ax.axhline(0, color="black", linewidth=0.5)
+    if length > original:
+        _reference_lengths(ax, original, factor, axis="x")
+    ax.set_xlabel("relative distance Δ = m − n (log scale)")
+    ax.set_ylabel("q_rot(m) · k_rot(n) = 2 Σ_i cos(Δ θ_i)")
+    ax.set_title(
+        f"RoPE score of q = k = (1, …, 1) against distance (thin: sampled, thick: mean per "
+        f"bin)\nhead_dim = {head_dim} (score {head_dim} at Δ = 0), base = {_fmt(base)}, "
+        f"factor = {_fmt(factor)}, L₀ = {original:,}"
+    )
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="lower left")
+    return fig
+
+
+def _score_distances(length: int, points: int) -> np.ndarray:
+    """Sorted unique int64 distances: ``1 .. 64`` and ~``points`` geometric to ``length-1``."""
+    geometric = np.rint(np.geomspace(1, length - 1, points)).astype(np.int64)
+    return np.unique(np.concatenate([np.arange(1, min(65, length), dtype=np.int64), geometric]))
+
+
+def _offset_scores(distances: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """``2 Σ_i cos(Δ θ_i)`` for each distance, in chunks (float64 angles)."""
+    out = np.empty(distances.size)
+    rows = max(1, _CHUNK_ELEMENTS // inv_freq.size)
+    for r0 in range(0, distances.size, rows):
+        angles = np.multiply.outer(distances[r0 : r0 + rows].astype(np.float64), inv_freq)
+        out[r0 : r0 + rows] = 2.0 * np.cos(angles).sum(axis=1)
+    return out
+
+
+def alibi(
+    length: int = 32,
+    num_heads: int = 8,
+    show: Sequence[int] | None = None,
+    mode: str = "causal",
+) -> Figure:
+    """ALiBi bias matrices ``-m_h · (i - j)`` of a few heads, each with its colour bar.
+
+    One panel per shown head: the ``(length, length)`` bias of :func:`posenc.alibi_bias`
+    (float64) for query ``i`` (row) and key ``j`` (column). In ``"causal"`` mode the
+    future keys ``j > i`` are drawn grey: their bias is 0, but the causal mask hides
+    them. Panel titles give each head's slope ``m_h``; the figure title lists all of
+    them.
+
+    Args:
+        length: Number of positions (queries and keys), an int >= 1.
+        num_heads: Number of heads, an int >= 1; slopes from :func:`posenc.alibi_slopes`.
+        show: Which heads to draw (1 to 8 indices); ``None`` draws 4 spread evenly from
+            the first (steepest) to the last (flattest) head, or all of them when there
+            are at most 4.
+        mode: ``"causal"`` or ``"symmetric"`` (``-m_h · |i - j|``).
+
+    Returns:
+        A new ``Figure``: ``axes[k]`` is the image of head ``show[k]`` (its array is a
+        masked array whose data is the whole bias), followed by the colour bars.
+
+    Example:
+        >>> fig = alibi(8, 8)
+        >>> [ax.get_title() for ax in fig.axes[:4]]
+        ['head 0: m = 0.5', 'head 2: m = 0.125', 'head 5: m = 0.015625', 'head 7: m = 0.00390625']
+    """
+    length = check_int(length, "length", minimum=1)
+    num_heads = check_int(num_heads, "num_heads", minimum=1)
+    mode = check_choice(mode, "mode", ("causal", "symmetric"))
+    if show is None:
+        show = sorted({round(h) for h in np.linspace(0, num_heads - 1, min(4, num_heads))})
+    heads = _int_sequence(show, "show", minimum=0, max_items=8)
+    if max(heads) >= num_heads:
+        raise ValueError(f"show must hold head indices below num_heads={num_heads}, got {heads}")
+    bias = alibi_bias(length, num_heads=num_heads, mode=mode, dtype="float64")  # (H, L, L)
+    slopes = alibi_slopes(num_heads)
+    future = np.triu(np.ones((length, length), dtype=bool), k=1)
+    fig = _new_figure((4.2 * len(heads) + 0.6, 4.8))
+    axes = fig.subplots(1, len(heads), squeeze=False)[0]
+    for ax, head in zip(axes, heads, strict=True):
+        values = np.ma.masked_array(bias[head], mask=future if mode == "causal" else None)
+        cmap = _colormap(_SEQUENTIAL).with_extremes(bad="lightgrey")  # the masked keys
+        image = ax.imshow(values, cmap=cmap, interpolation="nearest", aspect="equal")
+        fig.colorbar(image, ax=ax, label="bias", shrink=0.8)
+        ax.set_title(f"head {head}: m = {slopes[head]:.8g}")
+        ax.set_xlabel("key position j")
+        ax.set_ylabel("query position i")
+    formula = "−m·(i − j), future keys masked" if mode == "causal" else "−m·|i − j|"
+    listed = ", ".join(f"{s:.4g}" for s in slopes[:16]) + (", …" if num_heads > 16 else "")
+    fig.suptitle(
+        f"ALiBi bias {formula}: {length} positions, {num_heads} heads\nslopes m_h: {listed}"
+    )
+    return fig
+
+
+def t5(
+    length: int = 64,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+    bidirectional: bool = True,
+) -> Figure:
+    """T5's relative-position buckets: the ``(length, length)`` matrix and the bucket rule.
+
+    Left: ``relative_position_bucket(relative_positions(length))`` (HF's float32 rule),
+    the bucket of key ``j`` for query ``i``. Right: the bucket against the relative
+    distance ``d = key - query`` from ``-1.5 max_distance`` to ``+1.5 max_distance``:
+    one bucket per distance below ``max_exact``, log-spaced buckets (wider and wider
+    steps, shaded) up to ``max_distance``, and one shared bucket beyond it (saturation).
+
+    Args:
+        length: Number of positions, an int >= 1.
+        num_buckets: Number of buckets (T5: 32); >= 4 when bidirectional, else >= 2.
+        max_distance: Where the buckets saturate (T5: 128); > ``max_exact``.
+        bidirectional: ``True`` (encoder: the later keys get the upper half of the
+            buckets) or ``False`` (decoder: every ``d >= 0`` is bucket 0).
+
+    Returns:
+        A new ``Figure``: ``axes[0]`` the matrix, ``axes[1]`` the curve (``lines[0]``,
+        a step line), ``axes[2]`` the matrix's colour bar.
+
+    Example:
+        >>> fig = t5()
+        >>> fig.axes[0].images[0].get_array().shape
+        (64, 64)
+    """
+    length = check_int(length, "length", minimum=1)
+    bidirectional, num_buckets, max_distance, _ = check_bucket_options(
+        bidirectional, num_buckets, max_distance, "hf"
+    )
+    options = {
+        "bidirectional": bidirectional,
+        "num_buckets": num_buckets,
+        "max_distance": max_distance,
+    }
+    matrix = relative_position_bucket(relative_positions(length), **options)  # (L, L)
+    reach = (3 * max_distance) // 2
+    distances = np.arange(-reach, reach + 1)
+    curve = relative_position_bucket(distances, **options)
+    side = num_buckets // 2 if bidirectional else num_buckets
+    max_exact = side // 2
+    fig = _new_figure((14.0, 5.8))
+    left, right = fig.subplots(1, 2, width_ratios=(1.0, 1.3))
+    image = left.imshow(
+        matrix,
+        cmap=_colormap(_SEQUENTIAL, num_buckets),
+        vmin=-0.5,
+        vmax=num_buckets - 0.5,
+        interpolation="nearest",
+        aspect="equal",
+    )
+    fig.colorbar(image, ax=left, label="bucket", shrink=0.85)
+    left.set_xlabel("key position j")
+    left.set_ylabel("query position i")
+    left.set_title(f"bucket(j − i), {length} × {length}")
+    right.step(distances, curve, where="mid", color="tab:blue")
+    sides = (-1, 1) if bidirectional else (-1,)  # causal: every d >= 0 is bucket 0
+    for sign in sides:
+        right.axvspan(sign * max_exact, sign * max_distance, color="tab:orange", alpha=0.12)
+        right.axvline(sign * max_distance, color="grey", linestyle="--", linewidth=1)
+        right.axvline(sign * max_exact, color="grey", linestyle=":", linewidth=1)
+    right.annotate(
+        f"log-spaced buckets\n{max_exact} ≤ |d| < {max_distance}",
+        (-(max_exact + max_distance) / 2, 0.5),
+        xycoords=("data", "axes fraction"),
+        ha="center",
+        fontsize="small",
+        color="dimgrey",
+    )
+    right.annotate(
+        f"saturated:\n|d| ≥ {max_distance}",
+        (sides[-1] * max_distance, 0.04),
+        xycoords=("data", "axes fraction"),
+        xytext=(4, 0) if bidirectional else (-4, 0),
+        ha="left" if bidirectional else "right",
+        textcoords="offset points",
+        fontsize="small",
+        color="dimgrey",
+    )
+    right.set_xlabel("relative position d = key − query")
+    right.set_ylabel("bucket")
+    right.set_title(f"one bucket per distance for |d| < max_exact = {max_exact}, then log-spaced")
+    right.grid(alpha=0.3)
+    kind = "bidirectional (encoder)" if bidirectional else "causal (decoder)"
+    fig.suptitle(
+        f"T5 relative position buckets, {kind}: num_buckets = {num_buckets}, "
+        f"max_distance = {max_distance}"
+    )
+    return fig
+
+
+def _colormap(name: str, count: int | None = None) -> Any:
+    """A registered colormap, optionally resampled to ``count`` colours."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps[name]
+    return cmap.resampled(count) if count else cmap
+
+
 #: The figures by the name ``posenc plot KIND`` uses for them.
 PLOTS: dict[str, Callable[..., Figure]] = {
     "heatmap": heatmap,
@@ -678,6 +1185,10 @@ PLOTS: dict[str, Callable[..., Figure]] = {
     "wavelengths": wavelength_spectrum,
     "similarity": similarity,
     "grid": grid,
+    "rope-spectrum": rope_spectrum,
+    "rope-score": rope_score,
+    "alibi": alibi,
+    "t5": t5,
 }
 
 
