@@ -27,6 +27,7 @@ MODULES = {
     "posenc.torch.bias": "torch",
     "posenc.torch.attention": "torch",
     "posenc.torch.nd": "torch",
+    "posenc.torch.rope_nd": "torch",
     "posenc.plot": "matplotlib",
 }
 

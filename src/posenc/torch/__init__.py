@@ -19,9 +19,11 @@ from .modules import (
 )
 from .nd import SinusoidalPositionalEncodingND
 from .rope import RotaryEmbedding, convert_rope_weights
+from .rope_nd import AxialRotaryEmbedding, XPosRotaryEmbedding
 
 __all__ = [
     "ALiBiBias",
+    "AxialRotaryEmbedding",
     "InputEmbedding",
     "KVCache",
     "LearnedPositionalEmbedding",
@@ -32,6 +34,7 @@ __all__ = [
     "SinusoidalPositionalEncodingND",
     "T5RelativeBias",
     "TokenEmbedding",
+    "XPosRotaryEmbedding",
     "convert_rope_weights",
     "exact_table",
 ]

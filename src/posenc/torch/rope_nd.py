@@ -1,0 +1,476 @@
+"""xPos and axial / multimodal (N-D) RoPE for PyTorch, over the NumPy core.
+
+:class:`XPosRotaryEmbedding` rotates queries and keys as :class:`~posenc.torch.rope.
+RotaryEmbedding` does and scales them by the xPos decay; :class:`AxialRotaryEmbedding`
+rotates each section of feature pairs by one coordinate axis (images, video, Qwen2-VL's
+M-RoPE). Neither re-derives a formula: the tables come from
+:func:`posenc.core.rope_nd.xpos_scales`, :func:`posenc.core.rope.rope_table_values` and
+:func:`posenc.core.rope_nd.axial_rope_tables` (float64, rounded once), and the rotation is
+the one of :mod:`posenc.torch.rope`, whose conventions both modules share (``qk_layout``,
+keyword-only positions, float32 tables rotating float16/bfloat16 inputs in float32).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .._checks import check_choice, check_int, describe
+from ..core.rope import ROPE_LAYOUTS, _check_real, rope_frequencies, rope_table_values
+from ..core.rope_nd import AXIAL_MODES, axial_rope_tables, xpos_scales
+from .modules import _check_offset, _drop_keys
+from .rope import (
+    _DERIVED_KEYS,
+    _TABLE_FORMATS,
+    QK_LAYOUTS,
+    _check_qk,
+    _check_rope_positions,
+    _rotate,
+)
+
+__all__ = ["AxialRotaryEmbedding", "XPosRotaryEmbedding"]
+
+# torchscale's XPOS and lucidrains' rotary-embedding-torch keep the scales in ``scale``.
+_XPOS_DERIVED_KEYS = (*_DERIVED_KEYS, "scale", "q_scale", "k_scale")
+
+
+def _broadcast(tables: tuple[Tensor, ...], qk_layout: str, device: Any) -> tuple[Tensor, ...]:
+    """``(seq, r)`` or ``(batch, seq, r)`` tables → broadcastable over ``qk_layout`` heads."""
+    out = []
+    for t in tables:
+        if qk_layout == "bshd":
+            t = t.unsqueeze(-2)  # (..., seq, 1, r)
+        elif t.dim() == 3:
+            t = t.unsqueeze(1)  # (batch, 1, seq, r)
+        out.append(t.to(device))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------
+# xPos
+
+
+class XPosRotaryEmbedding(nn.Module):
+    """xPos: RoPE whose queries grow and keys shrink with position, so scores decay.
+
+    ``q'_n = ζ^((n-c)/B) ⊙ R(n) q_n`` and ``k'_m = ζ^(-(m-c)/B) ⊙ R(m) k_m`` with
+    ``ζ_i = (2i/d + γ)/(1 + γ)`` per feature pair (Sun et al., 2023), so that
+    ``q'_n · k'_m = Σ_i ζ_i^((n-m)/B) · (RoPE score of pair i)``: relative, and decaying
+    with ``n - m > 0``. The whole head rotates (as in torchscale).
+
+    * The cos/sin tables (:func:`posenc.core.rope.rope_table_values`) and the query and
+      key scales (:func:`posenc.core.rope_nd.xpos_scales`, the key scale the correctly
+      rounded reciprocal) are computed by the core and rounded once to float32; they stay
+      float32 whatever the module's dtype (``.double()``: float64), and float16/bfloat16
+      inputs are rotated and scaled in float32, then cast back.
+    * **The centre is a fixed number** (default 0). torchscale centres the scale exponent
+      at ``ceil((offset + seq)/2)`` and lucidrains at ``seq // 2``: a centre that moves
+      with the length of each call, so keys cached at an earlier step carry another
+      centre than the current query and the scores pick up a spurious factor
+      ``ζ^(Δc/B)``. With one fixed centre every score depends only on ``n - m``, and
+      decoding one token at a time (``offset=``) equals the full-sequence call exactly.
+      Pick a centre near the middle of the positions you use (e.g.
+      ``posenc.core.rope_nd.xpos_centre(max_length, "torchscale")``): float32 scales
+      overflow about 36,000 positions away from it (``ζ_0^(1/512) ≈ 0.99755``).
+    * Tables grow when positions exceed them (eager mode; under ``torch.compile`` or
+      ``torch.export`` call :meth:`extend` first).
+
+    Args:
+        head_dim: Features per head (even; all of them rotate and scale).
+        base: The RoPE base (torchscale: 10000).
+        gamma: ``γ`` in ``ζ_i`` (> 0; 0.4).
+        scale_base: ``B`` (> 0; 512).
+        centre: A finite number subtracted from every position in the scale exponent.
+            Mathematically the scores do not depend on it; it keeps the scales near 1.
+        layout: ``"interleaved"`` (torchscale, lucidrains) or ``"half"``.
+        max_length: Number of positions the tables hold initially.
+        qk_layout: ``"bhsd"`` (batch, heads, seq, head_dim) or ``"bshd"``.
+
+    Call arguments:
+        q: Queries, a floating 4-D tensor in ``qk_layout`` with last axis ``head_dim``.
+        k: Keys, same batch, seq and head_dim as ``q``; any number of heads.
+        positions: Optional integer tensor ``(seq,)`` or ``(batch, seq)``, each >= 0.
+        offset: Optional int >= 0: positions ``offset .. offset+seq-1``.
+
+    Returns:
+        ``(q_xpos, k_xpos)`` with the shapes and dtypes of ``q`` and ``k``.
+
+    Attributes:
+        cos, sin: RoPE tables ``(rows, head_dim)`` in ``layout``.
+        q_scale, k_scale: ``ζ^(±(p - centre)/B)``, ``(rows, head_dim)`` in ``layout``.
+
+    Example:
+        >>> xpos = XPosRotaryEmbedding(16, max_length=64)
+        >>> q, k = torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16)
+        >>> qx, kx = xpos(q, k)
+        >>> q9, k9 = xpos(q[:, :, 9:], k[:, :, 9:], offset=9)  # KV-cache decoding
+        >>> torch.equal(q9, qx[:, :, 9:]) and torch.equal(k9, kx[:, :, 9:])
+        True
+        >>> scales = XPosRotaryEmbedding(4, max_length=1024).q_scale[[0, 512]]
+        >>> scales.double().round(decimals=4).tolist()  # ζ = (0.4, 0.9)/1.4 at p = B
+        [[1.0, 1.0, 1.0, 1.0], [0.2857, 0.2857, 0.6429, 0.6429]]
+
+    References:
+        Sun et al., "A Length-Extrapolatable Transformer", 2023;
+        microsoft/torchscale ``xpos_relative_position.py``.
+    """
+
+    cos: Tensor
+    sin: Tensor
+    q_scale: Tensor
+    k_scale: Tensor
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        base: float = 10000.0,
+        gamma: float = 0.4,
+        scale_base: float = 512,
+        centre: float = 0.0,
+        layout: Literal["half", "interleaved"] = "interleaved",
+        max_length: int = 4096,
+        qk_layout: Literal["bhsd", "bshd"] = "bhsd",
+    ) -> None:
+        super().__init__()
+        self.layout = check_choice(layout, "layout", ROPE_LAYOUTS)
+        self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
+        self.max_length = check_int(max_length, "max_length", minimum=1)
+        if isinstance(centre, str):
+            raise TypeError(
+                f"centre must be a fixed number, got {centre!r}: a centre that follows the "
+                "sequence length breaks cached decoding; pass a number, e.g. "
+                "posenc.core.rope_nd.xpos_centre(max_length, 'torchscale')"
+            )
+        self.centre = _check_real(centre, "centre")
+        self.gamma = _check_real(gamma, "gamma", minimum=0.0, strict=True)
+        self.scale_base = _check_real(scale_base, "scale_base", minimum=0.0, strict=True)
+        head_dim = check_int(head_dim, "head_dim", minimum=2)
+        if head_dim % 2:
+            raise ValueError(
+                f"xPos rotates pairs of features, so head_dim must be even, got {head_dim}"
+            )
+        self.head_dim = head_dim
+        self._inv_freq = rope_frequencies(head_dim, base)  # validates base
+        self.base = float(base)
+        for name, table in zip(
+            ("cos", "sin", "q_scale", "k_scale"),
+            self._build(self.max_length, torch.float32),
+            strict=True,
+        ):
+            self.register_buffer(name, table, persistent=False)
+        self.register_load_state_dict_pre_hook(_drop_keys(*_XPOS_DERIVED_KEYS))
+
+    @property
+    def inv_freq(self) -> np.ndarray:
+        """The RoPE inverse frequencies (float64, ``(head_dim // 2,)``), a copy."""
+        return self._inv_freq.copy()
+
+    @torch.compiler.disable  # NumPy: never traced (reached in eager code only)
+    def _build(self, length: int, dtype: torch.dtype, device: Any = None) -> tuple[Tensor, ...]:
+        fmt = _TABLE_FORMATS[dtype]
+        cos, sin = rope_table_values(length, self._inv_freq, fmt=fmt, layout=self.layout)
+        params = {
+            "gamma": self.gamma,
+            "scale_base": self.scale_base,
+            "centre": self.centre,
+            "layout": self.layout,
+            "dtype": fmt,
+        }
+        q_scale = xpos_scales(length, self.head_dim, role="query", **params)
+        k_scale = xpos_scales(length, self.head_dim, role="key", **params)
+        return tuple(
+            torch.from_numpy(np.ascontiguousarray(t)).to(device=device, dtype=dtype)
+            for t in (cos, sin, q_scale, k_scale)
+        )
+
+    def _set(self, tables: tuple[Tensor, ...]) -> None:
+        self.cos, self.sin, self.q_scale, self.k_scale = tables
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        # Rebuild rather than keep fn's rounding of rounded values: float64 if the module
+        # went to float64, else float32.
+        if self.cos.device.type != "meta":
+            dtype = torch.float64 if self.cos.dtype == torch.float64 else torch.float32
+            self._set(self._build(self.cos.shape[0], dtype, self.cos.device))
+        return self
+
+    def extend(self, length: int) -> None:
+        """Make the tables hold at least ``length`` positions (they never shrink)."""
+        length = check_int(length, "length", minimum=1)
+        if length > self.cos.shape[0]:
+            self._set(self._build(length, self.cos.dtype, self.cos.device))
+
+    def _tables(self, end: int) -> tuple[Tensor, ...]:
+        """The four tables, grown (eagerly) to hold at least rows ``0 .. end-1``."""
+        rows = self.cos.shape[0]
+        if end > rows:
+            if torch.compiler.is_compiling():
+                raise ValueError(
+                    f"positions up to {end - 1} need longer xPos tables than the {rows} "
+                    f"rows built; under torch.compile or torch.export call .extend({end}) "
+                    "before compiling"
+                )
+            try:
+                self.extend(max(end, 2 * rows))
+            except ValueError:  # doubling may overflow the scales where `end` does not
+                self.extend(end)
+        return self.cos, self.sin, self.q_scale, self.k_scale
+
+    def forward(
+        self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        name = type(self).__name__
+        seq_axis = 2 if self.qk_layout == "bhsd" else 1
+        _check_qk(q, k, self.head_dim, self.qk_layout, name)
+        batch, seq = q.shape[0], q.shape[seq_axis]
+        if positions is None:
+            offset = _check_offset(offset, name)
+            tables = self._tables(offset + seq)
+            tables = tuple(t[offset : offset + seq] for t in tables)  # (seq, d)
+        else:
+            _check_rope_positions(positions, batch, seq, name)
+            end = seq  # in compiled code the gather itself rejects bad indices
+            if not torch.compiler.is_compiling() and positions.numel():
+                low, high = int(positions.min()), int(positions.max())
+                if low < 0:
+                    raise ValueError(f"{name}: positions must be >= 0, got {low}")
+                end = high + 1
+            tables = self._tables(end)
+            index = positions.to(tables[0].device)
+            tables = tuple(nn.functional.embedding(index, t) for t in tables)
+        cos, sin, q_scale, k_scale = _broadcast(tables, self.qk_layout, q.device)
+        return self._turn(q, cos, sin, q_scale), self._turn(k, cos, sin, k_scale)
+
+    def _turn(self, x: Tensor, cos: Tensor, sin: Tensor, scale: Tensor) -> Tensor:
+        compute = torch.promote_types(x.dtype, cos.dtype)
+        out = _rotate(x.to(compute), cos, sin, self.layout, self.head_dim) * scale
+        return out.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, base={self.base:g}, gamma={self.gamma:g}, "
+            f"scale_base={self.scale_base:g}, centre={self.centre:g}, layout={self.layout!r}, "
+            f"qk_layout={self.qk_layout!r}, max_length={self.max_length}"
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# Axial / multimodal RoPE
+
+
+class AxialRotaryEmbedding(nn.Module):
+    """N-D RoPE: the feature pairs are cut into one section per coordinate axis.
+
+    Pair ``j`` of section ``a`` rotates by ``coords[..., a] · θ_j``, so every score
+    depends only on coordinate differences (per axis). ``mode="axial"`` gives each axis
+    its own ladder ``base^(-j/s_a)`` (RoPE-Axial of Heo et al., rope-vit, SAM 2);
+    ``mode="mrope"`` cuts one ladder ``base^(-2j/d)`` into sections (Qwen2-VL M-RoPE,
+    ``sections=[16, 24, 24]`` with ``head_dim=128``). See
+    :func:`posenc.core.rope_nd.axial_rope_tables`, which computes the tables (float64,
+    exact angle reduction, rounded once).
+
+    Coordinates are data, not shapes, so the tables are computed per call by the NumPy
+    core and cannot be traced. Two ways to call:
+
+    * eager convenience: ``forward(q, k, coords=coords)`` (under ``torch.compile`` this
+      part is a graph break; ``fullgraph=True`` and ``torch.export`` refuse it);
+    * compiled code: ``cos, sin = module.tables(coords)`` once, outside (e.g. per image
+      size), then ``forward(q, k, cos=cos, sin=sin)``, which is plain tensor maths.
+
+    The tables are float32 (float64 for float64 inputs or ``tables(..., dtype=
+    torch.float64)``); float16/bfloat16 inputs are rotated in float32 and cast back.
+    The module holds no buffers.
+
+    Args:
+        head_dim: Features per head (even; all of them rotate).
+        n_axes: Number of coordinate axes (>= 1; 1 is plain RoPE).
+        base: The RoPE base (10000; 100 in Heo et al.'s ViT experiments).
+        sections: Pairs per axis, adding up to ``head_dim // 2``; default an equal split.
+        mode: ``"axial"`` or ``"mrope"``.
+        layout: ``"half"`` (Hugging Face, Qwen2-VL) or ``"interleaved"`` (rope-vit).
+        qk_layout: ``"bhsd"`` (batch, heads, seq, head_dim) or ``"bshd"``.
+
+    Call arguments:
+        q: Queries, a floating 4-D tensor in ``qk_layout`` with last axis ``head_dim``.
+        k: Keys, same batch, seq and head_dim as ``q``; any number of heads.
+        coords: An integer tensor ``(seq, n_axes)`` or ``(batch, seq, n_axes)`` (any
+            sign), e.g. ``torch.from_numpy(grid_coordinates((H, W)).reshape(-1, 2))``.
+        cos, sin: Instead of ``coords``: tables from :meth:`tables`, ``(seq, head_dim)``
+            or ``(batch, seq, head_dim)``.
+
+    Returns:
+        ``(q_rot, k_rot)`` with the shapes and dtypes of ``q`` and ``k``.
+
+    Example:
+        >>> from posenc.core.rope_nd import grid_coordinates
+        >>> rope = AxialRotaryEmbedding(32, n_axes=2)
+        >>> coords = torch.from_numpy(grid_coordinates((4, 6)).reshape(-1, 2))  # (24, 2)
+        >>> q, k = torch.randn(1, 8, 24, 32), torch.randn(1, 8, 24, 32)
+        >>> q_rot, k_rot = rope(q, k, coords=coords)
+        >>> cos, sin = rope.tables(coords)  # for compiled code
+        >>> cos.shape, cos.dtype
+        (torch.Size([24, 32]), torch.float32)
+        >>> compiled = torch.compile(rope, fullgraph=True, backend="eager")
+        >>> torch.equal(compiled(q, k, cos=cos, sin=sin)[0], q_rot)
+        True
+
+    References:
+        Heo et al., "Rotary Position Embedding for Vision Transformer", 2024;
+        Wang et al., "Qwen2-VL", 2024.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        n_axes: int = 2,
+        base: float = 10000.0,
+        sections: Any = None,
+        mode: Literal["axial", "mrope"] = "axial",
+        layout: Literal["half", "interleaved"] = "half",
+        qk_layout: Literal["bhsd", "bshd"] = "bhsd",
+    ) -> None:
+        super().__init__()
+        self.mode = check_choice(mode, "mode", AXIAL_MODES)
+        self.layout = check_choice(layout, "layout", ROPE_LAYOUTS)
+        self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
+        self.n_axes = check_int(n_axes, "n_axes", minimum=1)
+        self.head_dim = check_int(head_dim, "head_dim", minimum=2)
+        pairs = rope_frequencies(self.head_dim, base).size  # validates head_dim, base
+        if sections is None:
+            if pairs % self.n_axes:
+                raise ValueError(
+                    f"cannot split head_dim // 2 = {pairs} frequency pairs equally over "
+                    f"{self.n_axes} axes; pass sections= (pairs per axis)"
+                )
+            sections = [pairs // self.n_axes] * self.n_axes
+        self.base = float(base)
+        self.sections = (
+            [int(s) for s in sections] if isinstance(sections, (list, tuple)) else sections
+        )
+        # The core validates sections (count, sum) and the rest on a dummy coordinate.
+        axial_rope_tables(np.zeros((1, self.n_axes), np.int64), **self._params("float64"))
+
+    def _params(self, fmt: str) -> dict[str, Any]:
+        return {
+            "head_dim": self.head_dim,
+            "base": self.base,
+            "sections": self.sections,
+            "mode": self.mode,
+            "layout": self.layout,
+            "dtype": fmt,
+        }
+
+    def _check_coords(self, coords: Any, name: str) -> None:
+        if not isinstance(coords, Tensor):
+            raise TypeError(f"{name}: coords must be an integer tensor, got {describe(coords)}")
+        if coords.is_floating_point() or coords.is_complex() or coords.dtype == torch.bool:
+            raise TypeError(
+                f"{name}: coords must be an integer tensor, got dtype {coords.dtype} "
+                "(fractional coordinates: posenc.core.rope_nd.axial_rope_tables)"
+            )
+        if coords.dim() not in (2, 3) or coords.shape[-1] != self.n_axes:
+            raise ValueError(
+                f"{name}: coords must have shape (seq, n_axes) or (batch, seq, n_axes) with "
+                f"n_axes={self.n_axes}, got shape {tuple(coords.shape)}"
+            )
+
+    @torch.compiler.disable  # NumPy: coordinates are data, never traced
+    def tables(
+        self, coords: Tensor, *, dtype: torch.dtype = torch.float32
+    ) -> tuple[Tensor, Tensor]:
+        """The ``(cos, sin)`` tables of ``coords``, for ``forward(q, k, cos=, sin=)``.
+
+        Args:
+            coords: Integer tensor ``(seq, n_axes)`` or ``(batch, seq, n_axes)``.
+            dtype: ``torch.float32`` (default) or ``torch.float64``.
+
+        Returns:
+            ``(cos, sin)``, each ``(*coords.shape[:-1], head_dim)`` in ``layout``, of
+            ``dtype`` on ``coords``' device; every value correctly rounded.
+
+        Example:
+            >>> rope = AxialRotaryEmbedding(4, n_axes=2, layout="interleaved")
+            >>> cos, sin = rope.tables(torch.tensor([[1, 2]]), dtype=torch.float64)
+            >>> torch.arccos(cos).round(decimals=6).tolist()  # x turns pair 0 by 1, y pair 1 by 2
+            [[1.0, 1.0, 2.0, 2.0]]
+        """
+        name = type(self).__name__
+        self._check_coords(coords, name)
+        if dtype not in _TABLE_FORMATS:
+            raise TypeError(f"{name}: dtype must be torch.float32 or torch.float64, got {dtype}")
+        cos, sin = axial_rope_tables(
+            coords.detach().cpu().numpy(), **self._params(_TABLE_FORMATS[dtype])
+        )
+        return (
+            torch.from_numpy(cos).to(device=coords.device, dtype=dtype),
+            torch.from_numpy(sin).to(device=coords.device, dtype=dtype),
+        )
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        coords: Tensor | None = None,
+        cos: Tensor | None = None,
+        sin: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        name = type(self).__name__
+        seq_axis = 2 if self.qk_layout == "bhsd" else 1
+        _check_qk(q, k, self.head_dim, self.qk_layout, name)
+        batch, seq = q.shape[0], q.shape[seq_axis]
+        if coords is not None:
+            if cos is not None or sin is not None:
+                raise TypeError(f"{name}: pass either coords= or cos= and sin=, not both")
+            self._check_coords(coords, name)
+            lead = coords.shape[:-1]
+            dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        elif cos is None or sin is None:
+            raise TypeError(
+                f"{name}: pass coords= (an integer tensor (seq, n_axes)) or both cos= and "
+                "sin= (from .tables(coords))"
+            )
+        else:
+            for label, t in (("cos", cos), ("sin", sin)):
+                if not isinstance(t, Tensor) or not t.is_floating_point():
+                    raise TypeError(
+                        f"{name}: {label} must be a floating-point tensor from .tables(coords), "
+                        f"got {describe(t) if not isinstance(t, Tensor) else t.dtype}"
+                    )
+                if t.dim() not in (2, 3) or t.shape[-1] != self.head_dim:
+                    raise ValueError(
+                        f"{name}: {label} must have shape (seq, head_dim) or (batch, seq, "
+                        f"head_dim) with head_dim={self.head_dim}, got {tuple(t.shape)}"
+                    )
+            if cos.shape != sin.shape:
+                raise ValueError(
+                    f"{name}: cos and sin must have the same shape, got {tuple(cos.shape)} "
+                    f"and {tuple(sin.shape)}"
+                )
+            lead = cos.shape[:-1]
+        if lead[-1] != seq or (len(lead) == 2 and lead[0] not in (1, batch)):
+            given = "coords" if coords is not None else "cos/sin"
+            raise ValueError(
+                f"{name}: {given} must cover seq={seq} tokens (and batch 1 or {batch}), got "
+                f"leading shape {tuple(lead)}"
+            )
+        if coords is not None:
+            cos, sin = self.tables(coords, dtype=dtype)
+        cos, sin = _broadcast((cos, sin), self.qk_layout, q.device)
+        return (
+            _rotate(q, cos, sin, self.layout, self.head_dim),
+            _rotate(k, cos, sin, self.layout, self.head_dim),
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, n_axes={self.n_axes}, base={self.base:g}, "
+            f"sections={self.sections}, mode={self.mode!r}, layout={self.layout!r}, "
+            f"qk_layout={self.qk_layout!r}"
+        )
