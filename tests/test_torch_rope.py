@@ -579,3 +579,23 @@ def test_bad_input(call, error, match):
 def test_bad_construction(make, error, match):
     with pytest.raises(error, match=match):
         make()
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_gradients_equal_those_of_the_written_out_rotation(layout):
+    # The rotation works in place on its output; autograd must see x·cos + turn(x)·sin.
+    module = RotaryEmbedding(16, rotary_dim=12, layout=layout, max_length=32)
+    q = torch.randn(2, 3, 10, 16, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 3, 10, 16, dtype=torch.float64)
+    weights = torch.randn(2, 3, 10, 16, dtype=torch.float64)
+    (module.double()(q, k)[0] * weights).sum().backward()
+    cos, sin = (t[:10] for t in (module.cos, module.sin))
+    x = q.detach().clone().requires_grad_(True)
+    xr = x[..., :12]
+    if layout == "half":
+        turned = torch.cat((-xr[..., 6:], xr[..., :6]), dim=-1)
+    else:
+        turned = torch.stack((-xr[..., 1::2], xr[..., 0::2]), dim=-1).flatten(-2)
+    reference = torch.cat((xr * cos + turned * sin, x[..., 12:]), dim=-1)
+    (reference * weights).sum().backward()
+    assert_close(q.grad, x.grad, rtol=0, atol=1e-12)

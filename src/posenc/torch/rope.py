@@ -373,12 +373,18 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int) -
     """
     compute = torch.promote_types(x.dtype, cos.dtype)
     xr = x[..., :rotary_dim].to(compute)
+    # x·cos, then the partner feature times sin subtracted from / added to each half (or
+    # each member of a pair) in place. The roundings are those of x·cos + turn(x)·sin
+    # (negation is exact), with one full-size temporary instead of four.
+    out = xr * cos
     if layout == "half":
-        x1, x2 = xr.chunk(2, dim=-1)
-        turned = torch.cat((-x2, x1), dim=-1)
+        half = rotary_dim // 2  # the sin table repeats each frequency in both halves
+        first, second = slice(None, half), slice(half, None)
     else:
-        turned = torch.stack((-xr[..., 1::2], xr[..., 0::2]), dim=-1).flatten(-2)
-    out = (xr * cos + turned * sin).to(x.dtype)
+        first, second = slice(0, None, 2), slice(1, None, 2)
+    out[..., first].sub_(xr[..., second] * sin[..., first])
+    out[..., second].add_(xr[..., first] * sin[..., second])
+    out = out.to(x.dtype)
     if rotary_dim < x.shape[-1]:
         out = torch.cat((out, x[..., rotary_dim:]), dim=-1)
     return out
