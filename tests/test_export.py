@@ -9,12 +9,14 @@ torch = pytest.importorskip("torch")
 
 from posenc.torch import (  # noqa: E402
     ALiBiBias,
+    AxialRotaryEmbedding,
     InputEmbedding,
     LearnedPositionalEmbedding,
     MultiHeadAttention,
     NoPositionalEncoding,
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
+    SinusoidalPositionalEncodingND,
     T5RelativeBias,
 )
 
@@ -64,3 +66,44 @@ def test_onnx_export_runs_in_onnxruntime(name, tmp_path):
     longer = torch.randint(0, 30, (2, 25)) if name == "input" else torch.randn(2, 25, 16)
     (out,) = session.run(None, {session.get_inputs()[0].name: longer.numpy()})
     np.testing.assert_allclose(out, module(longer).detach().numpy(), rtol=0, atol=1e-6)
+
+
+class _AxialWithTables(torch.nn.Module):
+    """Axial RoPE as exported code uses it: tables computed ahead, passed in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rope = AxialRotaryEmbedding(8)
+
+    def forward(self, q, k, cos, sin):
+        return self.rope(q, k, cos=cos, sin=sin)
+
+
+def test_nd_and_axial_modules_export_and_run_in_onnxruntime(tmp_path):
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    from posenc.core.rope_nd import grid_coordinates
+
+    nd = SinusoidalPositionalEncodingND(16).eval()
+    image = torch.randn(2, 4, 5, 16)
+    nd(image)  # builds (and caches) the table for this grid
+    assert torch.equal(torch.export.export(nd, (image,)).module()(image), nd(image))
+
+    axial = _AxialWithTables().eval()
+    coords = torch.from_numpy(grid_coordinates((4, 5)).reshape(20, 2))
+    cos, sin = axial.rope.tables(coords)
+    args = (torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 8), cos, sin)
+    exported = torch.export.export(axial, args).module()(*args)
+    for got, want in zip(exported, axial(*args), strict=True):
+        assert torch.equal(got, want)
+
+    for name, module, inputs in (("nd", nd, (image,)), ("axial", axial, args)):
+        path = tmp_path / f"{name}.onnx"
+        torch.onnx.export(module, inputs, dynamo=True, verbose=False).save(str(path))
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs, strict=True)}
+        outputs = session.run(None, feeds)
+        expected = module(*inputs)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        for got, want in zip(outputs, expected, strict=True):
+            np.testing.assert_allclose(got, want.detach().numpy(), rtol=0, atol=1e-6)
