@@ -190,3 +190,11 @@ def test_t5_weights_load_from_a_hugging_face_state_dict():
 def test_bad_input(make, error, match):
     with pytest.raises(error, match=match):
         make()
+
+
+def test_bias_positions_must_be_integers_of_matching_batches():
+    with pytest.raises(TypeError, match="positions must be an integer tensor.*bool"):
+        ALiBiBias(2)(3, positions=torch.tensor([True, False, True]))
+    with pytest.raises(ValueError, match="different batch sizes"):
+        T5RelativeBias(2)(3, 3, positions=torch.zeros(2, 3, dtype=torch.long),
+                          key_positions=torch.zeros(4, 3, dtype=torch.long))  # fmt: skip

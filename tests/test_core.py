@@ -358,3 +358,35 @@ def test_import_posenc_loads_no_framework():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class _FrameworkDtype:
+    """Stands for a framework dtype object, known to posenc only by its printed name."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("torch.bfloat16", "bfloat16"), ("torch.float16", "float16"),
+     ("<dtype: 'bfloat16'>", "bfloat16"), ("<dtype: 'float64'>", "float64")],
+)  # fmt: skip
+def test_framework_dtypes_are_read_by_their_whole_name(text, expected):
+    table = posenc.sinusoidal(5, 4, dtype=_FrameworkDtype(text))
+    assert table.dtype.name == expected
+
+
+def test_start_needs_an_int_length_and_stays_exact():
+    from posenc.core.sinusoidal import table_values
+
+    options = {"base": 1e4, "layout": "interleaved", "formula": "paper", "fmt": "float64"}
+    with pytest.raises(TypeError, match=r"start= applies only when positions is an int"):
+        table_values([0, 5, 9], 4, start=3, **options)
+    with pytest.raises(ValueError, match=r"within ±2\*\*53"):
+        table_values(2, 4, start=2**60, **options)
+    shifted = table_values(3, 4, start=1000, **options)
+    assert_array_equal(shifted, posenc.sinusoidal(np.arange(1000, 1003), 4, dtype="float64"))

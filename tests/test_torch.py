@@ -315,3 +315,16 @@ def test_token_ids_out_of_range_or_not_integers():
 
 def test_sqrt_scale_matches_paper():
     assert math.sqrt(512) == pytest.approx(22.627416997969522)
+
+
+def test_review_regressions():
+    module = SinusoidalPositionalEncoding(4, dropout=0.0, max_length=10)
+    # A (seq, d) input takes (seq,) positions only: (batch, seq) would change its shape.
+    with pytest.raises(ValueError, match=r"takes positions of shape \(seq,\)"):
+        module(torch.zeros(3, 4), positions=torch.zeros(5, 3, dtype=torch.long))
+    # NumPy integers are ints.
+    assert torch.equal(module(torch.zeros(3, 4), offset=np.int64(2)), exact_table(3, 4, start=2))
+    with pytest.raises(ValueError, match="init_std must be a finite real number > 0, got inf"):
+        LearnedPositionalEmbedding(4, 4, init_std=float("inf"))
+    with pytest.raises(TypeError, match="init_std.*True"):
+        LearnedPositionalEmbedding(4, 4, init_std=True)

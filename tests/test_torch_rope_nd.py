@@ -324,3 +324,8 @@ _Q = torch.zeros(1, 2, 6, 8)
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_axial_sections_are_validated_by_the_core():
+    with pytest.raises(TypeError, match="section must be an int >= 1, got True"):
+        AxialRotaryEmbedding(32, sections=[True, 7])

@@ -17,6 +17,7 @@ A float32 angle, as every peer library forms it, has an absolute error of
 from __future__ import annotations
 
 import decimal
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -133,12 +134,10 @@ def _dtype_name(dtype: Any) -> str | None:
     try:
         np_dtype = np.dtype(dtype)
     except TypeError:
-        # torch / tensorflow dtypes print as e.g. "torch.float32" or "<dtype: 'float32'>"
-        text = str(dtype)
-        for name in FORMATS:
-            if text.endswith(name) or f"'{name}'" in text:
-                return name
-        return None
+        # torch / tensorflow dtypes print as e.g. "torch.bfloat16" or "<dtype: 'float32'>";
+        # match whole words, so that "bfloat16" is never read as "float16".
+        match = re.search(r"\b(bfloat16|float16|float32|float64)\b", str(dtype))
+        return match.group(1) if match else None
     return np_dtype.name
 
 

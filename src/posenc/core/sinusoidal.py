@@ -44,6 +44,7 @@ from .._checks import (
     check_length,
     check_memory,
     check_positions,
+    describe,
 )
 from .frequencies import frequency_turns
 from .precision import resolve_dtype, round_to_format, unit_phasors
@@ -151,11 +152,18 @@ def table_values(
     ``start .. start+positions-1``.
     """
     container = _CONTAINERS[fmt]
+    if start and not isinstance(positions, numbers.Integral):
+        raise TypeError(
+            f"start= applies only when positions is an int length, got {describe(positions)}"
+        )
     span = _contiguous_range(positions)
     if span is not None and start:
-        if not isinstance(positions, numbers.Integral):
-            raise TypeError("start= applies only when positions is an int length")
         span = (span[0] + start, span[1])
+    if span is not None and abs(span[0]) + span[1] > 2**53:
+        raise ValueError(
+            f"positions {span[0]} .. {span[0] + span[1] - 1} must lie within ±2**53 to be "
+            "represented exactly"
+        )
     shape = (span[1],) if span is not None else np.shape(positions)
     count = math.prod(shape)
     check_memory(count * d_model * container.itemsize, "this positional-encoding table", max_bytes)

@@ -51,13 +51,24 @@ def _relative_positions(
         key_positions = torch.arange(key_length, device=device)
     for value, what, size in ((positions, "positions", query_length),
                               (key_positions, "key_positions", key_length)):  # fmt: skip
-        if not isinstance(value, Tensor) or value.is_floating_point() or value.is_complex():
+        if (
+            not isinstance(value, Tensor)
+            or value.is_floating_point()
+            or value.is_complex()
+            or value.dtype == torch.bool
+        ):
             raise TypeError(f"{name}: {what} must be an integer tensor, got {describe(value)}")
         if value.dim() not in (1, 2) or value.shape[-1] != size:
             raise ValueError(
                 f"{name}: {what} must have shape ({size},) or (batch, {size}), "
                 f"got {tuple(value.shape)}"
             )
+    batches = {t.shape[0] for t in (positions, key_positions) if t.dim() == 2} - {1}
+    if len(batches) > 1:
+        raise ValueError(
+            f"{name}: positions and key_positions have different batch sizes "
+            f"{tuple(positions.shape)} and {tuple(key_positions.shape)}"
+        )
     return key_positions.to(device).unsqueeze(-2) - positions.to(device).unsqueeze(-1)
 
 

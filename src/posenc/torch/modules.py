@@ -16,8 +16,10 @@ shared by every module here:
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -118,6 +120,11 @@ def _check_positions(positions: Any, x: Tensor, name: str) -> None:
             f"{name}: positions must have shape (seq,) or (batch, seq) with seq={seq}, "
             f"got shape {tuple(positions.shape)}"
         )
+    if positions.dim() == 2 and x.dim() == 2:
+        raise ValueError(
+            f"{name}: x of shape (seq, d_model) takes positions of shape (seq,), got "
+            f"{tuple(positions.shape)}; add a batch axis to x for batched positions"
+        )
     if positions.dim() == 2 and x.dim() == 3 and positions.shape[0] not in (1, x.shape[0]):
         raise ValueError(
             f"{name}: positions has batch size {positions.shape[0]} but x has {x.shape[0]}"
@@ -125,14 +132,14 @@ def _check_positions(positions: Any, x: Tensor, name: str) -> None:
 
 
 def _check_offset(offset: Any, name: str) -> int:
-    if isinstance(offset, bool) or not isinstance(offset, int):
+    if isinstance(offset, (bool, np.bool_)) or not isinstance(offset, numbers.Integral):
         raise TypeError(
             f"{name}: offset must be an int >= 0, got {describe(offset)} "
             "(per-token positions go in positions=)"
         )
     if offset < 0:
         raise ValueError(f"{name}: offset must be an int >= 0, got {offset}")
-    return offset
+    return int(offset)
 
 
 def _dropout(dropout: nn.Dropout, x: Tensor) -> Tensor:
@@ -316,9 +323,11 @@ class LearnedPositionalEmbedding(nn.Module):
         super().__init__()
         self.max_length = check_int(max_length, "max_length", minimum=1)
         self.d_model = check_d_model(d_model)
+        if isinstance(init_std, (bool, np.bool_)) or not isinstance(init_std, numbers.Real):
+            raise TypeError(f"init_std must be a finite real number > 0, got {describe(init_std)}")
         self.init_std = float(init_std)
-        if not self.init_std > 0:
-            raise ValueError(f"init_std must be > 0, got {init_std!r}")
+        if not (math.isfinite(self.init_std) and self.init_std > 0):
+            raise ValueError(f"init_std must be a finite real number > 0, got {init_std!r}")
         self.weight = nn.Parameter(torch.empty(self.max_length, self.d_model))
         self.dropout = nn.Dropout(check_probability(dropout))
         self.reset_parameters()

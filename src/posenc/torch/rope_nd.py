@@ -350,9 +350,7 @@ class AxialRotaryEmbedding(nn.Module):
                 )
             sections = [pairs // self.n_axes] * self.n_axes
         self.base = float(base)
-        self.sections = (
-            [int(s) for s in sections] if isinstance(sections, (list, tuple)) else sections
-        )
+        self.sections = tuple(sections) if isinstance(sections, (list, tuple)) else sections
         # The core validates sections (count, sum) and the rest on a dummy coordinate.
         axial_rope_tables(np.zeros((1, self.n_axes), np.int64), **self._params("float64"))
 
