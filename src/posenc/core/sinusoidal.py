@@ -293,8 +293,18 @@ def _range_table(
     return out
 
 
-_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, pool)
+_POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
+
+
+def _forget_pool_after_fork() -> None:
+    """A forked child has none of the parent's threads, and maybe a lock held by one."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
 def _run(task: Callable[[int], None], items: Sequence[int], workers: int) -> None:
@@ -310,9 +320,9 @@ def _run(task: Callable[[int], None], items: Sequence[int], workers: int) -> Non
         return
     global _POOL
     with _POOL_LOCK:
-        if _POOL is None or _POOL[0] != os.getpid():
-            _POOL = (os.getpid(), ThreadPoolExecutor(_cpu_count(), thread_name_prefix="posenc"))
-        pool = _POOL[1]
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(_cpu_count(), thread_name_prefix="posenc")
+        pool = _POOL
     # Interleave the items so each worker gets an even share, run share 0 here.
     shares = [items[i::workers] for i in range(workers)]
     futures = [pool.submit(_run_all, task, share) for share in shares[1:]]

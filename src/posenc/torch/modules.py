@@ -142,6 +142,15 @@ def _check_offset(offset: Any, name: str) -> int:
     return int(offset)
 
 
+def _grow(module: nn.Module, end: int, rows: int) -> None:
+    """``module.extend`` to at least ``end`` rows, doubling to amortise repeated growth
+    unless the doubled table would be refused (its memory limit) where ``end`` fits."""
+    try:
+        module.extend(max(end, 2 * rows))
+    except ValueError:
+        module.extend(end)
+
+
 def _dropout(dropout: nn.Dropout, x: Tensor) -> Tensor:
     """``dropout(x)``, skipping the module call where it is the identity (eval or p=0)."""
     return dropout(x) if dropout.training and dropout.p > 0 else x
@@ -260,7 +269,7 @@ class SinusoidalPositionalEncoding(nn.Module):
                     f"{pe.shape[0]} rows built; under torch.compile call "
                     f".extend({end}) before compiling"
                 )
-            self.extend(max(end, 2 * pe.shape[0]))
+            _grow(self, end, pe.shape[0])
             pe = self.pe
         if pe.dtype == dtype and pe.device == device:
             return pe

@@ -32,7 +32,7 @@ from ..core.rope import (
     rope_scaling,
     rope_table_values,
 )
-from .modules import _check_offset, _drop_keys
+from .modules import _check_offset, _drop_keys, _grow
 
 __all__ = ["QK_LAYOUTS", "RotaryEmbedding", "convert_rope_weights"]
 
@@ -265,7 +265,7 @@ class RotaryEmbedding(nn.Module):
                     f"{cos.shape[0]} rows built; under torch.compile or torch.export call "
                     f".extend({end}) before compiling"
                 )
-            self.extend(max(end, 2 * cos.shape[0]))
+            _grow(self, end, cos.shape[0])
             cos, sin = self.cos, self.sin
         return cos, sin
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from .._checks import check_choice, check_int, describe
 from ..core.rope import ROPE_LAYOUTS, _check_real, rope_frequencies, rope_table_values
 from ..core.rope_nd import AXIAL_MODES, axial_rope_tables, xpos_scales
-from .modules import _check_offset, _drop_keys
+from .modules import _check_offset, _drop_keys, _grow
 from .rope import (
     _DERIVED_KEYS,
     _TABLE_FORMATS,
@@ -215,10 +215,7 @@ class XPosRotaryEmbedding(nn.Module):
                     f"rows built; under torch.compile or torch.export call .extend({end}) "
                     "before compiling"
                 )
-            try:
-                self.extend(max(end, 2 * rows))
-            except ValueError:  # doubling may overflow the scales where `end` does not
-                self.extend(end)
+            _grow(self, end, rows)  # doubling may overflow the scales where `end` does not
         return self.cos, self.sin, self.q_scale, self.k_scale
 
     def forward(
