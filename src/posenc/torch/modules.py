@@ -107,28 +107,57 @@ def _check_input(x: Any, d_model: int, name: str) -> None:
 
 
 def _check_positions(positions: Any, x: Tensor, name: str) -> None:
+    """Positions for an input ``x`` of shape ``(batch, seq, d)`` or ``(seq, d)``."""
+    batch = x.shape[0] if x.dim() == 3 else None
+    _check_position_tensor(positions, batch, x.shape[-2], name, of="x")
+
+
+def _check_position_tensor(
+    positions: Any,
+    batch: int | None,
+    seq: int,
+    name: str,
+    *,
+    of: str,
+    fractional: str = "posenc.sinusoidal",
+) -> None:
+    """An integer tensor ``(seq,)`` or ``(batch, seq)``; ``batch=None``: unbatched input."""
     if not isinstance(positions, Tensor):
         raise TypeError(f"{name}: positions must be an integer tensor, got {describe(positions)}")
     if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         raise TypeError(
             f"{name}: positions must be an integer tensor, got dtype {positions.dtype} "
-            "(fractional positions: use posenc.sinusoidal)"
+            f"(fractional positions: use {fractional})"
         )
-    seq = x.shape[-2]
     if positions.dim() not in (1, 2) or positions.shape[-1] != seq:
         raise ValueError(
             f"{name}: positions must have shape (seq,) or (batch, seq) with seq={seq}, "
             f"got shape {tuple(positions.shape)}"
         )
-    if positions.dim() == 2 and x.dim() == 2:
+    if positions.dim() == 2 and batch is None:
         raise ValueError(
-            f"{name}: x of shape (seq, d_model) takes positions of shape (seq,), got "
-            f"{tuple(positions.shape)}; add a batch axis to x for batched positions"
+            f"{name}: {of} of shape (seq, d_model) takes positions of shape (seq,), got "
+            f"{tuple(positions.shape)}; add a batch axis to {of} for batched positions"
         )
-    if positions.dim() == 2 and x.dim() == 3 and positions.shape[0] not in (1, x.shape[0]):
+    if positions.dim() == 2 and positions.shape[0] not in (1, batch):
+        verb = "have" if " and " in of else "has"  # "x has", "q and k have"
         raise ValueError(
-            f"{name}: positions has batch size {positions.shape[0]} but x has {x.shape[0]}"
+            f"{name}: positions has batch size {positions.shape[0]} but {of} {verb} {batch}"
         )
+
+
+def _positions_end(positions: Tensor, default: int, name: str) -> int:
+    """One past the largest position, after checking that none is negative.
+
+    Reading the values synchronises with the device; in compiled code that is skipped
+    and ``default`` returned: there the gather itself rejects out-of-range indices.
+    """
+    if torch.compiler.is_compiling() or not positions.numel():
+        return default
+    low, high = (int(v) for v in torch.aminmax(positions))
+    if low < 0:
+        raise ValueError(f"{name}: positions must be >= 0, got {low}")
+    return high + 1
 
 
 def _check_offset(offset: Any, name: str) -> int:
@@ -288,12 +317,7 @@ class SinusoidalPositionalEncoding(nn.Module):
             pe = self.table(offset + seq, x.dtype, x.device)[offset : offset + seq]  # (seq, d)
         else:
             _check_positions(positions, x, type(self).__name__)
-            end = seq  # in compiled code the gather itself rejects bad indices
-            if not torch.compiler.is_compiling() and positions.numel():
-                low, high = int(positions.min()), int(positions.max())
-                if low < 0:
-                    raise ValueError(f"positions must be >= 0, got {low}")
-                end = high + 1
+            end = _positions_end(positions, seq, type(self).__name__)
             table = self.table(end, x.dtype, x.device)
             pe = nn.functional.embedding(positions.to(x.device), table)  # (seq, d) or (B, seq, d)
         return _dropout(self.dropout, x + pe)
@@ -361,12 +385,9 @@ class LearnedPositionalEmbedding(nn.Module):
             pe = self.weight[offset : offset + seq]  # (seq, d)
         else:
             _check_positions(positions, x, type(self).__name__)
-            if not torch.compiler.is_compiling() and positions.numel():
-                low, high = int(positions.min()), int(positions.max())
-                if low < 0:
-                    raise ValueError(f"positions must be >= 0, got {low}")
-                if high >= self.max_length:
-                    raise self._too_long(high)
+            end = _positions_end(positions, 0, type(self).__name__)
+            if end > self.max_length:
+                raise self._too_long(end - 1)
             pe = nn.functional.embedding(positions.to(x.device), self.weight)
         return _dropout(self.dropout, x + pe.to(x.dtype))
 

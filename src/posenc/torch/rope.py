@@ -32,7 +32,7 @@ from ..core.rope import (
     rope_scaling,
     rope_table_values,
 )
-from .modules import _check_offset, _drop_keys, _grow
+from .modules import _check_offset, _check_position_tensor, _drop_keys, _grow, _positions_end
 
 __all__ = ["QK_LAYOUTS", "RotaryEmbedding", "convert_rope_weights"]
 
@@ -311,12 +311,7 @@ class RotaryEmbedding(nn.Module):
             end = offset + seq
         else:
             _check_rope_positions(positions, batch, seq, name)
-            end = seq  # in compiled code the gather itself rejects bad indices
-            if not torch.compiler.is_compiling() and positions.numel():
-                low, high = int(positions.min()), int(positions.max())
-                if low < 0:
-                    raise ValueError(f"{name}: positions must be >= 0, got {low}")
-                end = high + 1
+            end = _positions_end(positions, seq, name)
 
         if self.scaling in _LENGTH_DEPENDENT:
             if torch.compiler.is_compiling():
@@ -416,22 +411,9 @@ def _check_qk(q: Any, k: Any, head_dim: int, qk_layout: str, name: str) -> None:
 
 
 def _check_rope_positions(positions: Any, batch: int, seq: int, name: str) -> None:
-    if not isinstance(positions, Tensor):
-        raise TypeError(f"{name}: positions must be an integer tensor, got {describe(positions)}")
-    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-        raise TypeError(
-            f"{name}: positions must be an integer tensor, got dtype {positions.dtype} "
-            "(fractional positions: posenc.core.rope.rope_tables)"
-        )
-    if positions.dim() not in (1, 2) or positions.shape[-1] != seq:
-        raise ValueError(
-            f"{name}: positions must have shape (seq,) or (batch, seq) with seq={seq}, "
-            f"got shape {tuple(positions.shape)}"
-        )
-    if positions.dim() == 2 and positions.shape[0] not in (1, batch):
-        raise ValueError(
-            f"{name}: positions has batch size {positions.shape[0]} but q and k have {batch}"
-        )
+    _check_position_tensor(
+        positions, batch, seq, name, of="q and k", fractional="posenc.core.rope.rope_tables"
+    )
 
 
 def convert_rope_weights(

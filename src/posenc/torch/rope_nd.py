@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from .._checks import check_choice, check_int, describe
 from ..core.rope import ROPE_LAYOUTS, _check_real, rope_frequencies, rope_table_values
 from ..core.rope_nd import AXIAL_MODES, axial_rope_tables, xpos_scales
-from .modules import _check_offset, _drop_keys, _grow
+from .modules import _check_offset, _drop_keys, _grow, _positions_end
 from .rope import (
     _DERIVED_KEYS,
     _TABLE_FORMATS,
@@ -231,12 +231,7 @@ class XPosRotaryEmbedding(nn.Module):
             tables = tuple(t[offset : offset + seq] for t in tables)  # (seq, d)
         else:
             _check_rope_positions(positions, batch, seq, name)
-            end = seq  # in compiled code the gather itself rejects bad indices
-            if not torch.compiler.is_compiling() and positions.numel():
-                low, high = int(positions.min()), int(positions.max())
-                if low < 0:
-                    raise ValueError(f"{name}: positions must be >= 0, got {low}")
-                end = high + 1
+            end = _positions_end(positions, seq, name)
             tables = self._tables(end)
             index = positions.to(tables[0].device)
             tables = tuple(nn.functional.embedding(index, t) for t in tables)
