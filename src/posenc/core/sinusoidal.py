@@ -170,7 +170,7 @@ def table_values(
     turns_hi, turns_lo = frequency_turns(d_model, base, formula)
     if span is not None:
         return _range_table(span[0], span[1], d_model, turns_hi, turns_lo, fmt, layout, threads)
-    positions = check_positions(positions)
+    positions = np.asarray(positions)  # validated by _contiguous_range
     return _array_table(positions, d_model, turns_hi, turns_lo, fmt, layout)
 
 
@@ -189,7 +189,7 @@ def _contiguous_range(positions: Any) -> tuple[int, int] | None:
     if array.dtype.kind == "f" and not np.array_equal(array, np.rint(array)):
         return None
     start = array[0]
-    if array.size > 1 and not np.array_equal(np.diff(array), np.ones(array.size - 1)):
+    if array.size > 1 and not (np.diff(array) == 1).all():
         return None
     return int(start), int(array.size)
 
