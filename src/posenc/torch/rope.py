@@ -337,13 +337,7 @@ class RotaryEmbedding(nn.Module):
             cos = nn.functional.embedding(index, cos)  # (seq, r) or (batch, seq, r)
             sin = nn.functional.embedding(index, sin)
 
-        # Broadcast over heads: (seq, r) works for bhsd as is; (batch, seq, r) needs a
-        # heads axis at 1 (bhsd) and, for bshd, the heads axis sits at -2 in both cases.
-        if self.qk_layout == "bshd":
-            cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # (..., seq, 1, r)
-        elif cos.dim() == 3:
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (batch, 1, seq, r)
-        cos, sin = cos.to(q.device), sin.to(q.device)
+        cos, sin = _broadcast((cos, sin), self.qk_layout, q.device)
         return (
             _rotate(q, cos, sin, self.layout, self.rotary_dim),
             _rotate(k, cos, sin, self.layout, self.rotary_dim),
@@ -358,6 +352,22 @@ class RotaryEmbedding(nn.Module):
         if self.scaling != "default":
             text += f", scaling={self.scaling!r}, scaling_params={self.scaling_params!r}"
         return text
+
+
+def _broadcast(tables: tuple[Tensor, ...], qk_layout: str, device: Any) -> tuple[Tensor, ...]:
+    """``(seq, r)`` or ``(batch, seq, r)`` tables → broadcastable over ``qk_layout`` heads.
+
+    ``(seq, r)`` works for bhsd as is; ``(batch, seq, r)`` needs a heads axis at 1 (bhsd);
+    for bshd the heads axis sits at -2 in both cases.
+    """
+    out = []
+    for t in tables:
+        if qk_layout == "bshd":
+            t = t.unsqueeze(-2)  # (..., seq, 1, r)
+        elif t.dim() == 3:
+            t = t.unsqueeze(1)  # (batch, 1, seq, r)
+        out.append(t.to(device))
+    return tuple(out)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int) -> Tensor:

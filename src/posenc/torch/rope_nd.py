@@ -26,6 +26,7 @@ from .rope import (
     _DERIVED_KEYS,
     _TABLE_FORMATS,
     QK_LAYOUTS,
+    _broadcast,
     _check_qk,
     _check_rope_positions,
     _rotate,
@@ -35,18 +36,6 @@ __all__ = ["AxialRotaryEmbedding", "XPosRotaryEmbedding"]
 
 # torchscale's XPOS and lucidrains' rotary-embedding-torch keep the scales in ``scale``.
 _XPOS_DERIVED_KEYS = (*_DERIVED_KEYS, "scale", "q_scale", "k_scale")
-
-
-def _broadcast(tables: tuple[Tensor, ...], qk_layout: str, device: Any) -> tuple[Tensor, ...]:
-    """``(seq, r)`` or ``(batch, seq, r)`` tables → broadcastable over ``qk_layout`` heads."""
-    out = []
-    for t in tables:
-        if qk_layout == "bshd":
-            t = t.unsqueeze(-2)  # (..., seq, 1, r)
-        elif t.dim() == 3:
-            t = t.unsqueeze(1)  # (batch, 1, seq, r)
-        out.append(t.to(device))
-    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------
