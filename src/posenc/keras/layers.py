@@ -7,7 +7,6 @@ it onto the backend; no angle or position is ever formed in the layer's dtype.
 
 from __future__ import annotations
 
-import contextlib
 import numbers
 from typing import Any
 
@@ -26,44 +25,9 @@ from .._checks import (
     describe,
 )
 from ..core.sinusoidal import table_values
+from ._backend import format_of, outside_traces, to_backend
 
 __all__ = ["SinusoidalPositionalEncoding", "generate_positional_encoding"]
-
-# The formats the core rounds to, by their Keras dtype names.
-_FORMATS = ("float16", "bfloat16", "float32", "float64")
-
-
-def _format_of(dtype: Any, name: str = "dtype") -> str:
-    """The core's format name for a Keras/NumPy/backend ``dtype``; TypeError if it has none."""
-    try:
-        standard = keras.backend.standardize_dtype(dtype)
-    except (TypeError, ValueError, AttributeError):
-        standard = None
-    if standard not in _FORMATS:
-        raise TypeError(f"{name} must be one of {list(_FORMATS)}, got {describe(dtype)}")
-    return standard
-
-
-def _to_backend(values: np.ndarray, fmt: str) -> Any:
-    """A backend tensor of ``fmt`` holding ``values`` (already rounded to ``fmt``) exactly."""
-    if fmt == "bfloat16":
-        # The core returns bfloat16 values in a float32 container: the cast is exact.
-        return ops.cast(ops.convert_to_tensor(values, dtype="float32"), "bfloat16")
-    return ops.convert_to_tensor(values, dtype=fmt)
-
-
-def _outside_traces() -> contextlib.AbstractContextManager[Any]:
-    """Create cached tensors eagerly even when first called inside a ``tf.function``.
-
-    A constant created while TensorFlow traces a graph belongs to that graph; kept on the
-    layer it would leak into the next trace. JAX and torch constants built from NumPy are
-    concrete anyway.
-    """
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return tf.init_scope()
-    return contextlib.nullcontext()
 
 
 def generate_positional_encoding(
@@ -105,7 +69,7 @@ def generate_positional_encoding(
     seq_length = check_int(seq_length, "seq_length", minimum=0)
     embed_dim = check_int(embed_dim, "embed_dim", minimum=1)
     base = check_base(base)
-    fmt = _format_of(dtype)
+    fmt = format_of(dtype)
     values = table_values(
         seq_length,
         embed_dim,
@@ -115,7 +79,7 @@ def generate_positional_encoding(
         fmt=fmt,
         max_bytes=DEFAULT_MAX_BYTES,
     )
-    return _to_backend(values[np.newaxis], fmt)  # (1, seq_length, embed_dim)
+    return to_backend(values[np.newaxis], fmt)  # (1, seq_length, embed_dim)
 
 
 @keras.saving.register_keras_serializable(package="posenc")
@@ -213,7 +177,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
             )
         self.d_model = check_int(shape[-1], "the last axis of the input (d_model)", minimum=1)
         self._tables = {}
-        self._table(_format_of(self.compute_dtype, "the layer's compute dtype"))
+        self._table(format_of(self.compute_dtype, "the layer's compute dtype"))
         if self._dropout_layer is not None:
             self._dropout_layer.build(shape)
         self.built = True
@@ -231,8 +195,8 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
                 fmt=fmt,
                 max_bytes=DEFAULT_MAX_BYTES,
             )
-            with _outside_traces():
-                table = _to_backend(values, fmt)
+            with outside_traces():
+                table = to_backend(values, fmt)
             self._tables[fmt] = table
         return table
 
@@ -251,7 +215,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
                 f"the last axis of the input is {shape[-1]} but the layer was built for "
                 f"d_model={self.d_model} (input shape {shape}); use a new layer per width"
             )
-        table = self._table(_format_of(dtype, "the input dtype"))  # (max_length, d)
+        table = self._table(format_of(dtype, "the input dtype"))  # (max_length, d)
         seq = ops.shape(inputs)[1]  # an int, or a scalar tensor in a graph with seq None
         start = self._start(start_index, seq)
         rows = ops.slice(table, start, [seq, self.d_model])  # (seq, d)
