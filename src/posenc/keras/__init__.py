@@ -2,7 +2,13 @@
 
 Importing this module imports Keras (``import posenc`` alone does not). The layers ask
 :mod:`posenc.core` for tables computed in float64 and correctly rounded to the layer's
-dtype, and only move them onto the backend.
+dtype, and only move, slice and gather them with ``keras.ops``.
+
+Layers: :class:`SinusoidalPositionalEncoding` (1-D, added to the input),
+:class:`SinusoidalPositionalEncodingND` (images, video), :class:`LearnedPositionalEmbedding`,
+:class:`RotaryEmbedding` (every RoPE scaling; applied to queries and keys),
+:class:`ALiBiBias` and :class:`T5RelativeBias` (added to attention scores); and the seed
+tutorial's :func:`generate_positional_encoding`.
 
 Example:
     >>> from posenc.keras import SinusoidalPositionalEncoding
@@ -10,6 +16,17 @@ Example:
     512
 """
 
+from .bias import ALiBiBias, T5RelativeBias
+from .embeddings import LearnedPositionalEmbedding, SinusoidalPositionalEncodingND
 from .layers import SinusoidalPositionalEncoding, generate_positional_encoding
+from .rope import RotaryEmbedding
 
-__all__ = ["SinusoidalPositionalEncoding", "generate_positional_encoding"]
+__all__ = [
+    "ALiBiBias",
+    "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEncoding",
+    "SinusoidalPositionalEncodingND",
+    "T5RelativeBias",
+    "generate_positional_encoding",
+]

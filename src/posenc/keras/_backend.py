@@ -35,14 +35,68 @@ def to_backend(values: np.ndarray, fmt: str) -> Any:
 
 
 def outside_traces() -> contextlib.AbstractContextManager[Any]:
-    """Create cached tensors eagerly even when first called inside a ``tf.function``.
+    """Create the constants a layer caches eagerly, whatever is tracing the call.
 
     A constant created while TensorFlow traces a graph belongs to that graph; kept on the
-    layer it would leak into the next trace. JAX and torch constants built from NumPy are
-    concrete anyway.
+    layer it would leak into the next trace, so ``tf.init_scope`` lifts its creation out.
+    Inside ``jax.jit`` even ``jnp.asarray`` of a NumPy array is a tracer, which would leak
+    out of the trace once kept on the layer: ``jax.ensure_compile_time_eval`` makes it
+    concrete. torch constants built from NumPy are concrete anyway (but see
+    :func:`cacheable`).
     """
-    if keras.backend.backend() == "tensorflow":
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
         import tensorflow as tf
 
         return tf.init_scope()
+    if backend == "jax":
+        import jax
+
+        return jax.ensure_compile_time_eval()
     return contextlib.nullcontext()
+
+
+def cacheable(tensor: Any) -> bool:
+    """Whether a constant just created may be kept on the layer.
+
+    Not a torch tensor on the ``meta`` device: Keras infers output shapes on torch by
+    calling layers on meta tensors, and a constant created then has no values (Keras
+    would later turn it into uninitialised memory on the real device).
+    """
+    return not (keras.backend.backend() == "torch" and tensor.is_meta)
+
+
+def known_value(value: Any) -> np.ndarray | None:
+    """The value of a backend tensor if it is known while the call runs, else ``None``.
+
+    Known: eager tensors (TensorFlow eager tensors and graph constants, concrete JAX
+    arrays, torch tensors outside ``torch.compile``). Unknown: Keras symbolic tensors, a
+    ``tf.function`` graph's tensors, JAX tracers inside ``jax.jit``, torch tensors being
+    compiled or on the ``meta`` device.
+    """
+    if keras.backend.is_keras_tensor(value):
+        return None
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        known = tf.get_static_value(value)
+        return None if known is None else np.asarray(known)
+    if backend == "jax":
+        import jax
+
+        if isinstance(value, jax.core.Tracer):
+            return None
+    elif backend == "torch":
+        import torch
+
+        if value.is_meta or torch.compiler.is_compiling():
+            return None
+        return value.detach().cpu().numpy()
+    return np.asarray(ops.convert_to_numpy(value))
+
+
+def known_int(value: Any) -> int | None:
+    """The value of an integer scalar tensor if it is known now (see :func:`known_value`)."""
+    known = known_value(value)
+    return None if known is None else int(known)

@@ -25,7 +25,7 @@ from .._checks import (
     describe,
 )
 from ..core.sinusoidal import table_values
-from ._backend import format_of, outside_traces, to_backend
+from ._backend import cacheable, format_of, outside_traces, to_backend
 
 __all__ = ["SinusoidalPositionalEncoding", "generate_positional_encoding"]
 
@@ -197,7 +197,8 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
             )
             with outside_traces():
                 table = to_backend(values, fmt)
-            self._tables[fmt] = table
+            if cacheable(table):
+                self._tables[fmt] = table
         return table
 
     def call(self, inputs: Any, start_index: Any = 0, training: Any = None) -> Any:

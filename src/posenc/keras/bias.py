@@ -1,0 +1,427 @@
+"""Keras 3 layers that add a positional bias to attention scores: ALiBi and T5's learned bias.
+
+``layer(scores)`` returns ``scores + bias`` for scores of shape ``(batch, num_heads,
+query, key)`` (the convention of keras-hub's ``AlibiBias``); :meth:`compute_bias` returns
+the ``(num_heads, query, key)`` bias alone. Query ``i`` sits at position ``start_index +
+i`` and key ``j`` at position ``j``; ``start_index`` defaults to ``key - query`` (the
+queries are the last positions, as when decoding with a KV cache; 0 when ``query ==
+key``).
+
+The numbers come from :mod:`posenc.core`: ALiBi's ``slope × distance`` products in
+float64, rounded once to the scores' format, and the T5 bucket of every relative
+distance. The layers only gather them with integer index arithmetic in ``keras.ops``, so
+they run unchanged on the TensorFlow, JAX and torch backends, and ``start_index`` may be
+a tensor inside ``tf.function`` or ``jax.jit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+from .._checks import check_choice, check_int, describe
+from ..core.alibi import MODES, alibi_bias_values
+from ..core.t5 import check_bucket_options, relative_position_bucket
+from ._backend import cacheable, format_of, outside_traces, to_backend
+from .embeddings import _check_float, _start_position
+
+__all__ = ["ALiBiBias", "T5RelativeBias"]
+
+
+class _ScoreBias(keras.layers.Layer):
+    """What the two bias layers share: checks, query/key/start resolution, the addition.
+
+    Subclasses set ``num_heads`` and implement ``_bias(q, k, start, fmt)`` returning the
+    ``(num_heads, q, k)`` bias in ``fmt``, where ``q`` and ``k`` are ints or scalar
+    tensors and ``start`` an int or an int32 scalar tensor.
+    """
+
+    num_heads: int
+
+    def _check_scores_shape(self, shape: tuple[Any, ...]) -> None:
+        name = type(self).__name__
+        if len(shape) != 4:
+            raise ValueError(
+                f"{name} expects attention scores of rank 4, (batch, num_heads, query, key), "
+                f"got shape {shape} (rank {len(shape)})"
+            )
+        if shape[1] is not None and shape[1] != self.num_heads:
+            raise ValueError(
+                f"{name} was built for num_heads={self.num_heads}, but the scores have "
+                f"{shape[1]} heads on axis 1 (shape {shape}); scores must be "
+                "(batch, num_heads, query, key)"
+            )
+
+    def _resolve(self, q: Any, k: Any, start_index: Any) -> Any:
+        """The position of the first query: ``start_index`` checked, or ``k - q``."""
+        name = type(self).__name__
+        if start_index is not None:
+            return _start_position(start_index, name)
+        if isinstance(q, int) and isinstance(k, int):
+            if q > k:
+                raise ValueError(
+                    f"{name}: with start_index=None the queries are the last {q} of the {k} "
+                    f"key positions (start_index = key - query), which needs query <= key; "
+                    f"got query={q} > key={k}; pass start_index explicitly"
+                )
+            return k - q
+        return ops.cast(k, "int32") - ops.cast(q, "int32")
+
+    def call(self, scores: Any, start_index: Any = None) -> Any:
+        name = type(self).__name__
+        self._check_scores_shape(tuple(scores.shape))
+        dtype = _check_float(scores.dtype, name, "attention scores")
+        shape = ops.shape(scores)  # ints, or scalar tensors for axes unknown in a graph
+        q, k = shape[2], shape[3]
+        start = self._resolve(q, k, start_index)
+        bias = self._bias(q, k, start, format_of(dtype, "the scores' dtype"))  # (H, q, k)
+        return ops.add(scores, ops.expand_dims(bias, 0))  # (batch, H, q, k)
+
+    def compute_bias(
+        self,
+        query_length: int,
+        key_length: int | None = None,
+        start_index: Any = None,
+        dtype: Any = "float32",
+    ) -> Any:
+        """The bias alone, ``(num_heads, query_length, key_length)``.
+
+        Args:
+            query_length: Number of queries, an int >= 0.
+            key_length: Number of keys, an int >= 0. ``None``: ``start_index +
+                query_length`` (every cached position and the queries themselves), or
+                ``query_length`` when ``start_index`` is ``None`` too.
+            start_index: Position of the first query, an int >= 0 or an integer scalar
+                tensor; ``None``: ``key_length - query_length``.
+            dtype: ``"float16"``, ``"bfloat16"``, ``"float32"`` (default) or
+                ``"float64"``, or the equivalent backend dtype.
+
+        Returns:
+            A backend tensor of shape ``(num_heads, query_length, key_length)``; entry
+            ``[h, i, j]`` is head ``h``'s bias for query position ``start_index + i``
+            and key position ``j``.
+        """
+        name = type(self).__name__
+        q = check_int(query_length, "query_length", minimum=0)
+        k = None if key_length is None else check_int(key_length, "key_length", minimum=0)
+        fmt = format_of(dtype)
+        if start_index is None:
+            start: Any = 0 if k is None else self._resolve(q, k, None)
+            k = q if k is None else k
+        else:
+            start = _start_position(start_index, name)
+            if k is None:
+                if not isinstance(start, int):
+                    raise ValueError(
+                        f"{name}.compute_bias needs key_length when start_index is a tensor "
+                        "whose value is not known yet (key_length defaults to start_index + "
+                        "query_length)"
+                    )
+                k = start + q
+        if not self.built:
+            self.build()
+        return self._bias(q, k, start, fmt)
+
+    def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
+        raise NotImplementedError
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
+
+
+def _relative_positions(q: Any, k: Any, start: Any) -> Any:
+    """``key position - query position``, ``(q, k)`` int32: ``j - (start + i)``."""
+    keys = ops.expand_dims(ops.arange(k, dtype="int32"), 0)  # (1, k)
+    queries = ops.expand_dims(ops.arange(q, dtype="int32"), 1)  # (q, 1)
+    return keys - queries - start  # (q, k)
+
+
+def _all_ints(*values: Any) -> bool:
+    return all(isinstance(value, int) for value in values)
+
+
+# ---------------------------------------------------------------------------------------
+# ALiBi
+
+
+@keras.saving.register_keras_serializable(package="posenc")
+class ALiBiBias(_ScoreBias):
+    """Adds ALiBi's linear bias ``-m_h · distance`` to attention scores (Press et al., 2022).
+
+    For query position ``p = start_index + i`` and key position ``j``, head ``h`` adds
+    ``-m_h · (p - j)`` for keys at or before the query and 0 after it (``mode="causal"``;
+    hiding future keys is the causal mask's job), or ``-m_h · |p - j|``
+    (``mode="symmetric"``, bidirectional attention). The slopes follow the paper's rule
+    for any head count (:func:`posenc.alibi_slopes`).
+
+    Every value equals ``posenc.alibi_bias(q, k, num_heads=..., mode=...,
+    offset=start_index)`` in the scores' format: the product ``slope × distance`` is
+    formed in float64 by the core and rounded once to float16, bfloat16, float32 or
+    float64, never multiplied in the scores' precision (in bfloat16 the naive product
+    rounds twice, and distances above 256 are not even representable).
+
+    The bias depends only on the relative distance, so the layer keeps one table per
+    format, ``(num_heads, 2·L - 1)``, indexed by ``key - query + L - 1`` for positions
+    ``0 .. L-1``, and gathers it with integer arithmetic in ``keras.ops``: a tensor
+    ``start_index`` works inside ``tf.function`` / ``jax.jit``. ``L`` starts at
+    ``max_length``. When ``start_index`` and the query and key lengths are all known (the
+    usual case: static shapes, and ``start_index`` an int, an eager tensor or left to its
+    default) and some position passes ``L``, the tables are rebuilt larger (at least
+    doubled). When one of them is unknown (a tensor ``start_index`` inside
+    ``tf.function`` / ``jax.jit``, or a length left ``None`` in a TensorFlow graph),
+    positions past ``L`` cannot be detected: the distance is clamped to ``L - 1`` on
+    every backend, so the bias saturates there (no error, no NaN); build the layer with
+    a ``max_length`` covering every position you trace. The tables are constants, not
+    weights.
+
+    Args:
+        num_heads: Number of attention heads, an int >= 1.
+        mode: ``"causal"`` (default) or ``"symmetric"``.
+        max_length: Positions the tables cover initially (int >= 1, default 4096).
+        **kwargs: Standard layer arguments (``name``, ``dtype``, ...).
+
+    Call arguments:
+        scores: Attention scores ``(batch, num_heads, query, key)``, floating.
+        start_index: Position of the first query, an int >= 0 or an integer scalar
+            tensor; ``None`` (default): ``key - query``, which needs ``query <= key``.
+
+    Returns:
+        ``scores + bias``, the shape and dtype of ``scores``.
+
+    Shapes:
+        ``(batch, num_heads, q, k)`` → the same; :meth:`compute_bias`:
+        ``(num_heads, q, k)``.
+
+    Example:
+        >>> import numpy as np
+        >>> layer = ALiBiBias(num_heads=2)
+        >>> bias = keras.ops.convert_to_numpy(layer.compute_bias(3))
+        >>> bias[0].tolist()  # head 0 of 2: slope 2**-4
+        [[0.0, 0.0, 0.0], [-0.0625, 0.0, 0.0], [-0.125, -0.0625, 0.0]]
+        >>> out = layer(np.zeros((1, 2, 1, 3), "float32"))  # one new query, 3 keys
+        >>> keras.ops.convert_to_numpy(out)[0, 0].tolist()  # the last row above
+        [[-0.125, -0.0625, 0.0]]
+
+    References:
+        Press, Smith and Lewis, "Train Short, Test Long: Attention with Linear Biases
+        Enables Input Length Extrapolation", ICLR 2022; keras-hub ``AlibiBias`` (the
+        Keras convention of adding the bias to the scores).
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        mode: str = "causal",
+        max_length: int = 4096,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.num_heads = check_int(num_heads, "num_heads", minimum=1)
+        self.mode = check_choice(mode, "mode", MODES)
+        self.max_length = check_int(max_length, "max_length", minimum=1)
+        self._length = self.max_length  # positions the tables cover now
+        self._tables: dict[str, Any] = {}  # format → (num_heads, 2·_length - 1) tensor
+
+    def build(self, input_shape: Any = None) -> None:
+        if input_shape is not None:
+            self._check_scores_shape(tuple(input_shape))
+        self._table(format_of(self.compute_dtype, "the layer's compute dtype"))
+        self.built = True
+
+    def _table(self, fmt: str) -> Any:
+        """``(num_heads, 2L - 1)``: column ``r + L - 1`` holds the bias of ``key - query = r``."""
+        table = self._tables.get(fmt)
+        if table is None:
+            length = self._length
+            # One query at position L - 1 and keys 0 .. 2L - 2 see every r in ±(L - 1).
+            values = alibi_bias_values(
+                1,
+                2 * length - 1,
+                num_heads=self.num_heads,
+                mode=self.mode,
+                offset=length - 1,
+                fmt=fmt,
+            )[:, 0, :]  # (H, 2L - 1)
+            with outside_traces():
+                table = to_backend(np.ascontiguousarray(values), fmt)
+            if cacheable(table):
+                self._tables[fmt] = table
+        return table
+
+    def _cover(self, end: int) -> None:
+        """Make the tables cover positions ``0 .. end-1`` (doubling to amortise growth)."""
+        if end <= self._length:
+            return
+        for length in (max(end, 2 * self._length), end):
+            self._length, self._tables = length, {}
+            try:
+                self._table(format_of(self.compute_dtype, "the layer's compute dtype"))
+            except ValueError:  # the doubled table passes the core's memory limit
+                if length == end:
+                    raise
+                continue
+            return
+
+    def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
+        if _all_ints(q, k, start):
+            self._cover(max(start + q, k))
+        table = self._table(fmt)  # (H, 2L - 1)
+        length = self._length
+        index = _relative_positions(q, k, start) + (length - 1)  # (q, k)
+        index = ops.clip(index, 0, 2 * length - 2)  # only traced starts can be out of range
+        return ops.take(table, index, axis=1)  # (H, q, k)
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            {"num_heads": self.num_heads, "mode": self.mode, "max_length": self.max_length}
+        )
+        return config
+
+
+# ---------------------------------------------------------------------------------------
+# T5
+
+
+@keras.saving.register_keras_serializable(package="posenc")
+class T5RelativeBias(_ScoreBias):
+    """Adds T5's learned relative position bias to attention scores: one weight per
+    (distance bucket, head).
+
+    Head ``h`` adds ``weights[bucket(j - p), h]`` for query position ``p = start_index +
+    i`` and key position ``j``. The bucket of a relative distance (exact up to
+    ``max_exact``, log-spaced up to ``max_distance``, then constant) comes from
+    :func:`posenc.relative_position_bucket`, precomputed for every distance in
+    ``[-max_distance, max_distance]``; longer distances are clamped to the ends, which
+    is exact since they share the last bucket of their side. The layer only gathers, so
+    its values equal ``posenc.t5_bias(weights, q, k, bidirectional=...,
+    max_distance=..., offset=start_index, compat=...)`` exactly; under a mixed policy
+    each weight is rounded once to the compute dtype.
+
+    The weight ``relative_attention_bias`` has shape ``(num_buckets, num_heads)``, the
+    layout of Hugging Face's ``T5Attention.relative_attention_bias.weight``, so a
+    checkpoint's table loads with ``layer.set_weights([array])``.
+
+    Args:
+        num_heads: Number of attention heads, an int >= 1.
+        bidirectional: ``True`` (encoder: keys after the query get their own buckets)
+            or ``False`` (causal decoder: every key at or after the query is bucket 0).
+        num_buckets: Number of buckets, the rows of the weight (32 in T5); >= 4 when
+            bidirectional, >= 2 otherwise.
+        max_distance: Distance from which the buckets saturate (128 in T5); greater
+            than ``max_exact`` (``num_buckets // 4`` bidirectional, ``// 2`` causal).
+        compat: ``"hf"`` (default: the float32 bucket edges of Hugging Face and Mesh
+            TensorFlow, what trained checkpoints assume) or ``"exact"`` (edges from
+            integer arithmetic), see :func:`posenc.relative_position_bucket`.
+        embeddings_initializer: Initializer of the weight (anything
+            ``keras.initializers.get`` accepts); default ``"uniform"``, as
+            ``keras.layers.Embedding``.
+        **kwargs: Standard layer arguments (``name``, ``dtype``, ...).
+
+    Call arguments:
+        scores: Attention scores ``(batch, num_heads, query, key)``, floating.
+        start_index: Position of the first query, an int >= 0 or an integer scalar
+            tensor; ``None`` (default): ``key - query``, which needs ``query <= key``.
+
+    Returns:
+        ``scores + bias``, the shape and dtype of ``scores``.
+
+    Shapes:
+        ``(batch, num_heads, q, k)`` → the same; :meth:`compute_bias`:
+        ``(num_heads, q, k)``; weight ``(num_buckets, num_heads)``.
+
+    Example:
+        >>> import numpy as np
+        >>> layer = T5RelativeBias(num_heads=2, bidirectional=False, num_buckets=16,
+        ...                        max_distance=32)
+        >>> layer.build()
+        >>> layer.set_weights([np.arange(32.0).reshape(16, 2)])
+        >>> keras.ops.convert_to_numpy(layer.compute_bias(3))[0].tolist()  # head 0
+        [[0.0, 0.0, 0.0], [2.0, 0.0, 0.0], [4.0, 2.0, 0.0]]
+
+    References:
+        Raffel et al., "Exploring the Limits of Transfer Learning with a Unified
+        Text-to-Text Transformer", JMLR 2020, §2.1; Hugging Face
+        ``transformers.models.t5.modeling_t5.T5Attention.compute_bias``.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        bidirectional: bool = True,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        compat: str = "hf",
+        embeddings_initializer: Any = "uniform",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.num_heads = check_int(num_heads, "num_heads", minimum=1)
+        (
+            self.bidirectional,
+            self.num_buckets,
+            self.max_distance,
+            self.compat,
+        ) = check_bucket_options(bidirectional, num_buckets, max_distance, compat)
+        try:
+            self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                "embeddings_initializer must be a Keras initializer, its name or its config, "
+                f"got {describe(embeddings_initializer)}"
+            ) from exc
+        distances = np.arange(-self.max_distance, self.max_distance + 1, dtype=np.int64)
+        self._bucket_values = relative_position_bucket(
+            distances,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+            compat=self.compat,
+        ).astype(np.int32)  # (2·max_distance + 1,) in [0, num_buckets)
+        self._buckets: Any = None  # the same as a backend tensor, created on first use
+
+    def build(self, input_shape: Any = None) -> None:
+        if input_shape is not None:
+            self._check_scores_shape(tuple(input_shape))
+        self.relative_attention_bias = self.add_weight(
+            name="relative_attention_bias",
+            shape=(self.num_buckets, self.num_heads),
+            initializer=self.embeddings_initializer,
+            trainable=True,
+        )
+        self.built = True
+
+    def _bucket_table(self) -> Any:
+        """The bucket of each distance ``-max_distance .. max_distance``, int32 tensor."""
+        if self._buckets is not None:
+            return self._buckets
+        with outside_traces():
+            table = ops.convert_to_tensor(self._bucket_values, dtype="int32")
+        if cacheable(table):
+            self._buckets = table
+        return table
+
+    def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
+        reach = self.max_distance
+        relative = _relative_positions(q, k, start)  # (q, k), key - query
+        index = ops.clip(relative, -reach, reach) + reach  # (q, k) in [0, 2·reach]
+        buckets = ops.take(self._bucket_table(), index)  # (q, k)
+        weights = ops.transpose(ops.convert_to_tensor(self.relative_attention_bias))  # (H, B)
+        return ops.cast(ops.take(weights, buckets, axis=1), fmt)  # (H, q, k)
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "bidirectional": self.bidirectional,
+                "num_buckets": self.num_buckets,
+                "max_distance": self.max_distance,
+                "compat": self.compat,
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+            }
+        )
+        return config

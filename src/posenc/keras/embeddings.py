@@ -1,0 +1,417 @@
+"""Keras 3 layers that add a positional embedding to their input: learned and N-D sinusoidal.
+
+Both run unchanged on the TensorFlow, JAX and torch backends (``keras.ops`` only). The
+N-D sinusoidal table comes from :mod:`posenc.core.nd`, computed in float64 with exact
+angle reduction and rounded once to the input's dtype; the layer only moves it onto the
+backend. The learned table is an ordinary trainable weight.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+from .._checks import (
+    DEFAULT_MAX_BYTES,
+    check_base,
+    check_choice,
+    check_int,
+    check_probability,
+    describe,
+)
+from ..core.nd import ND_LAYOUTS, check_channels, check_shape, nd_values
+from ._backend import cacheable, format_of, known_int, outside_traces, to_backend
+
+__all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncodingND"]
+
+_CACHE_SIZE = 16  # N-D tables kept per layer (one per grid shape and format in use)
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers shared with posenc.keras.bias
+
+
+def _start_position(start_index: Any, owner: str, name: str = "start_index") -> Any:
+    """``start_index`` checked: a Python int when its value is known, else an int32 scalar.
+
+    Accepts an int >= 0 or an integer scalar tensor; a tensor whose value is known now
+    (eager execution) is checked for sign and returned as an int, so eager calls get the
+    same checks as Python ints on every backend.
+    """
+    if isinstance(start_index, numbers.Integral) and not isinstance(start_index, (bool, np.bool_)):
+        return check_int(start_index, f"{owner}: {name}", minimum=0)
+    if not (ops.is_tensor(start_index) or keras.backend.is_keras_tensor(start_index)):
+        raise TypeError(
+            f"{owner}: {name} must be an int >= 0 or an integer scalar tensor, got "
+            f"{describe(start_index)}"
+        )
+    dtype = keras.backend.standardize_dtype(start_index.dtype)
+    if "int" not in dtype:
+        raise TypeError(f"{owner}: {name} must be an integer scalar tensor, got dtype {dtype}")
+    if len(start_index.shape) != 0:
+        raise ValueError(
+            f"{owner}: {name} must be a scalar tensor, got shape {tuple(start_index.shape)}"
+        )
+    value = known_int(start_index)
+    if value is not None:
+        return check_int(value, f"{owner}: {name}", minimum=0)
+    return ops.cast(start_index, "int32")
+
+
+def _check_float(dtype: Any, owner: str, what: str, hint: str = "") -> str:
+    """The standard name of a floating ``dtype``; TypeError naming it otherwise."""
+    name = keras.backend.standardize_dtype(dtype)
+    if not keras.backend.is_float_dtype(name):
+        raise TypeError(f"{owner} expects {what} of a floating dtype, got dtype {name}{hint}")
+    return name
+
+
+def _dropout_layer(rate: float, policy: Any) -> keras.layers.Dropout | None:
+    """A Dropout sublayer, or ``None`` (no seed-generator state) when the rate is 0."""
+    return keras.layers.Dropout(rate, dtype=policy) if rate else None
+
+
+# ---------------------------------------------------------------------------------------
+# Learned
+
+
+@keras.saving.register_keras_serializable(package="posenc")
+class LearnedPositionalEmbedding(keras.layers.Layer):
+    """Adds a trained embedding per position (GPT-2, BERT), then dropout.
+
+    ``output = dropout(inputs + embeddings[start_index : start_index + seq])``. The weight
+    ``embeddings`` of shape ``(max_length, d_model)`` is created in ``build()``, with
+    ``d_model`` taken from the input's last axis, and read in the input's dtype (under a
+    mixed policy it stays float32 and each value is rounded to the compute dtype).
+
+    Learned embeddings cannot represent a position they were not trained with: a known
+    ``start_index + seq > max_length`` is a ``ValueError``, never a wrap-around.
+
+    The layer uses only ``keras.ops`` and runs on the TensorFlow, JAX and torch backends.
+
+    Args:
+        max_length: Number of positions, ``0 .. max_length-1`` (int >= 1).
+        dropout: Dropout rate applied to the sum, a float in ``[0, 1)``.
+        initializer: Initializer of the embeddings (anything
+            ``keras.initializers.get`` accepts); ``None`` (default) means
+            ``RandomNormal(stddev=0.02)``, as GPT-2.
+        **kwargs: Standard layer arguments (``name``, ``dtype``, ...).
+
+    Call arguments:
+        inputs: A floating tensor of shape ``(batch, seq, d_model)``.
+        start_index: Position of the first token, a Python int or an integer scalar
+            tensor (default 0); for decoding one token at a time with a cache. An int or
+            an eager tensor with ``start_index + seq > max_length`` raises
+            ``ValueError``. A tensor whose value is unknown (inside ``tf.function`` or
+            ``jax.jit``) is checked when the slice runs: TensorFlow and torch raise, JAX
+            clamps the slice (``lax.dynamic_slice`` semantics), so keep it in range there.
+        training: Whether dropout is active (Keras sets it during ``fit``).
+
+    Returns:
+        A tensor of the input's shape and dtype.
+
+    Shapes:
+        ``(batch, seq, d_model)`` → ``(batch, seq, d_model)``; weight
+        ``(max_length, d_model)``.
+
+    Example:
+        >>> import numpy as np
+        >>> layer = LearnedPositionalEmbedding(max_length=16)
+        >>> out = layer(np.zeros((2, 5, 8), "float32"))
+        >>> tuple(out.shape), tuple(layer.embeddings.shape)
+        ((2, 5, 8), (16, 8))
+        >>> step = layer(np.zeros((2, 1, 8), "float32"), start_index=5)  # the sixth token
+        >>> bool(np.all(keras.ops.convert_to_numpy(step)[:, 0] == layer.get_weights()[0][5]))
+        True
+
+    References:
+        Radford et al., "Language Models are Unsupervised Multitask Learners" (GPT-2),
+        2019; Devlin et al., "BERT", NAACL 2019.
+    """
+
+    def __init__(
+        self,
+        max_length: int,
+        dropout: float = 0.0,
+        initializer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.max_length = check_int(max_length, "max_length", minimum=1)
+        self.dropout = check_probability(dropout, "dropout")
+        if initializer is None:
+            initializer = keras.initializers.RandomNormal(mean=0.0, stddev=0.02)
+        try:
+            self.initializer = keras.initializers.get(initializer)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"initializer must be a Keras initializer, its name or its config, got "
+                f"{describe(initializer)}"
+            ) from exc
+        self._dropout_layer = _dropout_layer(self.dropout, self.dtype_policy)
+        self.d_model: int | None = None
+
+    def build(self, input_shape: Any) -> None:
+        shape = tuple(input_shape)
+        if len(shape) != 3:
+            raise ValueError(_rank_message(type(self).__name__, shape))
+        if shape[-1] is None:
+            raise ValueError(
+                f"LearnedPositionalEmbedding needs a known last (feature) axis to create its "
+                f"weight, got input shape {shape}"
+            )
+        self.d_model = check_int(shape[-1], "the last axis of the input (d_model)", minimum=1)
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.max_length, self.d_model),
+            initializer=self.initializer,
+            trainable=True,
+        )
+        if self._dropout_layer is not None:
+            self._dropout_layer.build(shape)
+        self.built = True
+
+    def call(self, inputs: Any, start_index: Any = 0, training: Any = None) -> Any:
+        name = type(self).__name__
+        _check_sequence(inputs, self.d_model, name)
+        dtype = _check_float(inputs.dtype, name, "inputs", _EMBED_HINT)
+        seq = ops.shape(inputs)[1]  # an int, or a scalar tensor in a graph with seq None
+        start = _start_position(start_index, name)
+        if isinstance(start, int):
+            if isinstance(seq, int) and start + seq > self.max_length:
+                raise ValueError(
+                    f"start_index ({start}) + sequence length ({seq}) = {start + seq} exceeds "
+                    f"max_length={self.max_length} (positions 0..{self.max_length - 1}); "
+                    "learned embeddings cannot extrapolate: build the layer with a larger "
+                    "max_length"
+                )
+            corner: Any = [start, 0]
+        else:
+            corner = ops.stack([start, ops.zeros((), "int32")])
+        table = ops.convert_to_tensor(self.embeddings)  # (max_length, d)
+        rows = ops.cast(ops.slice(table, corner, [seq, self.d_model]), dtype)  # (seq, d)
+        outputs = ops.add(inputs, rows)  # (batch, seq, d), rows broadcast over batch
+        if self._dropout_layer is not None:
+            outputs = self._dropout_layer(outputs, training=training)
+        return outputs
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            {
+                "max_length": self.max_length,
+                "dropout": self.dropout,
+                "initializer": keras.initializers.serialize(self.initializer),
+            }
+        )
+        return config
+
+
+_EMBED_HINT = "; embed token ids first (e.g. keras.layers.Embedding)"
+
+
+def _check_sequence(inputs: Any, d_model: int | None, name: str) -> None:
+    shape = tuple(inputs.shape)
+    if len(shape) != 3:
+        raise ValueError(_rank_message(name, shape))
+    if shape[-1] is not None and d_model is not None and shape[-1] != d_model:
+        raise ValueError(
+            f"the last axis of the input is {shape[-1]} but {name} was built for "
+            f"d_model={d_model} (input shape {shape}); use a new layer per width"
+        )
+
+
+def _rank_message(name: str, shape: tuple[Any, ...]) -> str:
+    return (
+        f"{name} expects inputs of rank 3, (batch, seq, d_model), got shape {shape} (rank "
+        f"{len(shape)}); for one unbatched (seq, d_model) sequence add a batch axis with "
+        "keras.ops.expand_dims(x, 0)"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# N-D sinusoidal
+
+
+@keras.saving.register_keras_serializable(package="posenc")
+class SinusoidalPositionalEncodingND(keras.layers.Layer):
+    """Adds an N-D sinusoidal encoding to channels-last input (images, video), then dropout.
+
+    ``output = dropout(inputs + table)`` with ``table`` of shape ``(*spatial, channels)``
+    from :func:`posenc.core.nd.sinusoidal_nd` for the grid ``inputs.shape[1:-1]``: each
+    spatial axis gets its own block of channels holding a 1-D sinusoidal encoding of the
+    index along it (``layout`` decides the split, see :mod:`posenc.core.nd`). The table is
+    computed by the core in float64 with exact angle reduction and correctly rounded to
+    the input's dtype (float16, bfloat16, float32 or float64): under ``"mixed_bfloat16"``
+    it holds the bfloat16 values nearest to the exact encoding, not an encoding computed
+    in bfloat16. :meth:`encoding` returns the table alone.
+
+    Tables are constants, not weights: ``layer.weights`` is empty. They are cached per
+    (grid shape, format), at most 16, and created eagerly even when first needed inside
+    ``tf.function`` or ``jax.jit``.
+
+    The channel count is taken from the input's last axis when the layer is built; the
+    spatial sizes must be static (known when the layer is called) and may differ between
+    calls.
+
+    Args:
+        layout: ``"positional-encodings"`` (the ``positional_encodings`` package's split:
+            every axis gets ``2·ceil(channels / 2n)`` channels, cut to ``channels``; any
+            number of spatial axes) or ``"mae"`` (MAE 2-D sin-cos: 1 or 2 spatial axes,
+            ``channels`` a multiple of ``2n``).
+        base: The ``n`` of ``sin(k / n^(2i/c))`` (10000 in both references).
+        dropout: Dropout rate applied to the sum, a float in ``[0, 1)``.
+        **kwargs: Standard layer arguments (``name``, ``dtype``, ...).
+
+    Call arguments:
+        inputs: A floating tensor ``(batch, *spatial, channels)``, e.g. ``(batch, height,
+            width, channels)``, with static spatial sizes.
+        training: Whether dropout is active (Keras sets it during ``fit``).
+
+    Returns:
+        A tensor of the input's shape and dtype.
+
+    Shapes:
+        ``(batch, *spatial, channels)`` → the same; :meth:`encoding`:
+        ``(*spatial, channels)``.
+
+    Example:
+        >>> import numpy as np
+        >>> import posenc
+        >>> layer = SinusoidalPositionalEncodingND()
+        >>> out = layer(np.zeros((2, 4, 5, 6), "float32"))  # (batch, height, width, C)
+        >>> tuple(out.shape)
+        (2, 4, 5, 6)
+        >>> table = keras.ops.convert_to_numpy(layer.encoding((4, 5)))
+        >>> bool(np.all(table == posenc.sinusoidal_nd((4, 5), 6)))
+        True
+
+    References:
+        He et al., "Masked Autoencoders Are Scalable Vision Learners", CVPR 2022
+        (facebookresearch/mae); Carion et al., "End-to-End Object Detection with
+        Transformers", ECCV 2020 (the per-axis split); the ``positional-encodings``
+        package (tatp22/multidim-positional-encoding).
+    """
+
+    def __init__(
+        self,
+        layout: str = "positional-encodings",
+        base: float = 10000.0,
+        dropout: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.layout = check_choice(layout, "layout", ND_LAYOUTS)
+        self.base = check_base(base)
+        self.dropout = check_probability(dropout, "dropout")
+        self._dropout_layer = _dropout_layer(self.dropout, self.dtype_policy)
+        self.channels: int | None = None
+        # (grid shape, format) → (*shape, channels) backend tensor
+        self._tables: dict[tuple[tuple[int, ...], str], Any] = {}
+
+    def build(self, input_shape: Any) -> None:
+        shape = tuple(input_shape)
+        spatial = self._grid(shape)
+        if shape[-1] is None:
+            raise ValueError(
+                f"SinusoidalPositionalEncodingND needs a known last (channel) axis, got "
+                f"input shape {shape}"
+            )
+        self.channels = check_channels(shape[-1], len(spatial), self.layout)
+        self._tables = {}
+        self._table(spatial, format_of(self.compute_dtype, "the layer's compute dtype"))
+        if self._dropout_layer is not None:
+            self._dropout_layer.build(shape)
+        self.built = True
+
+    def _grid(self, shape: tuple[Any, ...]) -> tuple[int, ...]:
+        """The spatial sizes of a ``(batch, *spatial, channels)`` input shape, checked."""
+        if len(shape) < 3:
+            raise ValueError(
+                f"SinusoidalPositionalEncodingND expects channels-last inputs (batch, "
+                f"*spatial, channels) of rank >= 3, got shape {shape} (rank {len(shape)})"
+            )
+        spatial = shape[1:-1]
+        if any(size is None for size in spatial):
+            raise ValueError(
+                f"SinusoidalPositionalEncodingND needs static spatial sizes to build its "
+                f"table, got input shape {shape}; give keras.Input a full shape such as "
+                f"(height, width, channels)"
+            )
+        return check_shape(tuple(int(size) for size in spatial), self.layout)
+
+    def _table(self, shape: tuple[int, ...], fmt: str) -> Any:
+        """The ``(*shape, channels)`` table in ``fmt``, built by the core on first use."""
+        key = (shape, fmt)
+        table = self._tables.get(key)
+        if table is None:
+            check_channels(self.channels, len(shape), self.layout)
+            values = nd_values(
+                shape,
+                self.channels,
+                base=self.base,
+                layout=self.layout,
+                fmt=fmt,
+                max_bytes=DEFAULT_MAX_BYTES,
+            )
+            with outside_traces():
+                table = to_backend(values, fmt)
+            if not cacheable(table):
+                return table
+            if len(self._tables) >= _CACHE_SIZE:
+                self._tables.pop(next(iter(self._tables)))
+            self._tables[key] = table
+        return table
+
+    def encoding(self, shape: Any, dtype: Any = None) -> Any:
+        """The table ``(*shape, channels)`` alone, correctly rounded in ``dtype``.
+
+        Args:
+            shape: Grid sizes, a tuple of positive ints such as ``(height, width)``.
+            dtype: ``"float16"``, ``"bfloat16"``, ``"float32"`` or ``"float64"`` (or the
+                equivalent backend dtype); ``None`` means the layer's compute dtype.
+
+        Returns:
+            A backend tensor of shape ``(*shape, channels)``; cached, so :meth:`call`
+            on input of that grid and dtype reuses it.
+        """
+        if self.channels is None:
+            raise ValueError(
+                "SinusoidalPositionalEncodingND takes its channel count from its input: call "
+                "the layer once (or build it with layer.build((batch, *spatial, channels))) "
+                "before asking for an encoding"
+            )
+        fmt = format_of(self.compute_dtype if dtype is None else dtype)
+        return self._table(check_shape(shape, self.layout), fmt)
+
+    def call(self, inputs: Any, training: Any = None) -> Any:
+        name = type(self).__name__
+        shape = tuple(inputs.shape)
+        spatial = self._grid(shape)
+        if shape[-1] != self.channels:
+            raise ValueError(
+                f"the last axis of the input is {shape[-1]} but {name} was built for "
+                f"channels={self.channels} (input shape {shape}); inputs must be "
+                "channels-last, and each width needs its own layer"
+            )
+        dtype = _check_float(inputs.dtype, name, "features")
+        table = self._table(spatial, format_of(dtype, "the input dtype"))  # (*spatial, C)
+        outputs = ops.add(inputs, table)  # (batch, *spatial, C), broadcast over batch
+        if self._dropout_layer is not None:
+            outputs = self._dropout_layer(outputs, training=training)
+        return outputs
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update({"layout": self.layout, "base": self.base, "dropout": self.dropout})
+        return config
