@@ -1,0 +1,665 @@
+"""Cases and front-end adapters of the conformance suite (see ``test_conformance.py``).
+
+Every case is one scheme with one set of options and inputs. The *reference* comes from the
+NumPy core's internal float64 routines, rounded once to the case's format; each *front end*
+(the public NumPy functions, the PyTorch modules, the Keras layers on each backend, the JAX
+functions eagerly and under ``jax.jit``) computes the same output its own way. The suite
+asserts that they agree: exactly for tables and biases (the front ends only move the core's
+correctly rounded values), and to float32 rounding where a front end does float32
+arithmetic of its own (the RoPE rotation, ``x + table``).
+
+Keras picks its backend once per process, so for the backends other than the test
+process's own, ``test_conformance.py`` runs this file as a script::
+
+    KERAS_BACKEND=jax python tests/conformance.py --keras OUT.npz
+
+which computes every Keras case and saves the outputs (and any errors) to ``OUT.npz``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+SCHEMES = ("sinusoidal", "nd", "learned", "rope", "alibi", "t5", "nope")
+
+# The packages each front end needs, and the schemes it has an implementation of.
+FRONTENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "numpy": ((), SCHEMES),
+    "torch": (("torch",), SCHEMES),
+    "keras-tensorflow": (("keras", "tensorflow"), SCHEMES[:-1]),
+    "keras-jax": (("keras", "jax"), SCHEMES[:-1]),
+    "keras-torch": (("keras", "torch"), SCHEMES[:-1]),
+    "jax": (("jax",), ("sinusoidal", "nd", "rope", "alibi", "t5")),
+    "jax-jit": (("jax",), ("sinusoidal", "rope", "alibi", "t5")),
+    "flax": (("jax", "flax"), ("sinusoidal", "learned", "rope", "alibi", "t5")),
+}
+# Keras has no NoPE layer (a Keras model without position information simply has no
+# such layer); "nd" under jit is the same constant as eagerly (static shapes only).
+
+
+def missing_packages(frontend: str) -> list[str]:
+    """The packages ``frontend`` needs that cannot be imported here."""
+    return [name for name in FRONTENDS[frontend][0] if importlib.util.find_spec(name) is None]
+
+
+@dataclass(frozen=True)
+class Case:
+    scheme: str
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    fmt: str = "float32"
+
+    @property
+    def id(self) -> str:
+        return f"{self.scheme}-{self.name}"
+
+    def rng(self) -> np.random.Generator:
+        seed = int.from_bytes(hashlib.sha256(self.id.encode()).digest()[:4], "little")
+        return np.random.default_rng(seed)
+
+
+def _rope(name: str, **params: Any) -> Case:
+    base = {"head_dim": 16, "seq": 6, "heads": 2, "start": 0, "layout": "half", "base": 10000.0}
+    base.update(params)
+    return Case("rope", name, base)
+
+
+CASES: list[Case] = [
+    # The seed text's TensorFlow example: 60 positions, 256 features, n = 10000.
+    Case("sinusoidal", "seed-60x256", {"length": 60, "d": 256}),
+    # The worked examples' n = 100, with the split layout of tensor2tensor/fairseq.
+    Case("sinusoidal", "n100-split", {"length": 7, "d": 10, "base": 100.0, "layout": "split"}),
+    Case(
+        "sinusoidal",
+        "t2t-offset",
+        {"length": 5, "d": 16, "formula": "tensor2tensor", "layout": "split", "start": 1000},
+    ),
+    Case("sinusoidal", "odd-width", {"length": 9, "d": 7, "start": 3}),
+    Case("sinusoidal", "bf16-far", {"length": 16, "d": 32, "start": 4000}, "bfloat16"),
+    Case("sinusoidal", "f16", {"length": 16, "d": 32, "start": 100}, "float16"),
+    Case("nd", "2d", {"shape": (4, 5), "channels": 6}),
+    Case("nd", "3d", {"shape": (3, 4, 5), "channels": 9}),
+    Case("nd", "1d", {"shape": (6,), "channels": 4}),
+    Case("nd", "mae-2d", {"shape": (4, 4), "channels": 8, "layout": "mae"}),
+    Case("nd", "2d-bf16", {"shape": (5, 3), "channels": 8}, "bfloat16"),
+    Case("learned", "offset", {"max_length": 12, "d": 8, "length": 5, "start": 4}),
+    Case("learned", "full", {"max_length": 6, "d": 3, "length": 6, "start": 0}),
+    _rope("default-half"),
+    _rope("default-interleaved", layout="interleaved", start=3),
+    _rope("partial", rotary_dim=8, start=2),
+    _rope("far-positions", base=500000.0, start=100_000),
+    _rope("linear", scaling="linear", scaling_params={"factor": 4.0}, start=30),
+    _rope("ntk", scaling="ntk", scaling_params={"factor": 4.0}, start=30),
+    _rope(
+        "yarn",
+        scaling="yarn",
+        scaling_params={"factor": 4.0, "original_max_position_embeddings": 16},
+        start=40,
+    ),
+    _rope(
+        "llama3",
+        base=500000.0,
+        scaling="llama3",
+        scaling_params={
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        start=100,
+    ),
+    _rope(
+        "longrope-short",
+        scaling="longrope",
+        scaling_params={
+            "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
+            "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
+            "original_max_position_embeddings": 16,
+            "factor": 4.0,
+        },
+        start=4,
+    ),
+    _rope(
+        "longrope-long",
+        scaling="longrope",
+        scaling_params={
+            "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
+            "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
+            "original_max_position_embeddings": 16,
+            "factor": 4.0,
+        },
+        start=20,
+    ),
+    _rope(
+        "dynamic-ntk",
+        scaling="dynamic_ntk",
+        scaling_params={"factor": 2.0, "original_max_position_embeddings": 8},
+        start=10,
+    ),
+    Case("alibi", "causal-8", {"heads": 8, "q": 6, "k": 6}),
+    Case("alibi", "decode-6-heads", {"heads": 6, "q": 1, "k": 9, "offset": 8}),
+    Case("alibi", "symmetric-12", {"heads": 12, "q": 5, "k": 5, "mode": "symmetric"}),
+    Case("alibi", "bf16-5-heads", {"heads": 5, "q": 7, "k": 7}, "bfloat16"),
+    Case("alibi", "f16-decode", {"heads": 3, "q": 2, "k": 40, "offset": 38}, "float16"),
+    Case("t5", "encoder", {"heads": 4, "buckets": 32, "max_distance": 128, "q": 20, "k": 20}),
+    Case(
+        "t5",
+        "decoder-exact-far",
+        {
+            "heads": 3,
+            "buckets": 16,
+            "max_distance": 20,
+            "bidirectional": False,
+            "compat": "exact",
+            "q": 1,
+            "k": 40,
+            "offset": 39,
+        },
+    ),
+    Case("t5", "beyond-max", {"heads": 2, "buckets": 8, "max_distance": 12, "q": 30, "k": 30}),
+    Case("nope", "plain", {"length": 5, "d": 8}),
+]
+
+
+# --- inputs and the reference ----------------------------------------------------------
+
+
+def inputs(case: Case) -> dict[str, np.ndarray]:
+    """The case's input arrays, the same for every front end."""
+    p, rng = case.params, case.rng()
+    if case.scheme in ("sinusoidal", "nope"):
+        shape = (2, p["length"], p["d"])
+        # Zeros in the low-precision formats, so that the output is the table itself.
+        x = rng.standard_normal(shape) if case.fmt == "float32" else np.zeros(shape)
+        return {"x": x.astype(np.float32)}
+    if case.scheme == "learned":
+        return {
+            "x": rng.standard_normal((2, p["length"], p["d"])).astype(np.float32),
+            "weight": rng.standard_normal((p["max_length"], p["d"])).astype(np.float32),
+        }
+    if case.scheme == "rope":
+        x = rng.standard_normal((1, p["seq"], p["heads"], p["head_dim"]))  # (b, s, h, d)
+        return {"x": x.astype(np.float32)}
+    if case.scheme == "t5":
+        return {"weight": rng.standard_normal((p["buckets"], p["heads"])).astype(np.float32)}
+    return {}
+
+
+def positions(case: Case) -> np.ndarray:
+    p = case.params
+    return np.arange(p.get("start", 0), p.get("start", 0) + p.get("length", p.get("seq", 0)))
+
+
+def rope_frequencies(case: Case) -> tuple[np.ndarray, float]:
+    """The case's inverse frequencies and attention factor, from the core."""
+    from posenc.core.rope import rope_scaling
+
+    p = case.params
+    params = dict(p.get("scaling_params", {}))
+    name = p.get("scaling") or "default"
+    if name in ("dynamic_ntk", "longrope"):
+        params["seq_len"] = int(positions(case)[-1]) + 1  # the call's length
+    return rope_scaling(name, p["head_dim"], p["base"], rotary_dim=p.get("rotary_dim"), **params)
+
+
+def reference(case: Case) -> np.ndarray:
+    """The expected output, from the core's float64 internals, as float32 values."""
+    import importlib
+
+    from posenc.core.alibi import alibi_bias_values
+    from posenc.core.nd import nd_values
+    from posenc.core.rope import apply_rope, rope_tables
+    from posenc.core.t5 import t5_bias
+
+    table_values = importlib.import_module("posenc.core.sinusoidal").table_values
+    p, data = case.params, inputs(case)
+    if case.scheme == "sinusoidal":
+        table = table_values(
+            positions(case),
+            p["d"],
+            base=p.get("base", 10000.0),
+            layout=p.get("layout", "interleaved"),
+            formula=p.get("formula", "paper"),
+            fmt=case.fmt,
+        )
+        return data["x"] + table  # float32 sum (the inputs are zeros in other formats)
+    if case.scheme == "nd":
+        return nd_values(
+            tuple(p["shape"]),
+            p["channels"],
+            base=10000.0,
+            layout=p.get("layout", "positional-encodings"),
+            fmt=case.fmt,
+        )
+    if case.scheme == "learned":
+        return data["x"] + data["weight"][p["start"] : p["start"] + p["length"]]
+    if case.scheme == "nope":
+        return data["x"]
+    if case.scheme == "rope":
+        inv_freq, factor = rope_frequencies(case)
+        layout = p["layout"]
+        cos, sin = rope_tables(positions(case), inv_freq, dtype="float64", layout=layout)
+        x = data["x"].astype(np.float64).transpose(0, 2, 1, 3)  # (b, h, s, d)
+        out = apply_rope(x, factor * cos, factor * sin, layout=layout)
+        return out.transpose(0, 2, 1, 3).astype(np.float32)  # one rounding, to float32
+    if case.scheme == "alibi":
+        return alibi_bias_values(
+            p["q"],
+            p["k"],
+            num_heads=p["heads"],
+            mode=p.get("mode", "causal"),
+            offset=p.get("offset", 0),
+            fmt=case.fmt,
+        )
+    if case.scheme == "t5":
+        return t5_bias(
+            data["weight"],
+            p["q"],
+            p["k"],
+            bidirectional=p.get("bidirectional", True),
+            max_distance=p["max_distance"],
+            offset=p.get("offset", 0),
+            compat=p.get("compat", "hf"),
+        )
+    raise AssertionError(case.scheme)
+
+
+def tolerance(case: Case) -> float:
+    """Absolute tolerance: 0 where only the core's values move, float32 rounding else."""
+    if case.scheme == "rope":
+        # Two float32 products and a sum per entry, |x| <= ~5: a few float32 ulps of 4.
+        return 2e-6
+    return 0.0
+
+
+# --- the front ends ----------------------------------------------------------------------
+
+
+def run_numpy(case: Case) -> np.ndarray:
+    import posenc
+
+    p, data = case.params, inputs(case)
+    if case.scheme == "sinusoidal":
+        table = posenc.sinusoidal(
+            positions(case),
+            p["d"],
+            base=p.get("base", 10000.0),
+            layout=p.get("layout", "interleaved"),
+            formula=p.get("formula", "paper"),
+            dtype=case.fmt,
+        )
+        return data["x"] + table.astype(np.float32)
+    if case.scheme == "nd":
+        return posenc.sinusoidal_nd(
+            p["shape"], p["channels"], layout=p.get("layout", "positional-encodings"),
+            dtype=case.fmt,
+        ).astype(np.float32)  # fmt: skip
+    if case.scheme == "learned":
+        return data["x"] + data["weight"][p["start"] : p["start"] + p["length"]]
+    if case.scheme == "nope":
+        return data["x"] + posenc.nope(p["length"], p["d"])
+    if case.scheme == "rope":
+        inv_freq, factor = rope_frequencies(case)
+        cos, sin = posenc.rope_tables(
+            positions(case), inv_freq, dtype="float32", layout=p["layout"], scale=factor
+        )
+        x = data["x"].transpose(0, 2, 1, 3)  # (b, h, s, d), float32 arithmetic
+        out = posenc.apply_rope(x, cos, sin, layout=p["layout"])
+        return out.transpose(0, 2, 1, 3)
+    if case.scheme == "alibi":
+        bias = posenc.alibi_bias(
+            p["q"],
+            p["k"],
+            num_heads=p["heads"],
+            mode=p.get("mode", "causal"),
+            offset=p.get("offset", 0),
+            dtype=case.fmt,
+        )
+        return bias.astype(np.float32)
+    if case.scheme == "t5":
+        return posenc.t5_bias(
+            data["weight"],
+            p["q"],
+            p["k"],
+            bidirectional=p.get("bidirectional", True),
+            max_distance=p["max_distance"],
+            offset=p.get("offset", 0),
+            compat=p.get("compat", "hf"),
+        )
+    raise AssertionError(case.scheme)
+
+
+def run_torch(case: Case) -> np.ndarray:
+    import torch
+
+    import posenc.torch as pt
+
+    p, data = case.params, inputs(case)
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
+        case.fmt
+    ]
+
+    def out(tensor: torch.Tensor) -> np.ndarray:
+        return tensor.detach().float().numpy()
+
+    if case.scheme == "sinusoidal":
+        module = pt.SinusoidalPositionalEncoding(
+            p["d"],
+            dropout=0.0,
+            max_length=64,
+            base=p.get("base", 10000.0),
+            layout=p.get("layout", "interleaved"),
+            formula=p.get("formula", "paper"),
+        )
+        x = torch.from_numpy(data["x"]).to(dtype)
+        return out(module(x, offset=p.get("start", 0)))
+    if case.scheme == "nd":
+        module = pt.SinusoidalPositionalEncodingND(
+            p["channels"], layout=p.get("layout", "positional-encodings")
+        )
+        return out(module.encoding(tuple(p["shape"]), dtype=dtype))
+    if case.scheme == "learned":
+        module = pt.LearnedPositionalEmbedding(p["max_length"], p["d"])
+        with torch.no_grad():
+            module.weight.copy_(torch.from_numpy(data["weight"]))
+        return out(module(torch.from_numpy(data["x"]), offset=p["start"]))
+    if case.scheme == "nope":
+        return out(pt.NoPositionalEncoding(p["d"])(torch.from_numpy(data["x"])))
+    if case.scheme == "rope":
+        module = pt.RotaryEmbedding(
+            p["head_dim"],
+            base=p["base"],
+            rotary_dim=p.get("rotary_dim"),
+            layout=p["layout"],
+            scaling=p.get("scaling"),
+            scaling_params=p.get("scaling_params"),
+            max_length=64,
+            qk_layout="bshd",
+        )
+        x = torch.from_numpy(data["x"])
+        q_rot, _ = module(x, x, offset=p["start"])
+        return out(q_rot)
+    if case.scheme == "alibi":
+        module = pt.ALiBiBias(p["heads"], mode=p.get("mode", "causal"))
+        return out(module(p["q"], p["k"], offset=p.get("offset", 0), dtype=dtype))
+    if case.scheme == "t5":
+        module = pt.T5RelativeBias(
+            p["heads"],
+            bidirectional=p.get("bidirectional", True),
+            num_buckets=p["buckets"],
+            max_distance=p["max_distance"],
+            compat=p.get("compat", "hf"),
+        )
+        with torch.no_grad():
+            module.relative_attention_bias.weight.copy_(torch.from_numpy(data["weight"]))
+        return out(module(p["q"], p["k"], offset=p.get("offset", 0)))
+    raise AssertionError(case.scheme)
+
+
+def run_keras(case: Case) -> np.ndarray:
+    """The case through the Keras layers, on whatever backend this process's Keras has."""
+    import keras
+
+    import posenc.keras as pk
+
+    p, data = case.params, inputs(case)
+
+    def out(tensor: Any) -> np.ndarray:
+        return keras.ops.convert_to_numpy(keras.ops.cast(tensor, "float32"))
+
+    if case.scheme == "sinusoidal":
+        layer = pk.SinusoidalPositionalEncoding(
+            max_length=int(positions(case)[-1]) + 1,
+            base=p.get("base", 10000.0),
+            layout=p.get("layout", "interleaved"),
+            formula=p.get("formula", "paper"),
+            dtype=case.fmt,
+        )
+        x = keras.ops.cast(keras.ops.convert_to_tensor(data["x"]), case.fmt)
+        return out(layer(x, start_index=p.get("start", 0)))
+    if case.scheme == "nd":
+        layer = pk.SinusoidalPositionalEncodingND(layout=p.get("layout", "positional-encodings"))
+        x = keras.ops.zeros((1, *p["shape"], p["channels"]), dtype=case.fmt)
+        layer.build(tuple(x.shape))
+        return out(layer.encoding(tuple(p["shape"]), dtype=case.fmt))
+    if case.scheme == "learned":
+        layer = pk.LearnedPositionalEmbedding(max_length=p["max_length"])
+        layer.build(data["x"].shape)
+        layer.set_weights([data["weight"]])
+        return out(layer(data["x"], start_index=p["start"]))
+    if case.scheme == "rope":
+        layer = pk.RotaryEmbedding(
+            base=p["base"],
+            rotary_dim=p.get("rotary_dim"),
+            layout=p["layout"],
+            scaling=p.get("scaling"),
+            scaling_params=p.get("scaling_params"),
+            max_length=64,
+        )
+        return out(layer(data["x"], start_index=p["start"]))
+    if case.scheme == "alibi":
+        layer = pk.ALiBiBias(p["heads"], mode=p.get("mode", "causal"))
+        bias = layer.compute_bias(p["q"], p["k"], start_index=p.get("offset", 0), dtype=case.fmt)
+        return out(bias)
+    if case.scheme == "t5":
+        layer = pk.T5RelativeBias(
+            p["heads"],
+            bidirectional=p.get("bidirectional", True),
+            num_buckets=p["buckets"],
+            max_distance=p["max_distance"],
+            compat=p.get("compat", "hf"),
+        )
+        layer.build((1, p["heads"], p["q"], p["k"]))
+        layer.set_weights([data["weight"]])
+        return out(layer.compute_bias(p["q"], p["k"], start_index=p.get("offset", 0)))
+    raise AssertionError(case.scheme)
+
+
+def run_jax(case: Case, *, jit: bool = False) -> np.ndarray:
+    """The case through ``posenc.jax``'s functions; with ``jit``, positions and offsets are
+    traced values inside ``jax.jit`` (the decoding-loop path)."""
+    import jax
+    import jax.numpy as jnp
+
+    import posenc.jax as pj
+
+    p, data = case.params, inputs(case)
+
+    def out(array: Any) -> np.ndarray:
+        return np.asarray(jnp.asarray(array, dtype=jnp.float32))
+
+    def call(fn: Any, *traced: Any) -> Any:
+        return jax.jit(fn)(*traced) if jit else fn(*traced)
+
+    if case.scheme == "sinusoidal":
+
+        def sinusoidal(pos: Any) -> Any:
+            return pj.sinusoidal(
+                pos,
+                p["d"],
+                base=p.get("base", 10000.0),
+                layout=p.get("layout", "interleaved"),
+                formula=p.get("formula", "paper"),
+                dtype=case.fmt,
+                max_length=8192 if jit else None,
+            )
+
+        pos = jnp.asarray(positions(case)) if jit else positions(case)
+        return data["x"] + out(call(sinusoidal, pos))
+    if case.scheme == "nd":
+        return out(
+            pj.sinusoidal_nd(
+                p["shape"],
+                p["channels"],
+                layout=p.get("layout", "positional-encodings"),
+                dtype=case.fmt,
+            )
+        )
+    if case.scheme == "rope":
+        inv_scaling = {
+            "base": p["base"],
+            "rotary_dim": p.get("rotary_dim"),
+            "layout": p["layout"],
+            "scaling": p.get("scaling"),
+            "scaling_params": dict(p.get("scaling_params", {})),
+        }
+        if inv_scaling["scaling"] in ("dynamic_ntk", "longrope"):
+            inv_scaling["scaling_params"]["seq_len"] = int(positions(case)[-1]) + 1
+
+        def rotate(x: Any, pos: Any) -> Any:
+            cos, sin = pj.rope_tables(
+                pos, p["head_dim"], max_length=200_000 if jit else None, **inv_scaling
+            )  # (seq, rotary_dim)
+            return pj.apply_rope(x, cos[:, None, :], sin[:, None, :], layout=p["layout"])
+
+        pos = jnp.asarray(positions(case)) if jit else positions(case)
+        return out(call(rotate, data["x"], pos))
+    if case.scheme == "alibi":
+
+        def alibi(offset: Any) -> Any:
+            return pj.alibi_bias(
+                p["q"],
+                p["k"],
+                num_heads=p["heads"],
+                mode=p.get("mode", "causal"),
+                offset=offset,
+                dtype=case.fmt,
+                max_length=64 if jit else None,
+            )
+
+        offset = p.get("offset", 0)
+        return out(call(alibi, jnp.int32(offset) if jit else offset))
+    if case.scheme == "t5":
+
+        def t5(weight: Any, offset: Any) -> Any:
+            return pj.t5_bias(
+                weight,
+                p["q"],
+                p["k"],
+                bidirectional=p.get("bidirectional", True),
+                max_distance=p["max_distance"],
+                offset=offset,
+                compat=p.get("compat", "hf"),
+            )
+
+        offset = p.get("offset", 0)
+        return out(call(t5, jnp.asarray(data["weight"]), jnp.int32(offset) if jit else offset))
+    raise AssertionError(case.scheme)
+
+
+def run_flax(case: Case) -> np.ndarray:
+    """The case through the Flax linen modules of ``posenc.jax.linen``."""
+    import jax
+    import jax.numpy as jnp
+
+    from posenc.jax import linen
+
+    p, data = case.params, inputs(case)
+    dtype = {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16}[case.fmt]
+
+    def out(array: Any) -> np.ndarray:
+        return np.asarray(jnp.asarray(array, dtype=jnp.float32))
+
+    key = jax.random.PRNGKey(0)
+    if case.scheme == "sinusoidal":
+        module = linen.SinusoidalPositionalEncoding(
+            max_length=64,
+            base=p.get("base", 10000.0),
+            layout=p.get("layout", "interleaved"),
+            formula=p.get("formula", "paper"),
+        )
+        x = jnp.asarray(data["x"], dtype=dtype)
+        variables = module.init(key, x)
+        return out(module.apply(variables, x, start_index=p.get("start", 0)))
+    if case.scheme == "learned":
+        module = linen.LearnedPositionalEmbedding(max_length=p["max_length"])
+        variables = {"params": {"embedding": jnp.asarray(data["weight"])}}
+        return out(module.apply(variables, jnp.asarray(data["x"]), start_index=p["start"]))
+    if case.scheme == "rope":
+        scaling_params = dict(p.get("scaling_params", {}))
+        if p.get("scaling") in ("dynamic_ntk", "longrope"):
+            # Fixed at construction here: the frequencies for this call's length.
+            scaling_params["seq_len"] = int(positions(case)[-1]) + 1
+        module = linen.RotaryEmbedding(
+            base=p["base"],
+            rotary_dim=p.get("rotary_dim"),
+            layout=p["layout"],
+            scaling=p.get("scaling"),
+            scaling_params=scaling_params or None,
+            max_length=64,
+        )
+        x = jnp.asarray(data["x"])
+        variables = module.init(key, x)
+        return out(module.apply(variables, x, start_index=p["start"]))
+    if case.scheme == "alibi":
+        module = linen.ALiBiBias(
+            p["heads"], mode=p.get("mode", "causal"), max_length=64, dtype=case.fmt
+        )
+        variables = module.init(key, p["q"], p["k"])
+        bias = module.apply(variables, p["q"], p["k"], offset=p.get("offset", 0))
+        return out(bias)
+    if case.scheme == "t5":
+        module = linen.T5RelativeBias(
+            p["heads"],
+            bidirectional=p.get("bidirectional", True),
+            num_buckets=p["buckets"],
+            max_distance=p["max_distance"],
+            compat=p.get("compat", "hf"),
+        )
+        variables = {"params": {"relative_attention_bias": jnp.asarray(data["weight"])}}
+        return out(module.apply(variables, p["q"], p["k"], offset=p.get("offset", 0)))
+    raise AssertionError(case.scheme)
+
+
+def run(frontend: str, case: Case) -> np.ndarray:
+    """``case``'s output from ``frontend`` (Keras: on this process's backend)."""
+    if frontend == "numpy":
+        return run_numpy(case)
+    if frontend == "torch":
+        return run_torch(case)
+    if frontend.startswith("keras-"):
+        return run_keras(case)
+    if frontend == "jax":
+        return run_jax(case)
+    if frontend == "jax-jit":
+        return run_jax(case, jit=True)
+    if frontend == "flax":
+        return run_flax(case)
+    raise ValueError(f"unknown front end {frontend!r}")
+
+
+def cases_for(frontend: str) -> list[Case]:
+    schemes = FRONTENDS[frontend][1]
+    return [case for case in CASES if case.scheme in schemes]
+
+
+def keras_worker(path: str) -> None:
+    """Compute every Keras case on this process's backend and save them to ``path``."""
+    import keras
+
+    backend = keras.backend.backend()
+    values: dict[str, np.ndarray] = {}
+    errors: dict[str, str] = {}
+    for case in cases_for(f"keras-{backend}"):
+        try:
+            values[case.id] = run_keras(case)
+        except Exception as error:  # reported per case by the test, not here
+            errors[case.id] = f"{type(error).__name__}: {error}"
+    np.savez(path, **values, __errors__=np.array(json.dumps(errors)))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keras", required=True, metavar="OUT.npz")
+    args = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.exit(keras_worker(args.keras))
