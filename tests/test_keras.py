@@ -56,6 +56,31 @@ def test_seed_001_function():
     np.testing.assert_allclose(pe.numpy(), oracle, rtol=0, atol=1e-6)
 
 
+# Seed 001's "Example usage", exactly as the text writes it.
+SEED_001_EXAMPLE = """\
+sequence_length = 60 # Number of tokens in the sequence
+embedding_size = 256 # Dimensionality of each token embedding
+position_encodings = generate_positional_encoding(sequence_length, embedding_size)
+print("Shape of Positional Encoding:", position_encodings.shape)
+"""
+
+
+def test_seed_001_example_runs_as_written(capsys):
+    namespace = {"generate_positional_encoding": generate_positional_encoding}
+    exec(SEED_001_EXAMPLE, namespace)
+    assert capsys.readouterr().out == "Shape of Positional Encoding: (1, 60, 256)\n"
+    encodings = namespace["position_encodings"]
+    assert isinstance(encodings, tf.Tensor)
+    assert encodings.dtype == tf.float32
+    # The layer adds exactly that tensor to a (1, 60, 256) float32 batch.
+    layer = SinusoidalPositionalEncoding(max_length=60)
+    x = tf.random.stateless_normal((1, 60, 256), seed=(1, 2))
+    np.testing.assert_array_equal(layer(x).numpy(), (x + encodings).numpy())
+    np.testing.assert_allclose(
+        encodings.numpy(), generate_positional_encoding_numpy(60, 256), rtol=0, atol=1e-6
+    )
+
+
 @pytest.mark.parametrize(("length", "width"), [(7, 5), (1, 1), (33, 10)])
 def test_seed_001_function_other_shapes(length, width):
     pe = generate_positional_encoding(length, width).numpy()
