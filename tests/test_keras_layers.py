@@ -9,11 +9,13 @@ for the learned layers from the layer's own weights read back as NumPy.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import doctest
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -68,8 +70,10 @@ def int_tensor(value: int) -> Any:
 
 def traced(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` compiled by the backend so that tensor arguments have no known value inside:
-    ``tf.function`` on TensorFlow, ``jax.jit`` on JAX. On torch it runs eagerly (its
-    compiler would dominate the test time)."""
+    ``tf.function`` on TensorFlow, ``jax.jit`` on JAX. On torch it runs eagerly with
+    ``torch.compiler.is_compiling()`` reporting True, which is how the layers learn that
+    they are inside ``torch.compile`` (tensor values unknown): the traced code path runs
+    with torch's own ops, without the compiler's cost."""
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
@@ -78,7 +82,40 @@ def traced(fn: Callable[..., Any]) -> Callable[..., Any]:
         import jax
 
         return jax.jit(fn)
-    return fn
+    import torch
+
+    def compiling(*args: Any) -> Any:
+        with mock.patch.object(torch.compiler, "is_compiling", return_value=True):
+            return fn(*args)
+
+    return compiling
+
+
+@contextlib.contextmanager
+def wide_ints() -> Iterator[None]:
+    """Let the backend hold int64 tensors: JAX needs its 64-bit mode for them."""
+    if BACKEND == "jax":
+        import jax
+
+        with jax.enable_x64(True):
+            yield
+    else:
+        yield
+
+
+def int64_tensor(value: int) -> Any:
+    """An int64 scalar tensor (inside :func:`wide_ints` on JAX)."""
+    tensor = ops.convert_to_tensor(np.int64(value), dtype="int64")
+    assert keras.backend.standardize_dtype(tensor.dtype) == "int64"
+    return tensor
+
+
+def nan_rows(rows: np.ndarray) -> np.ndarray:
+    """Which rows (first axis) are entirely NaN; asserts that no row is only partly NaN."""
+    flat = rows.reshape(rows.shape[0], -1)
+    nan = np.isnan(flat)
+    assert np.all(nan.all(axis=1) | ~nan.any(axis=1)), "a row is partly NaN"
+    return nan.all(axis=1)
 
 
 def weights_of(layer: Any) -> np.ndarray:
@@ -696,18 +733,23 @@ def test_alibi_compute_bias_and_growth_past_max_length(mode):
     assert layer.get_config()["max_length"] == 4  # the config keeps what was asked
 
 
-def test_alibi_traced_start_past_the_table_saturates():
-    """Documented: a traced start_index past max_length clamps the distance to L - 1."""
-    heads, length, keys, start = 2, 8, 12, 10
+def test_alibi_traced_positions_past_the_table_are_nan():
+    """A traced start_index cannot grow the tables: a query position outside 0 .. L-1
+    gives NaN (never a saturated distance), every other entry is the core's value."""
+    heads, length, keys = 2, 8, 6
     layer = ALiBiBias(heads, max_length=length)
     run = traced(lambda scores, s: layer(scores, start_index=s))
-    out = as_f64(run(np.zeros((1, heads, 1, keys), "float32"), int_tensor(start)))[0, :, 0]
-    distance = np.maximum(start - np.arange(keys), 0)  # causal: keys after the query get 0
-    # On torch the function runs eagerly: the value is known, so the table grows instead.
-    expected_distance = distance if BACKEND == "torch" else np.minimum(distance, length - 1)
-    slopes = posenc.alibi_slopes(heads)[:, None]
-    np.testing.assert_array_equal(out, rounded(-slopes * expected_distance, "float32"))
-    assert np.all(np.isfinite(out))
+    scores = np.zeros((1, heads, 3, keys), "float32")
+    # start 6: positions 6, 7 are in the table, 8 is not; start -1: position -1 is not.
+    for start, bad in [(6, [False, False, True]), (-1, [True, False, False]), (2, [False] * 3)]:
+        out = as_f64(run(scores, int_tensor(start)))[0]  # (H, 3, keys)
+        np.testing.assert_array_equal(nan_rows(out.transpose(1, 0, 2)), bad)
+        good = np.flatnonzero(~np.asarray(bad))  # consecutive rows, from position start + good[0]
+        expected = posenc.alibi_bias(len(good), keys, num_heads=heads, offset=start + good[0])
+        np.testing.assert_array_equal(out[:, good], expected.astype(np.float64))
+    # Static keys past the table: it grows to cover them first, so the rows are exact.
+    wide = as_f64(run(np.zeros((1, heads, 1, 12), "float32"), int_tensor(10)))[0]
+    np.testing.assert_array_equal(wide, posenc.alibi_bias(1, 12, num_heads=heads, offset=10))
 
 
 @pytest.mark.parametrize(
@@ -743,6 +785,147 @@ def test_t5_bias_equals_the_core_and_hf_layout(bidirectional, num_buckets, max_d
     core = posenc.t5_bias(weights, 7, 9, bidirectional=bidirectional,
                           max_distance=max_distance, offset=2, compat=compat)  # fmt: skip
     np.testing.assert_array_equal(as_f64(layer(scores)), (scores + core).astype(np.float64))
+
+
+# --- positions out of range, wide integer start_index -----------------------------------
+
+SLICING = [SinusoidalPositionalEncoding, LearnedPositionalEmbedding]
+
+
+def every_row(layer: Any, length: int, width: int) -> np.ndarray:
+    """The ``(length, width)`` rows a sequence layer adds at positions ``0 .. length-1``."""
+    return as_f64(layer(np.zeros((1, length, width), "float32")))[0]
+
+
+@pytest.mark.parametrize("cls", SLICING)
+def test_eager_tensor_start_index_is_checked_like_an_int(cls):
+    layer = cls(max_length=8)
+    full = every_row(layer, 8, 4)  # (8, 4)
+    x = np.zeros((1, 4, 4), "float32")
+    with pytest.raises(ValueError, match=r"start_index \(6\) \+ sequence length \(4\) = 10 exc"):
+        layer(x, start_index=int_tensor(6))
+    with pytest.raises(ValueError, match=r"start_index must be an int >= 0, got -2"):
+        layer(x, start_index=int_tensor(-2))
+    for start in (
+        int_tensor(3),
+        ops.convert_to_tensor(np.int16(3)),
+        ops.convert_to_tensor(3, "uint8"),
+    ):
+        np.testing.assert_array_equal(as_f64(layer(x, start_index=start))[0], full[3:7])
+
+
+@pytest.mark.parametrize("cls", SLICING)
+def test_traced_start_index_outside_the_table_gives_nan_rows(cls):
+    layer = cls(max_length=10)
+    full = every_row(layer, 10, 4)  # (10, 4)
+    run = traced(lambda x, start: layer(x, start_index=start))
+    x = np.zeros((1, 4, 4), "float32")
+    for start in (0, 6, 8, 12, -2, -9):
+        out = as_f64(run(x, int_tensor(start)))[0]  # (4, 4)
+        positions = start + np.arange(4)
+        inside = (positions >= 0) & (positions < 10)
+        np.testing.assert_array_equal(nan_rows(out), ~inside)
+        np.testing.assert_array_equal(out[inside], full[positions[inside]])
+
+
+@pytest.mark.parametrize("case", POSITIONAL, ids=[case.name for case in POSITIONAL])
+def test_int64_start_index_is_checked_before_any_cast(case):
+    layer, x = built(case)
+    chunk = step_input(case, x, 0)
+    expected = as_f64(layer(chunk, start_index=3))
+    with wide_ints():
+        with pytest.raises(ValueError, match=r"start_index must be below 2\*\*31.*got 4294967299"):
+            layer(chunk, start_index=int64_tensor(2**32 + 3))  # was read as 3
+        np.testing.assert_array_equal(as_f64(layer(chunk, start_index=int64_tensor(3))), expected)
+    with pytest.raises(ValueError, match=r"start_index must be below 2\*\*31.*got 2147483648"):
+        layer(chunk, start_index=2**31)
+
+
+@pytest.mark.parametrize("cls", SLICING)
+def test_traced_int64_start_index_saturates_to_nan_rows(cls):
+    layer = cls(max_length=8)
+    full = every_row(layer, 8, 4)  # (8, 4)
+    x = np.zeros((1, 2, 4), "float32")
+    with wide_ints():
+        run = traced(lambda x, start: layer(x, start_index=start))
+        for start in (2**32 + 3, -(2**32) + 3, 2**31 + 3):  # would wrap to 3, 3, -2**31 + 3
+            assert np.all(np.isnan(as_f64(run(x, int64_tensor(start)))))
+        np.testing.assert_array_equal(as_f64(run(x, int64_tensor(3)))[0], full[3:5])
+
+
+def test_t5_start_index_far_away_or_traced_negative():
+    weights = normal((8, 2))
+    layer = T5RelativeBias(2, num_buckets=8, max_distance=20)
+    layer.build()
+    layer.set_weights([weights])
+    scores = np.zeros((1, 2, 3, 5), "float32")
+
+    def core(start: int, q: int = 3) -> np.ndarray:
+        return posenc.t5_bias(weights, q, 5, bidirectional=True, max_distance=20, offset=start)
+
+    # int32 arithmetic near 2**31 used to overflow into wrong buckets.
+    for start in (2**31 - 1, 2**30 + 7):
+        np.testing.assert_array_equal(as_f64(layer(scores, start_index=start))[0], core(start))
+    run = traced(lambda scores, start: layer(scores, start_index=start))
+    np.testing.assert_array_equal(as_f64(run(scores, int_tensor(2**31 - 1)))[0], core(2**31 - 1))
+    out = as_f64(run(scores, int_tensor(-1)))[0]  # (H, 3, 5); position -1 does not exist
+    np.testing.assert_array_equal(nan_rows(out.transpose(1, 0, 2)), [True, False, False])
+    np.testing.assert_array_equal(out[:, 1:], core(0, q=2))
+    with wide_ints():  # saturated to 2**31 - 1: the same (saturated) buckets as the core's
+        wide = as_f64(run(scores, int64_tensor(2**32 + 3)))[0]
+        np.testing.assert_array_equal(wide, core(2**32 + 3))
+        assert np.all(np.isnan(as_f64(run(scores, int64_tensor(-(2**32) + 3)))))
+
+
+@pytest.mark.parametrize("cls", [ALiBiBias, T5RelativeBias])
+def test_default_start_index_with_more_queries_than_keys_in_a_trace(cls):
+    layer = cls(2)
+    layer.build()
+    scores = np.zeros((1, 2, 4, 2), "float32")  # 4 queries, 2 keys: start = 2 - 4 < 0
+    with pytest.raises(ValueError, match=r"query <= key.*query=4 > key=2"):
+        traced(lambda scores: layer(scores))(scores)  # static shapes: checked when traced
+    if BACKEND != "tensorflow":
+        return  # only a TensorFlow graph has lengths unknown while the layer is called
+    import tensorflow as tf
+
+    spec = tf.TensorSpec((None, 2, None, None))
+    dynamic = tf.function(lambda scores: layer(scores), input_signature=[spec])
+    term = alibi_term if cls is ALiBiBias else t5_term
+    out = as_f64(dynamic(scores))[0]  # (H, 4, 2)
+    np.testing.assert_array_equal(nan_rows(out.transpose(1, 0, 2)), [True, True, False, False])
+    np.testing.assert_array_equal(out[:, 2:], term(layer, (1, 2, 2, 2), 0, "float32"))
+    fine = normal((1, 2, 3, 5))  # query <= key: the same values as the eager call
+    np.testing.assert_array_equal(as_f64(dynamic(fine)), as_f64(layer(fine)))
+
+
+@pytest.mark.parametrize("mode", ["causal", "symmetric"])
+def test_alibi_start_far_past_the_table_is_computed_by_the_core(mode):
+    layer = ALiBiBias(8, mode=mode, max_length=16)
+    scores = normal((1, 8, 1, 4))
+    for start in (300_000_000, 2**31 - 1, int_tensor(300_000_000)):
+        offset = int(ops.convert_to_numpy(start))
+        core = posenc.alibi_bias(1, 4, num_heads=8, mode=mode, offset=offset)
+        np.testing.assert_array_equal(as_f64(layer(scores, start_index=start)), scores + core)
+    # No table was grown for those: the layer still serves nearby positions, and grows.
+    for q, k, start in [(1, 4, 3), (2, 20, 18), (3, 40, 37)]:
+        core = posenc.alibi_bias(q, k, num_heads=8, mode=mode, offset=start)
+        np.testing.assert_array_equal(as_f64(layer.compute_bias(q, k, start_index=start)), core)
+
+
+def test_alibi_refused_growth_leaves_the_layer_working():
+    layer = ALiBiBias(4096, max_length=4)
+    # Positions up to 199_994 would need a (4096, 399_987) float32 table (6.1 GiB): refused;
+    # the bias alone, (4096, 4, 100_001), would need 6.1 GiB too: a ValueError of the layer.
+    with pytest.raises(ValueError, match=r"4096 heads x 4 queries x 100001 keys.*6\.1 GiB.*fewer"
+                       ) as info:  # fmt: skip
+        layer.compute_bias(4, 100_001, start_index=199_990)
+    assert "max_bytes" not in str(info.value)  # not an argument of the layer
+    for q, k, start in [(3, 5, 2), (2, 9, 7)]:  # the layer works on, growing as usual
+        core = posenc.alibi_bias(q, k, num_heads=4096, offset=start)
+        np.testing.assert_array_equal(as_f64(layer.compute_bias(q, k, start_index=start)), core)
+    with pytest.raises(ValueError, match=r"covering 1000000 positions.*smaller max_length") as info:
+        ALiBiBias(4096, max_length=10**6).build()
+    assert "max_bytes" not in str(info.value)
 
 
 @pytest.mark.parametrize("module", [posenc.keras.embeddings, posenc.keras.bias])

@@ -7,9 +7,11 @@ from the NumPy core: the scaling's frequencies from ``rope_scaling``, the float6
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 import os
 import warnings
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -115,7 +117,10 @@ def rotate_f32(x, cos, sin, layout, rotary_dim):
 
 
 def traced(function):
-    """``function`` compiled by the backend's tracer (torch: run as is)."""
+    """``function`` compiled by the backend's tracer: ``tf.function``, ``jax.jit``; on
+    torch run eagerly with ``torch.compiler.is_compiling()`` reporting True, which is how
+    the layer learns it is inside ``torch.compile`` (tensor values unknown), so the traced
+    code path runs with torch's ops without the compiler's cost."""
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
@@ -124,11 +129,46 @@ def traced(function):
         import jax
 
         return jax.jit(function)
-    return function
+    import torch
+
+    def compiling(*args):
+        with mock.patch.object(torch.compiler, "is_compiling", return_value=True):
+            return function(*args)
+
+    return compiling
 
 
 def int_tensor(value):
     return ops.convert_to_tensor(np.asarray(value, dtype=np.int32))
+
+
+@contextlib.contextmanager
+def wide_ints():
+    """Let the backend hold int64 tensors: JAX needs its 64-bit mode for them."""
+    if BACKEND == "jax":
+        import jax
+
+        with jax.enable_x64(True):
+            yield
+    else:
+        yield
+
+
+def int64_tensor(value):
+    """An int64 tensor (inside :func:`wide_ints` on JAX)."""
+    tensor = ops.convert_to_tensor(np.asarray(value, dtype=np.int64), dtype="int64")
+    assert keras.backend.standardize_dtype(tensor.dtype) == "int64"
+    return tensor
+
+
+def nan_positions(out):
+    """Which positions (axis 1 of ``(batch, seq, heads, d)``) are NaN in every feature,
+    per batch row; asserts that no position is only partly NaN."""
+    out = to_numpy(out)
+    flat = out.reshape(out.shape[0], out.shape[1], -1)
+    nan = np.isnan(flat)
+    assert np.all(nan.all(axis=-1) | ~nan.any(axis=-1)), "a position is partly NaN"
+    return nan.all(axis=-1)  # (batch, seq)
 
 
 @pytest.fixture
@@ -318,6 +358,74 @@ def test_traced_positions_after_extend():
         assert_rotated(out, core_rope(X, "longrope", params, positions), X)
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_traced_positions_outside_the_tables_give_nan(layout):
+    layer = RotaryEmbedding(layout=layout, max_length=8)
+    layer.build(X.shape)
+    x = X[:, :4]
+    gather = traced(lambda x, positions: layer(x, positions=positions))
+    for positions in (np.array([9, -1, 0, 7]), np.array([[7, 8, 2, -3], [0, 1, 2**30, 3]])):
+        out = gather(x, int_tensor(positions))
+        inside = (positions >= 0) & (positions < 8)
+        np.testing.assert_array_equal(nan_positions(out), np.broadcast_to(~inside, (2, 4)))
+        expected = core_rope(x, "default", {}, np.where(inside, positions, 0), layout=layout)
+        both = np.broadcast_to(inside, (2, 4))  # (batch, seq)
+        assert_rotated(to_numpy(out)[both], expected[both], X)
+    rotate = traced(lambda x, start: layer(x, start_index=start))
+    for start in (0, 6, 9, -2, -5):
+        out = rotate(x, int_tensor(start))
+        positions = start + np.arange(4)
+        inside = (positions >= 0) & (positions < 8)
+        np.testing.assert_array_equal(nan_positions(out), np.broadcast_to(~inside, (2, 4)))
+        expected = core_rope(x, "default", {}, np.where(inside, positions, 0), layout=layout)
+        assert_rotated(to_numpy(out)[:, inside], expected[:, inside], X)
+    assert layer.table_length == 8  # a trace never grows the tables
+
+
+def test_traced_longrope_outside_the_tables_keeps_the_length_rule():
+    """Out-of-range positions give NaN, and still count in L = max(positions) + 1."""
+    params = params_for("longrope")
+    layer = RotaryEmbedding(scaling="longrope", scaling_params=params, max_length=16)
+    layer.build(X.shape)
+    gather = traced(lambda x, positions: layer(x, positions=positions))
+    x = X[:, :2]
+    out = to_numpy(gather(x, int_tensor([3, 20])))  # L = 21 > 8: the long factors
+    np.testing.assert_array_equal(nan_positions(out), [[False, True]] * 2)
+    expected = core_rope(x[:, :1], "longrope", params, np.array([3]), length=21)
+    assert_rotated(out[:, :1], expected, X)
+    rotate = traced(lambda x, start: layer(x, start_index=start))
+    out = to_numpy(rotate(x, int_tensor(15)))  # positions 15, 16: L = 17, long factors
+    np.testing.assert_array_equal(nan_positions(out), [[False, True]] * 2)
+    expected = core_rope(x[:, :1], "longrope", params, np.array([15]), length=17)
+    assert_rotated(out[:, :1], expected, X)
+
+
+def test_int64_start_index_and_positions_are_checked_before_any_cast():
+    layer = RotaryEmbedding(max_length=16)
+    x = X[:, :2]
+    expected = to_numpy(layer(x, start_index=3))
+    with wide_ints():
+        with pytest.raises(ValueError, match=r"start_index must be below 2\*\*31.*got 4294967299"):
+            layer(x, start_index=int64_tensor(2**32 + 3))  # was read as 3
+        with pytest.raises(ValueError, match=r"positions must be below 2\*\*31.*got 4294967300"):
+            layer(x, positions=int64_tensor([3, 2**32 + 4]))
+        np.testing.assert_array_equal(to_numpy(layer(x, start_index=int64_tensor(3))), expected)
+        np.testing.assert_array_equal(to_numpy(layer(x, positions=int64_tensor([3, 4]))), expected)
+        rotate = traced(lambda x, start: layer(x, start_index=start))
+        gather = traced(lambda x, positions: layer(x, positions=positions))
+        # Traced, wide values saturate to the int32 range instead of wrapping: NaN.
+        for start in (2**32 + 3, -(2**32) + 3):
+            assert np.all(np.isnan(to_numpy(rotate(x, int64_tensor(start)))))
+        out = gather(x, int64_tensor([3, 2**32 + 4]))
+        np.testing.assert_array_equal(nan_positions(out), [[False, True]] * 2)
+        assert_rotated(to_numpy(out)[:, :1], expected[:, :1], X)
+    with pytest.raises(ValueError, match=r"start_index must be below 2\*\*31.*got 2147483648"):
+        layer(x, start_index=2**31)
+    with pytest.raises(ValueError, match=r"positions must be below 2\*\*31.*got 4294967300"):
+        layer(x, positions=np.array([3, 2**32 + 4]))  # NumPy: checked before any conversion
+    assert layer.table_length == 16
+
+
 @pytest.mark.parametrize("name", ["llama3", "longrope"])
 def test_positions_input_of_a_functional_model(name):
     params = params_for(name)
@@ -358,13 +466,12 @@ def test_dynamic_ntk_needs_a_known_length():
     positions = keras.Input(shape=(12,), dtype="int32")
     with pytest.raises(ValueError, match=r"dynamic_ntk.*positions are a symbolic input"):
         layer(tokens, positions=positions)
-    if BACKEND != "torch":  # torch runs eagerly: the tensor's value is known there
-        rotate = traced(lambda x, s: layer(x, start_index=s))
-        with pytest.raises(ValueError, match=r"dynamic_ntk.*start_index is known only at run"):
-            rotate(X, int_tensor(2))
-        gather = traced(lambda x, p: layer(x, positions=p))
-        with pytest.raises(ValueError, match=r"dynamic_ntk.*positions are known only at run"):
-            gather(X, int_tensor(np.arange(12)))
+    rotate = traced(lambda x, s: layer(x, start_index=s))
+    with pytest.raises(ValueError, match=r"dynamic_ntk.*start_index is known only at run"):
+        rotate(X, int_tensor(2))
+    gather = traced(lambda x, p: layer(x, positions=p))
+    with pytest.raises(ValueError, match=r"dynamic_ntk.*positions are known only at run"):
+        gather(X, int_tensor(np.arange(12)))
     # a Python int start_index with a static shape works in a trace too: L = 14
     out = traced(lambda x: layer(x, start_index=2))(X)
     assert_rotated(out, core_rope(X, "dynamic_ntk", params, np.arange(2, 14)), X)
@@ -459,6 +566,29 @@ def test_keras_file_round_trip(tmp_path):
     assert layer.get_config()["scaling_params"] == params
     assert layer.weights == []
     assert len(loaded.weights) == 4  # the two Dense kernels and biases only
+
+
+def test_extend_is_saved_in_the_config_and_keras_file(tmp_path):
+    tokens = keras.Input(shape=(None, 1, HEAD_DIM))
+    layer = RotaryEmbedding(max_length=8)
+    model = keras.Model(tokens, layer(tokens))
+    layer.extend(100)
+    assert layer.table_length == 100
+    assert layer.get_config()["max_length"] == 100  # the tables' length, not the initial 8
+    path = tmp_path / "extended.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    clone = next(lay for lay in loaded.layers if isinstance(lay, RotaryEmbedding))
+    assert clone.table_length == 100
+    # So positions up to 99 work inside a trace in the restored model (8 rows would give NaN).
+    gather = traced(lambda x, positions: clone(x, positions=positions))
+    x = X[:1, :4, :1]
+    positions = np.array([0, 50, 98, 99])
+    assert_rotated(gather(x, int_tensor(positions)), core_rope(x, "default", {}, positions), X)
+    growing = RotaryEmbedding(max_length=4)
+    growing(X)  # 12 known positions: the tables grow, and the config follows them
+    assert growing.get_config()["max_length"] == growing.table_length >= 12
+    assert RotaryEmbedding(max_length=6).get_config()["max_length"] == 6  # before build
 
 
 # --- mixed precision ---------------------------------------------------------------------

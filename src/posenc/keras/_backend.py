@@ -1,18 +1,26 @@
-"""Backend plumbing shared by the Keras layers: dtype names, exact constants, trace scopes."""
+"""Backend plumbing shared by the Keras layers: dtype names, exact constants, trace scopes,
+checked start positions and gathers that give NaN rows (never wrong ones) out of range."""
 
 from __future__ import annotations
 
 import contextlib
+import numbers
 from typing import Any
 
 import keras
 import numpy as np
 from keras import ops
 
-from .._checks import describe
+from .._checks import check_int, describe
 
 # The formats the core rounds to, by their Keras dtype names.
 _FORMATS = ("float16", "bfloat16", "float32", "float64")
+
+# Positions are int32 in every layer: a start or position must lie below this.
+INT32_END = 2**31
+
+# Integer dtypes wider than int32: their tensors are saturated, not wrapped, to int32.
+_WIDE_INTS = ("int64", "uint32", "uint64")
 
 
 def format_of(dtype: Any, name: str = "dtype") -> str:
@@ -100,3 +108,110 @@ def known_int(value: Any) -> int | None:
     """The value of an integer scalar tensor if it is known now (see :func:`known_value`)."""
     known = known_value(value)
     return None if known is None else int(known)
+
+
+def check_position(value: int, name: str) -> int:
+    """``value`` if it is an int32 position (``0 <= value < 2**31``), else ValueError."""
+    value = check_int(value, name, minimum=0)
+    if value >= INT32_END:
+        raise ValueError(
+            f"{name} must be below 2**31 = {INT32_END} (positions are int32 in the Keras "
+            f"layers), got {value}"
+        )
+    return value
+
+
+def saturate_int32(tensor: Any) -> Any:
+    """An integer tensor as int32, values outside the int32 range saturated to its ends.
+
+    A plain cast would wrap ``2**32 + 3`` to ``3``, a valid but wrong position; saturated,
+    it stays past every table (``2**31 - 1``), and a negative value stays negative, so
+    the gathers below turn it into NaN rows.
+    """
+    dtype = keras.backend.standardize_dtype(tensor.dtype)
+    if dtype in _WIDE_INTS:
+        low = 0 if dtype.startswith("u") else -INT32_END
+        # Bounds in the tensor's own dtype: no promotion, no wrap-around.
+        tensor = ops.clip(
+            tensor,
+            ops.convert_to_tensor(low, dtype=dtype),
+            ops.convert_to_tensor(INT32_END - 1, dtype=dtype),
+        )
+    return ops.cast(tensor, "int32")
+
+
+def start_position(start_index: Any, owner: str, name: str = "start_index") -> Any:
+    """``start_index`` checked: a Python int when its value is known, else an int32 scalar.
+
+    Accepts an int or an integer scalar tensor. A Python int, or a tensor whose value is
+    known now (eager execution, read from the tensor itself before any cast), must lie
+    in ``0 .. 2**31 - 1`` (ValueError naming the value otherwise) and is returned as an
+    int, so eager calls get the same checks as Python ints on every backend. A tensor
+    whose value is unknown (``tf.function``, ``jax.jit``, ``torch.compile``, a symbolic
+    model input) is returned as an int32 scalar tensor, saturated (see
+    :func:`saturate_int32`) so that an out-of-range value stays out of range.
+    """
+    label = f"{owner}: {name}"
+    if isinstance(start_index, numbers.Integral) and not isinstance(start_index, (bool, np.bool_)):
+        return check_position(start_index, label)
+    if not (ops.is_tensor(start_index) or keras.backend.is_keras_tensor(start_index)):
+        raise TypeError(
+            f"{label} must be an int >= 0 or an integer scalar tensor, got {describe(start_index)}"
+        )
+    dtype = keras.backend.standardize_dtype(start_index.dtype)
+    if "int" not in dtype:
+        raise TypeError(f"{label} must be an integer scalar tensor, got dtype {dtype}")
+    if len(start_index.shape) != 0:
+        raise ValueError(f"{label} must be a scalar tensor, got shape {tuple(start_index.shape)}")
+    value = known_int(start_index)
+    if value is not None:
+        return check_position(value, label)
+    return saturate_int32(start_index)
+
+
+def offset_rows(start: Any, count: Any, rows: int) -> tuple[Any, Any]:
+    """``(index, valid)`` for rows ``start .. start + count - 1`` of a ``rows``-row table.
+
+    ``start`` is an int or an int32 scalar tensor, ``count`` an int or a scalar tensor.
+    ``valid`` (bool, ``(count,)``) says which of ``start + i`` lie in ``0 .. rows - 1``;
+    it is computed as ``-i <= start < rows - i``, which cannot overflow int32 even for a
+    saturated ``start``. ``index`` (int32, ``(count,)``) is ``start + i`` where valid and
+    0 elsewhere, so it is safe to gather with on every backend.
+    """
+    steps = ops.arange(count, dtype="int32")  # (count,)
+    start = ops.convert_to_tensor(start, dtype="int32") if isinstance(start, int) else start
+    valid = ops.logical_and(
+        ops.greater_equal(start, ops.negative(steps)),
+        ops.less(start, ops.subtract(rows, steps)),
+    )  # (count,)
+    index = ops.where(valid, ops.add(start, steps), ops.zeros_like(steps))  # (count,)
+    return index, valid
+
+
+def index_in_range(index: Any, rows: int) -> tuple[Any, Any]:
+    """``(safe, valid)`` for an int32 index tensor into a ``rows``-row table.
+
+    ``valid`` marks ``0 <= index < rows``; ``safe`` is ``index`` there and 0 elsewhere.
+    """
+    valid = ops.logical_and(ops.greater_equal(index, 0), ops.less(index, rows))
+    return ops.where(valid, index, ops.zeros_like(index)), valid
+
+
+def nan_where_invalid(values: Any, valid: Any) -> Any:
+    """``values`` with NaN wherever the broadcastable bool ``valid`` is false (same dtype)."""
+    return ops.where(valid, values, ops.cast(float("nan"), values.dtype))
+
+
+def gather_rows(table: Any, index: Any, valid: Any) -> Any:
+    """``table[index]`` along axis 0, NaN rows where ``valid`` is false.
+
+    ``index`` must already be safe (in range) everywhere, as :func:`offset_rows` and
+    :func:`index_in_range` return it: the rows at invalid places are gathered from row 0
+    and then replaced by NaN, so an out-of-range position gives NaN on every backend,
+    never a wrapped, clamped or zero row.
+    """
+    rows = ops.take(table, index, axis=0)  # (*index.shape, *table.shape[1:])
+    mask = valid
+    for _ in range(len(table.shape) - 1):
+        mask = ops.expand_dims(mask, -1)
+    return nan_where_invalid(rows, mask)

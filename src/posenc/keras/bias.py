@@ -12,6 +12,14 @@ float64, rounded once to the scores' format, and the T5 bucket of every relative
 distance. The layers only gather them with integer index arithmetic in ``keras.ops``, so
 they run unchanged on the TensorFlow, JAX and torch backends, and ``start_index`` may be
 a tensor inside ``tf.function`` or ``jax.jit``.
+
+Positions are int32: a ``start_index`` known when the call runs (a Python int or an eager
+tensor of any integer dtype) must lie in ``0 .. 2**31 - 1``. The default ``start_index =
+key - query`` needs ``query <= key``; with both lengths known (eager calls, and traces
+with static shapes) more queries than keys is a ``ValueError``. Where a query position is
+known only inside a graph (a traced ``start_index``, or the default with a length left
+``None`` in a TensorFlow graph), a query row at a negative position comes out NaN: never a
+bias for a position that does not exist.
 """
 
 from __future__ import annotations
@@ -22,11 +30,19 @@ import keras
 import numpy as np
 from keras import ops
 
-from .._checks import check_choice, check_int, describe
+from .._checks import DEFAULT_MAX_BYTES, check_choice, check_int, describe, format_bytes
 from ..core.alibi import MODES, alibi_bias_values
 from ..core.t5 import check_bucket_options, relative_position_bucket
-from ._backend import cacheable, format_of, outside_traces, to_backend
-from .embeddings import _check_float, _start_position
+from ._backend import (
+    cacheable,
+    format_of,
+    nan_where_invalid,
+    offset_rows,
+    outside_traces,
+    start_position,
+    to_backend,
+)
+from .embeddings import _check_float
 
 __all__ = ["ALiBiBias", "T5RelativeBias"]
 
@@ -59,8 +75,8 @@ class _ScoreBias(keras.layers.Layer):
         """The position of the first query: ``start_index`` checked, or ``k - q``."""
         name = type(self).__name__
         if start_index is not None:
-            return _start_position(start_index, name)
-        if isinstance(q, int) and isinstance(k, int):
+            return start_position(start_index, name)
+        if isinstance(q, int) and isinstance(k, int):  # eager, or a trace with static shapes
             if q > k:
                 raise ValueError(
                     f"{name}: with start_index=None the queries are the last {q} of the {k} "
@@ -68,6 +84,8 @@ class _ScoreBias(keras.layers.Layer):
                     f"got query={q} > key={k}; pass start_index explicitly"
                 )
             return k - q
+        # A length known only when the graph runs: k - q may be negative, and then the
+        # query rows at negative positions come out NaN (see _query_rows).
         return ops.cast(k, "int32") - ops.cast(q, "int32")
 
     def call(self, scores: Any, start_index: Any = None) -> Any:
@@ -112,7 +130,7 @@ class _ScoreBias(keras.layers.Layer):
             start: Any = 0 if k is None else self._resolve(q, k, None)
             k = q if k is None else k
         else:
-            start = _start_position(start_index, name)
+            start = start_position(start_index, name)
             if k is None:
                 if not isinstance(start, int):
                     raise ValueError(
@@ -143,8 +161,24 @@ def _all_ints(*values: Any) -> bool:
     return all(isinstance(value, int) for value in values)
 
 
+def _query_rows(q: Any, start: Any, length: int | None = None) -> Any:
+    """Which query rows sit at a valid position: ``0 <= start + i`` (and ``< length``).
+
+    ``(q,)`` bool, computed without int32 overflow (see :func:`offset_rows`).
+    """
+    bound = 2**31 - 1 if length is None else length
+    return offset_rows(start, q, bound)[1]  # (q,)
+
+
 # ---------------------------------------------------------------------------------------
 # ALiBi
+
+# Bytes per value of the core's NumPy container of each format (bfloat16 in float32).
+_ITEMSIZE = {"float16": 2, "bfloat16": 4, "float32": 4, "float64": 8}
+
+
+class _TableTooLarge(ValueError):
+    """A table the layer refuses to build (the memory limit); the layer is unchanged."""
 
 
 @keras.saving.register_keras_serializable(package="posenc")
@@ -167,15 +201,24 @@ class ALiBiBias(_ScoreBias):
     format, ``(num_heads, 2·L - 1)``, indexed by ``key - query + L - 1`` for positions
     ``0 .. L-1``, and gathers it with integer arithmetic in ``keras.ops``: a tensor
     ``start_index`` works inside ``tf.function`` / ``jax.jit``. ``L`` starts at
-    ``max_length``. When ``start_index`` and the query and key lengths are all known (the
-    usual case: static shapes, and ``start_index`` an int, an eager tensor or left to its
-    default) and some position passes ``L``, the tables are rebuilt larger (at least
-    doubled). When one of them is unknown (a tensor ``start_index`` inside
-    ``tf.function`` / ``jax.jit``, or a length left ``None`` in a TensorFlow graph),
-    positions past ``L`` cannot be detected: the distance is clamped to ``L - 1`` on
-    every backend, so the bias saturates there (no error, no NaN); build the layer with
-    a ``max_length`` covering every position you trace. The tables are constants, not
-    weights.
+    ``max_length``. The tables are constants, not weights.
+
+    * Positions known when the call runs (the usual case: static shapes, and
+      ``start_index`` an int, an eager tensor or left to its default): when some
+      position passes ``L`` the tables are rebuilt larger (at least doubled), as long as
+      the positions fit in twice the current tables or in the call's own query/key
+      lengths. A ``start_index`` further away than that (far past both the tables and
+      the call's lengths) does not grow the tables: the bias of that call alone is
+      computed by the core, ``posenc.alibi_bias(q, k, offset=start_index)``. Either
+      way the values are exact; a bias the core would need more than 4 GiB for is a
+      ``ValueError``.
+    * Positions known only inside a trace (a tensor ``start_index`` inside
+      ``tf.function`` / ``jax.jit``, or a length left ``None`` in a TensorFlow
+      graph): the tables first grow to cover the keys when their number is static;
+      then every entry whose query position ``start_index + i`` is negative or
+      ``>= L``, or whose key position is ``>= L``, is NaN on every backend (never a
+      saturated or wrapped value). Build the layer with a ``max_length`` covering every
+      query position you trace, or call it once eagerly at the largest one.
 
     Args:
         num_heads: Number of attention heads, an int >= 1.
@@ -186,7 +229,9 @@ class ALiBiBias(_ScoreBias):
     Call arguments:
         scores: Attention scores ``(batch, num_heads, query, key)``, floating.
         start_index: Position of the first query, an int >= 0 or an integer scalar
-            tensor; ``None`` (default): ``key - query``, which needs ``query <= key``.
+            tensor; ``None`` (default): ``key - query``, which needs ``query <= key``
+            (a ``ValueError`` when both lengths are known; with a length known only
+            inside a graph, the query rows at negative positions are NaN).
 
     Returns:
         ``scores + bias``, the shape and dtype of ``scores``.
@@ -231,48 +276,102 @@ class ALiBiBias(_ScoreBias):
         self._table(format_of(self.compute_dtype, "the layer's compute dtype"))
         self.built = True
 
+    def _new_table(self, fmt: str, length: int) -> Any:
+        """``(num_heads, 2·length - 1)``: column ``r + length - 1`` holds the bias of ``key -
+        query = r``, a concrete backend tensor (:class:`_TableTooLarge` past the limit)."""
+        nbytes = self.num_heads * (2 * length - 1) * _ITEMSIZE[fmt]
+        if nbytes > DEFAULT_MAX_BYTES:
+            raise _TableTooLarge(
+                f"{type(self).__name__}: a table covering {length} positions for "
+                f"{self.num_heads} heads in {fmt} would need about {format_bytes(nbytes)}, "
+                f"more than the layer's limit of {format_bytes(DEFAULT_MAX_BYTES)}; build the "
+                "layer with a smaller max_length"
+            )
+        # One query at position length - 1 and keys 0 .. 2·length - 2 see every r in
+        # ±(length - 1).
+        values = alibi_bias_values(
+            1,
+            2 * length - 1,
+            num_heads=self.num_heads,
+            mode=self.mode,
+            offset=length - 1,
+            fmt=fmt,
+            max_bytes=None,  # checked above, with the layer's own message
+        )[:, 0, :]  # (H, 2·length - 1)
+        with outside_traces():
+            return to_backend(np.ascontiguousarray(values), fmt)
+
     def _table(self, fmt: str) -> Any:
-        """``(num_heads, 2L - 1)``: column ``r + L - 1`` holds the bias of ``key - query = r``."""
+        """The ``(num_heads, 2L - 1)`` table in ``fmt`` for the current ``L``, cached."""
         table = self._tables.get(fmt)
         if table is None:
-            length = self._length
-            # One query at position L - 1 and keys 0 .. 2L - 2 see every r in ±(L - 1).
-            values = alibi_bias_values(
-                1,
-                2 * length - 1,
-                num_heads=self.num_heads,
-                mode=self.mode,
-                offset=length - 1,
-                fmt=fmt,
-            )[:, 0, :]  # (H, 2L - 1)
-            with outside_traces():
-                table = to_backend(np.ascontiguousarray(values), fmt)
+            table = self._new_table(fmt, self._length)
             if cacheable(table):
                 self._tables[fmt] = table
         return table
 
-    def _cover(self, end: int) -> None:
-        """Make the tables cover positions ``0 .. end-1`` (doubling to amortise growth)."""
+    def _cover(self, end: int, q: int, k: int) -> bool:
+        """Make the tables cover positions ``0 .. end-1``; whether they do now.
+
+        They grow (doubling to amortise growth, else to ``end`` exactly) only when ``end``
+        is at most twice the current length or the call's longer length: a start far past
+        both is better served by the core directly than by a table indexed from 0. A
+        refused size (the memory limit) leaves the layer as it was: the new tables are
+        built into locals and assigned only once all of them exist.
+        """
         if end <= self._length:
-            return
+            return True
+        if end > 2 * max(self._length, q, k):
+            return False
+        formats = list(self._tables) or [format_of(self.compute_dtype, "the compute dtype")]
         for length in (max(end, 2 * self._length), end):
-            self._length, self._tables = length, {}
             try:
-                self._table(format_of(self.compute_dtype, "the layer's compute dtype"))
-            except ValueError:  # the doubled table passes the core's memory limit
-                if length == end:
-                    raise
+                tables = {fmt: self._new_table(fmt, length) for fmt in formats}
+            except _TableTooLarge:
                 continue
-            return
+            self._tables = {fmt: table for fmt, table in tables.items() if cacheable(table)}
+            self._length = length
+            return True
+        return False
+
+    def _direct(self, q: int, k: int, start: int, fmt: str) -> Any:
+        """The ``(num_heads, q, k)`` bias of one call from the core, without any table."""
+        nbytes = self.num_heads * q * k * _ITEMSIZE[fmt]
+        if nbytes > DEFAULT_MAX_BYTES:
+            raise ValueError(
+                f"{type(self).__name__}: the bias of {self.num_heads} heads x {q} queries x "
+                f"{k} keys at start_index={start} in {fmt} would need about "
+                f"{format_bytes(nbytes)}, more than the layer's limit of "
+                f"{format_bytes(DEFAULT_MAX_BYTES)}; pass fewer queries or keys per call"
+            )
+        values = alibi_bias_values(
+            q, k, num_heads=self.num_heads, mode=self.mode, offset=start, fmt=fmt, max_bytes=None
+        )  # (H, q, k)
+        return to_backend(values, fmt)
 
     def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
-        if _all_ints(q, k, start):
-            self._cover(max(start + q, k))
+        if _all_ints(q, k, start):  # every position known: exact, no NaN possible
+            if not self._cover(max(start + q, k), q, k):
+                return self._direct(q, k, start, fmt)
+            try:
+                table = self._table(fmt)  # (H, 2L - 1)
+            except _TableTooLarge:  # a wider format than the tables grown so far
+                return self._direct(q, k, start, fmt)
+            index = _relative_positions(q, k, start) + (self._length - 1)  # (q, k)
+            return ops.take(table, index, axis=1)  # (H, q, k)
+        if isinstance(k, int):  # static keys (a traced start): cover them if reasonable
+            self._cover(k, 0, k)
         table = self._table(fmt)  # (H, 2L - 1)
         length = self._length
+        keys = ops.arange(k, dtype="int32")  # (k,)
+        valid = ops.logical_and(
+            ops.expand_dims(_query_rows(q, start, length), 1),  # (q, 1)
+            ops.expand_dims(ops.less(keys, length), 0),  # (1, k)
+        )  # (q, k): both positions inside the table, so |key - query| <= L - 1
         index = _relative_positions(q, k, start) + (length - 1)  # (q, k)
-        index = ops.clip(index, 0, 2 * length - 2)  # only traced starts can be out of range
-        return ops.take(table, index, axis=1)  # (H, q, k)
+        index = ops.where(valid, index, ops.zeros_like(index))  # gather safely, then NaN
+        bias = ops.take(table, index, axis=1)  # (H, q, k)
+        return nan_where_invalid(bias, ops.expand_dims(valid, 0))
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -284,6 +383,8 @@ class ALiBiBias(_ScoreBias):
 
 # ---------------------------------------------------------------------------------------
 # T5
+
+_FAR = 2**30  # starts past this give the same (saturated) buckets, see T5RelativeBias._bias
 
 
 @keras.saving.register_keras_serializable(package="posenc")
@@ -324,7 +425,9 @@ class T5RelativeBias(_ScoreBias):
     Call arguments:
         scores: Attention scores ``(batch, num_heads, query, key)``, floating.
         start_index: Position of the first query, an int >= 0 or an integer scalar
-            tensor; ``None`` (default): ``key - query``, which needs ``query <= key``.
+            tensor; ``None`` (default): ``key - query``, which needs ``query <= key``
+            (a ``ValueError`` when both lengths are known; with a length known only
+            inside a graph, the query rows at negative positions are NaN).
 
     Returns:
         ``scores + bias``, the shape and dtype of ``scores``.
@@ -406,11 +509,23 @@ class T5RelativeBias(_ScoreBias):
 
     def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
         reach = self.max_distance
+        # A start past 2**30 is moved to 2**30: every key is then further than
+        # max_distance behind every query either way (key lengths stay far below
+        # 2**30 - max_distance), so the saturated buckets are the same, and key - query
+        # cannot overflow int32.
+        if isinstance(start, int):
+            start, valid = min(start, _FAR), None  # known, so already checked >= 0
+        else:
+            start = ops.minimum(start, _FAR)
+            valid = _query_rows(q, start)  # (q,): negative positions only when traced
         relative = _relative_positions(q, k, start)  # (q, k), key - query
         index = ops.clip(relative, -reach, reach) + reach  # (q, k) in [0, 2·reach]
         buckets = ops.take(self._bucket_table(), index)  # (q, k)
         weights = ops.transpose(ops.convert_to_tensor(self.relative_attention_bias))  # (H, B)
-        return ops.cast(ops.take(weights, buckets, axis=1), fmt)  # (H, q, k)
+        bias = ops.cast(ops.take(weights, buckets, axis=1), fmt)  # (H, q, k)
+        if valid is None:
+            return bias
+        return nan_where_invalid(bias, ops.expand_dims(ops.expand_dims(valid, 0), -1))
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

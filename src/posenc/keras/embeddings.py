@@ -8,11 +8,9 @@ backend. The learned table is an ordinary trainable weight.
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import keras
-import numpy as np
 from keras import ops
 
 from .._checks import (
@@ -24,7 +22,15 @@ from .._checks import (
     describe,
 )
 from ..core.nd import ND_LAYOUTS, check_channels, check_shape, nd_values
-from ._backend import cacheable, format_of, known_int, outside_traces, to_backend
+from ._backend import (
+    cacheable,
+    format_of,
+    gather_rows,
+    offset_rows,
+    outside_traces,
+    start_position,
+    to_backend,
+)
 
 __all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncodingND"]
 
@@ -33,33 +39,6 @@ _CACHE_SIZE = 16  # N-D tables kept per layer (one per grid shape and format in 
 
 # ---------------------------------------------------------------------------------------
 # Helpers shared with posenc.keras.bias
-
-
-def _start_position(start_index: Any, owner: str, name: str = "start_index") -> Any:
-    """``start_index`` checked: a Python int when its value is known, else an int32 scalar.
-
-    Accepts an int >= 0 or an integer scalar tensor; a tensor whose value is known now
-    (eager execution) is checked for sign and returned as an int, so eager calls get the
-    same checks as Python ints on every backend.
-    """
-    if isinstance(start_index, numbers.Integral) and not isinstance(start_index, (bool, np.bool_)):
-        return check_int(start_index, f"{owner}: {name}", minimum=0)
-    if not (ops.is_tensor(start_index) or keras.backend.is_keras_tensor(start_index)):
-        raise TypeError(
-            f"{owner}: {name} must be an int >= 0 or an integer scalar tensor, got "
-            f"{describe(start_index)}"
-        )
-    dtype = keras.backend.standardize_dtype(start_index.dtype)
-    if "int" not in dtype:
-        raise TypeError(f"{owner}: {name} must be an integer scalar tensor, got dtype {dtype}")
-    if len(start_index.shape) != 0:
-        raise ValueError(
-            f"{owner}: {name} must be a scalar tensor, got shape {tuple(start_index.shape)}"
-        )
-    value = known_int(start_index)
-    if value is not None:
-        return check_int(value, f"{owner}: {name}", minimum=0)
-    return ops.cast(start_index, "int32")
 
 
 def _check_float(dtype: Any, owner: str, what: str, hint: str = "") -> str:
@@ -104,11 +83,15 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
     Call arguments:
         inputs: A floating tensor of shape ``(batch, seq, d_model)``.
         start_index: Position of the first token, a Python int or an integer scalar
-            tensor (default 0); for decoding one token at a time with a cache. An int or
-            an eager tensor with ``start_index + seq > max_length`` raises
-            ``ValueError``. A tensor whose value is unknown (inside ``tf.function`` or
-            ``jax.jit``) is checked when the slice runs: TensorFlow and torch raise, JAX
-            clamps the slice (``lax.dynamic_slice`` semantics), so keep it in range there.
+            tensor (default 0); for decoding one token at a time with a cache. A value
+            known when the call runs (a Python int, or an eager tensor of any integer
+            dtype) must lie in ``0 .. 2**31 - 1``, and with a statically known ``seq``
+            ``start_index + seq > max_length`` raises ``ValueError``, on every backend.
+            When the value or ``seq`` is known only inside a trace (``tf.function``,
+            ``jax.jit``, ``torch.compile``, a symbolic model input), the rows are
+            gathered and every position outside ``0 .. max_length-1`` gives a row of NaN
+            on every backend (never a clamped or wrapped row); wider integer tensors
+            saturate to the int32 range, so out-of-range values give NaN rows too.
         training: Whether dropout is active (Keras sets it during ``fit``).
 
     Returns:
@@ -180,20 +163,21 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         _check_sequence(inputs, self.d_model, name)
         dtype = _check_float(inputs.dtype, name, "inputs", _EMBED_HINT)
         seq = ops.shape(inputs)[1]  # an int, or a scalar tensor in a graph with seq None
-        start = _start_position(start_index, name)
-        if isinstance(start, int):
-            if isinstance(seq, int) and start + seq > self.max_length:
+        start = start_position(start_index, name)
+        table = ops.convert_to_tensor(self.embeddings)  # (max_length, d)
+        if isinstance(start, int) and isinstance(seq, int):
+            if start + seq > self.max_length:
                 raise ValueError(
                     f"start_index ({start}) + sequence length ({seq}) = {start + seq} exceeds "
                     f"max_length={self.max_length} (positions 0..{self.max_length - 1}); "
                     "learned embeddings cannot extrapolate: build the layer with a larger "
                     "max_length"
                 )
-            corner: Any = [start, 0]
-        else:
-            corner = ops.stack([start, ops.zeros((), "int32")])
-        table = ops.convert_to_tensor(self.embeddings)  # (max_length, d)
-        rows = ops.cast(ops.slice(table, corner, [seq, self.d_model]), dtype)  # (seq, d)
+            rows = ops.slice(table, [start, 0], [seq, self.d_model])  # (seq, d)
+        else:  # positions known only when the graph runs: NaN rows past the table
+            index, valid = offset_rows(start, seq, self.max_length)  # (seq,) each
+            rows = gather_rows(table, index, valid)  # (seq, d)
+        rows = ops.cast(rows, dtype)  # (seq, d)
         outputs = ops.add(inputs, rows)  # (batch, seq, d), rows broadcast over batch
         if self._dropout_layer is not None:
             outputs = self._dropout_layer(outputs, training=training)

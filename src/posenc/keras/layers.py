@@ -7,7 +7,6 @@ it onto the backend; no angle or position is ever formed in the layer's dtype.
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import keras
@@ -22,10 +21,17 @@ from .._checks import (
     check_choice,
     check_int,
     check_probability,
-    describe,
 )
 from ..core.sinusoidal import table_values
-from ._backend import cacheable, format_of, outside_traces, to_backend
+from ._backend import (
+    cacheable,
+    format_of,
+    gather_rows,
+    offset_rows,
+    outside_traces,
+    start_position,
+    to_backend,
+)
 
 __all__ = ["SinusoidalPositionalEncoding", "generate_positional_encoding"]
 
@@ -119,11 +125,16 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
             positions would silently encode the batch index; add a batch axis with
             ``keras.ops.expand_dims(x, 0)`` for one unbatched sequence.
         start_index: Position of the first token, a Python int or an integer scalar
-            tensor (default 0); for decoding one token at a time with a cache. With a
-            Python int and a statically known ``seq``, ``start_index + seq >
-            max_length`` raises ``ValueError``. A tensor is checked only when the slice
-            runs: TensorFlow and torch raise, JAX clamps the slice (``lax.dynamic_slice``
-            semantics), so keep it in range there.
+            tensor (default 0); for decoding one token at a time with a cache. A value
+            known when the call runs (a Python int, or an eager tensor of any integer
+            dtype) must lie in ``0 .. 2**31 - 1``, and with a statically known ``seq``
+            ``start_index + seq > max_length`` raises ``ValueError``, on every backend.
+            When the value or ``seq`` is known only inside a trace (``tf.function``,
+            ``jax.jit``, ``torch.compile``, a symbolic model input), the rows are
+            gathered instead of sliced and every position outside ``0 .. max_length-1``
+            gives a row of NaN, on every backend (never an error at run time, never a
+            clamped or wrapped row). A traced tensor is read as int32: wider integers
+            outside the int32 range saturate, so they give NaN rows too.
         training: Whether dropout is active (Keras sets it during ``fit``).
 
     Returns:
@@ -218,38 +229,22 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
             )
         table = self._table(format_of(dtype, "the input dtype"))  # (max_length, d)
         seq = ops.shape(inputs)[1]  # an int, or a scalar tensor in a graph with seq None
-        start = self._start(start_index, seq)
-        rows = ops.slice(table, start, [seq, self.d_model])  # (seq, d)
-        outputs = ops.add(inputs, rows)  # (batch, seq, d), rows broadcast over batch
-        if self._dropout_layer is not None:
-            outputs = self._dropout_layer(outputs, training=training)
-        return outputs
-
-    def _start(self, start_index: Any, seq: Any) -> Any:
-        """``[start_index, 0]`` for ``ops.slice``, checked where the values are known."""
-        if isinstance(start_index, numbers.Integral) and not isinstance(start_index, bool):
-            start = check_int(start_index, "start_index", minimum=0)
-            if isinstance(seq, int) and start + seq > self.max_length:
+        start = start_position(start_index, type(self).__name__)
+        if isinstance(start, int) and isinstance(seq, int):
+            if start + seq > self.max_length:
                 raise ValueError(
                     f"start_index ({start}) + sequence length ({seq}) = {start + seq} exceeds "
                     f"max_length={self.max_length}; build the layer with max_length >= "
                     f"{start + seq}"
                 )
-            return [start, 0]
-        if not (keras.ops.is_tensor(start_index) or keras.backend.is_keras_tensor(start_index)):
-            raise TypeError(
-                f"start_index must be an int >= 0 or an integer scalar tensor, got "
-                f"{describe(start_index)}"
-            )
-        dtype = keras.backend.standardize_dtype(start_index.dtype)
-        if "int" not in dtype:
-            raise TypeError(f"start_index must be an integer scalar tensor, got dtype {dtype}")
-        if len(start_index.shape) != 0:
-            raise ValueError(
-                f"start_index must be a scalar tensor, got shape {tuple(start_index.shape)}"
-            )
-        start = ops.cast(start_index, "int32")
-        return ops.stack([start, ops.zeros((), "int32")])
+            rows = ops.slice(table, [start, 0], [seq, self.d_model])  # (seq, d)
+        else:  # positions known only when the graph runs: NaN rows past the table
+            index, valid = offset_rows(start, seq, self.max_length)  # (seq,) each
+            rows = gather_rows(table, index, valid)  # (seq, d)
+        outputs = ops.add(inputs, rows)  # (batch, seq, d), rows broadcast over batch
+        if self._dropout_layer is not None:
+            outputs = self._dropout_layer(outputs, training=training)
+        return outputs
 
     def compute_output_shape(self, input_shape: Any) -> Any:
         return input_shape

@@ -21,7 +21,19 @@ from keras import ops
 
 from .._checks import check_base, check_choice, check_int, describe
 from ..core.rope import ROPE_LAYOUTS, ROPE_SCALINGS, rope_scaling, rope_table_values
-from ._backend import cacheable, format_of, known_value, outside_traces, to_backend
+from ._backend import (
+    INT32_END,
+    cacheable,
+    format_of,
+    gather_rows,
+    index_in_range,
+    known_value,
+    offset_rows,
+    outside_traces,
+    saturate_int32,
+    start_position,
+    to_backend,
+)
 
 __all__ = ["RotaryEmbedding"]
 
@@ -54,14 +66,17 @@ class RotaryEmbedding(keras.layers.Layer):
       would put whole positions in the wrong place.
     * The tables are constant tensors, not weights: ``layer.weights`` is empty and
       nothing derived goes into checkpoints or ``.keras`` files.
-    * When a call's positions are known while it runs (a Python int ``start_index``
-      with a static sequence length, or concrete positions), tables too short for them
-      grow. Positions known only inside a trace (tensor ``start_index`` or ``positions``
-      under ``tf.function``, ``jax.jit`` or a compiled ``fit``) are not checked against
-      the table length: TensorFlow and torch raise (except ``tf.gather`` on a GPU, which
-      returns zeros for ``positions`` past the end), JAX clamps the slice or gather to
-      the last rows. Build the layer with a large enough ``max_length`` or call
-      :meth:`extend` before tracing.
+    * When a call's positions are known while it runs (a Python int or eager tensor
+      ``start_index`` with a static sequence length, or concrete positions), they are
+      checked (``0 .. 2**31 - 1``, ``ValueError`` otherwise) and tables too short for
+      them grow. Positions known only inside a trace (tensor ``start_index`` or
+      ``positions`` under ``tf.function``, ``jax.jit``, ``torch.compile`` or a compiled
+      ``fit``) cannot grow the tables: a position that is negative or
+      ``>= table_length`` rotates its features into NaN, on every backend (never a
+      wrapped, clamped or zero row). Integer tensors wider than int32 saturate to the
+      int32 range there, so their out-of-range values give NaN too. Build the layer
+      with a large enough ``max_length`` or call :meth:`extend` before tracing (the
+      extended length is saved in the config).
     * The layer uses only ``keras.ops`` for its computation and runs unchanged on the
       TensorFlow, JAX and torch backends.
 
@@ -119,9 +134,9 @@ class RotaryEmbedding(keras.layers.Layer):
             order; pass ``sequence_axis=2`` for ``(batch, heads, seq, head_dim)``).
         start_index: Position of the first token: a Python int >= 0 or an integer scalar
             tensor (default 0); for decoding one token at a time with a cache.
-        positions: Optional integer positions (>= 0), a tensor or NumPy array of shape
-            ``(seq,)`` or ``(batch, seq)`` (batch 1 broadcasts), for packed sequences;
-            replaces ``start_index``.
+        positions: Optional integer positions (``0 .. 2**31 - 1``), a tensor or NumPy
+            array of shape ``(seq,)`` or ``(batch, seq)`` (batch 1 broadcasts), for packed
+            sequences; replaces ``start_index``.
 
     Returns:
         A tensor of the input's shape and dtype.
@@ -310,7 +325,10 @@ class RotaryEmbedding(keras.layers.Layer):
         """Make the tables hold at least ``length`` positions (they never shrink).
 
         Call it before tracing (``tf.function``, ``jax.jit``, a compiled ``fit``) when
-        positions given as tensors may reach past the current tables.
+        positions given as tensors may reach past the current tables (inside a trace
+        they would give NaN). The config saves the current :attr:`table_length` as
+        ``max_length``, so a layer restored from it (``.keras`` files included) holds at
+        least the extended tables.
 
         Example:
             >>> rope = RotaryEmbedding(max_length=16, rotary_dim=8)
@@ -331,7 +349,7 @@ class RotaryEmbedding(keras.layers.Layer):
     @property
     def table_length(self) -> int:
         """Positions the tables currently hold (``max_length`` until they grow)."""
-        return self._rows
+        return max(self._rows, self.max_length)
 
     @property
     def cos(self) -> Any:
@@ -368,6 +386,17 @@ class RotaryEmbedding(keras.layers.Layer):
             self.extend(end)
 
     # -- call --------------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Keras turns NumPy arguments into tensors before call(), and JAX without its
+        # 64-bit mode wraps int64 values on the way (2**32 + 4 becomes 4): NumPy
+        # positions are checked here, while their values are whole.
+        positions = kwargs.get("positions")
+        if isinstance(positions, (list, tuple, np.ndarray)):
+            array = np.asarray(positions)
+            if array.dtype.kind in "iu":
+                _check_known_positions(array)
+        return super().__call__(*args, **kwargs)
 
     def call(self, inputs: Any, start_index: Any = 0, positions: Any = None) -> Any:
         shape, dtype = self._check_inputs(inputs)
@@ -425,12 +454,7 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def _contiguous_rows(self, start_index: Any, seq: Any, fmt: str) -> tuple[Any, Any]:
         """Rows ``start_index .. start_index+seq-1`` of the tables: ``(seq, r)`` each."""
-        start = _check_start(start_index)
-        known = start if isinstance(start, int) else known_value(start)
-        if known is not None:
-            start = int(known)
-            if start < 0:
-                raise ValueError(f"start_index must be an int >= 0, got {start}")
+        start = start_position(start_index, "RotaryEmbedding")  # an int when known
         static = isinstance(start, int) and isinstance(seq, int)
         end = start + seq if static else None
         if self.scaling == "dynamic_ntk":
@@ -443,31 +467,35 @@ class RotaryEmbedding(keras.layers.Layer):
         if end is not None:
             self._grow(end)
         tables = self._table_set(fmt)
-        begin: Any = [start, 0]
-        if not isinstance(start, int):
-            begin = ops.stack([start, ops.zeros((), "int32")])
-        size = [seq, self.rotary_dim]
+        if end is None:  # known only inside a trace: NaN rows outside the tables
+            index, valid = offset_rows(start, seq, self._rows)  # (seq,) each
 
-        def rows(variant: str) -> tuple[Any, Any]:
-            cos, sin = tables[variant]
-            return ops.slice(cos, begin, size), ops.slice(sin, begin, size)
+            def rows(variant: str) -> tuple[Any, Any]:
+                cos, sin = tables[variant]
+                return gather_rows(cos, index, valid), gather_rows(sin, index, valid)
+
+        else:
+            begin, size = [start, 0], [seq, self.rotary_dim]
+
+            def rows(variant: str) -> tuple[Any, Any]:
+                cos, sin = tables[variant]
+                return ops.slice(cos, begin, size), ops.slice(sin, begin, size)
 
         if self.scaling != "longrope":
             return rows("base")
         original = int(self.scaling_params["original_max_position_embeddings"])
         if end is not None:
             return rows("long" if end > original else "short")
-        long = ops.greater(ops.add(ops.cast(start, "int32"), seq), original)
+        long = ops.greater(start, ops.subtract(original, seq))  # start + seq > original
         return _select(long, rows("long"), rows("short"))
 
     def _gathered_rows(self, positions: Any, batch: Any, seq: Any, fmt: str) -> tuple[Any, Any]:
         """Rows at ``positions``: ``(seq, r)`` or ``(batch, seq, r)`` each."""
         positions = _check_positions(positions, batch, seq)
-        known = known_value(positions)
+        known = known_value(positions)  # read before any cast: int64 values stay whole
         end = None
         if known is not None:
-            if known.size and known.min() < 0:
-                raise ValueError(f"positions must be >= 0, got {int(known.min())}")
+            _check_known_positions(known)
             end = int(known.max()) + 1 if known.size else 0
         if self.scaling == "dynamic_ntk":
             if end is None:
@@ -478,18 +506,26 @@ class RotaryEmbedding(keras.layers.Layer):
         if end is not None:
             self._grow(end)
         tables = self._table_set(fmt)
-        index = ops.cast(positions, "int32")
+        index = saturate_int32(positions)  # (seq,) or (batch, seq)
+        if end is None:  # known only inside a trace: NaN rows outside the tables
+            safe, valid = index_in_range(index, self._rows)
 
-        def rows(variant: str) -> tuple[Any, Any]:
-            cos, sin = tables[variant]
-            return ops.take(cos, index, axis=0), ops.take(sin, index, axis=0)
+            def rows(variant: str) -> tuple[Any, Any]:
+                cos, sin = tables[variant]
+                return gather_rows(cos, safe, valid), gather_rows(sin, safe, valid)
+
+        else:
+
+            def rows(variant: str) -> tuple[Any, Any]:
+                cos, sin = tables[variant]
+                return ops.take(cos, index, axis=0), ops.take(sin, index, axis=0)
 
         if self.scaling != "longrope":
             return rows("base")
         original = int(self.scaling_params["original_max_position_embeddings"])
         if end is not None:
             return rows("long" if end > original else "short")
-        long = ops.greater(ops.add(ops.max(index), 1), original)
+        long = ops.greater_equal(ops.max(index), original)  # max + 1 > original, no overflow
         return _select(long, rows("long"), rows("short"))
 
     # -- symbolic use and serialization ----------------------------------------------------
@@ -501,7 +537,7 @@ class RotaryEmbedding(keras.layers.Layer):
         """The output spec of a symbolic call, after the checks that hold symbolically."""
         shape, dtype = self._check_inputs(inputs)
         if positions is None:
-            start = _check_start(start_index)
+            start = start_position(start_index, "RotaryEmbedding")
             if self.scaling == "dynamic_ntk" and not isinstance(start, int):
                 raise ValueError(_dynamic_message("start_index is a symbolic input"))
         else:
@@ -524,7 +560,9 @@ class RotaryEmbedding(keras.layers.Layer):
                 "layout": self.layout,
                 "scaling": self.scaling,
                 "scaling_params": dict(self.scaling_params),
-                "max_length": self.max_length,
+                # The tables' current length: a restored layer keeps what extend() (or
+                # growth for known positions) gave this one.
+                "max_length": self.table_length,
                 "sequence_axis": self.sequence_axis,
                 "feature_axis": self.feature_axis,
             }
@@ -640,29 +678,13 @@ def _is_tensor(value: Any) -> bool:
     return ops.is_tensor(value) or keras.backend.is_keras_tensor(value)
 
 
-def _check_start(start_index: Any) -> Any:
-    """A Python int >= 0, or an integer scalar tensor as int32."""
-    if isinstance(start_index, numbers.Integral) and not isinstance(start_index, (bool, np.bool_)):
-        return check_int(start_index, "start_index", minimum=0)
-    if not _is_tensor(start_index):
-        raise TypeError(
-            f"start_index must be an int >= 0 or an integer scalar tensor, got "
-            f"{describe(start_index)}"
-        )
-    dtype = keras.backend.standardize_dtype(start_index.dtype)
-    if "int" not in dtype:
-        raise TypeError(f"start_index must be an integer scalar tensor, got dtype {dtype}")
-    if len(start_index.shape) != 0:
-        raise ValueError(
-            f"start_index must be a scalar tensor, got shape {tuple(start_index.shape)}"
-        )
-    return ops.cast(start_index, "int32")
-
-
 def _check_positions(positions: Any, batch: Any, seq: Any) -> Any:
     """An integer tensor ``(seq,)`` or ``(batch, seq)`` (batch 1 broadcasts)."""
     if isinstance(positions, (list, tuple, np.ndarray)):
-        positions = ops.convert_to_tensor(np.asarray(positions))
+        array = np.asarray(positions)
+        if array.dtype.kind in "iu":  # before conversion: a backend may wrap int64 values
+            _check_known_positions(array)
+        positions = ops.convert_to_tensor(array)
     elif not _is_tensor(positions):
         raise TypeError(
             f"positions must be an integer tensor of shape (seq,) or (batch, seq), got "
@@ -684,6 +706,17 @@ def _check_positions(positions: Any, batch: Any, seq: Any) -> Any:
             f"positions has batch size {shape[0]} but the input has {batch} (shape {shape})"
         )
     return positions
+
+
+def _check_known_positions(known: np.ndarray) -> None:
+    """ValueError unless every integer position is in ``0 .. 2**31 - 1`` (int32)."""
+    if known.size and int(known.min()) < 0:
+        raise ValueError(f"positions must be >= 0, got {int(known.min())}")
+    if known.size and int(known.max()) >= INT32_END:
+        raise ValueError(
+            f"positions must be below 2**31 = {INT32_END} (positions are int32 in the Keras "
+            f"layers), got {int(known.max())}"
+        )
 
 
 def _select(condition: Any, first: tuple[Any, Any], second: tuple[Any, Any]) -> tuple[Any, Any]:
