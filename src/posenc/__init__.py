@@ -1,7 +1,9 @@
 """posenc: positional encodings for transformers, exact in every dtype.
 
 The top level is the NumPy API and imports no framework; the front ends live in
-:mod:`posenc.torch` and :mod:`posenc.keras`, the pictures in :mod:`posenc.plot`.
+:mod:`posenc.torch`, :mod:`posenc.keras` (Keras 3 on TensorFlow, JAX or torch) and
+:mod:`posenc.jax` (pure functions, and Flax modules in :mod:`posenc.jax.linen`), the
+pictures in :mod:`posenc.plot` and the experiment bench in :mod:`posenc.bench`.
 
 Example:
     >>> import posenc

@@ -1,0 +1,60 @@
+"""The experiment bench: what do positional encodings change in a small trained model?
+
+The seed texts claim that a transformer needs order information, that learned position
+embeddings do about as well as sinusoids on the lengths seen in training, and that
+sinusoids "may" let a model extrapolate to longer sequences. The bench checks such claims
+on a laptop in minutes: it trains tiny decoder-only transformers, one per (task, scheme,
+seed), on synthetic tasks (copy, reverse, sort, add) and character-level language
+modelling (lm), with each positional scheme (nope, learned, sinusoidal, rope, alibi, t5),
+and reports exact match, token accuracy and perplexity by evaluation length, within and
+beyond the training lengths, averaged over seeds.
+
+* :class:`RunSpec` (with :data:`TASKS`, :data:`SCHEMES`, :data:`ROPE_EVAL_SCALINGS`)
+  describes one run, and :func:`run` trains and evaluates it (PyTorch);
+* :func:`expand` turns a configuration (tasks × schemes × seeds, shared settings; the
+  presets :data:`QUICK` and :data:`FULL`) into specs, and :func:`execute` runs them,
+  in parallel worker processes if asked, appending to ``results.jsonl`` and resuming
+  where an interrupted bench stopped;
+* :mod:`posenc.bench.report` aggregates the records over seeds into Markdown tables,
+  ``summary.json`` and a plot.
+
+``posenc bench`` is the command line of all this (docs/bench.md). The names above are
+imported on first use: ``import posenc.bench`` imports neither PyTorch nor matplotlib.
+
+Example:
+    >>> from posenc.bench import QUICK, expand
+    >>> [spec.scheme for spec in expand(QUICK)]
+    ['nope', 'learned', 'sinusoidal', 'rope', 'alibi', 't5']
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> the submodule that defines it
+_EXPORTS = {
+    "RunSpec": "spec",
+    "SCHEMES": "spec",
+    "TASKS": "spec",
+    "ROPE_EVAL_SCALINGS": "spec",
+    "run": "train",
+    "expand": "runner",
+    "execute": "runner",
+    "QUICK": "runner",
+    "FULL": "runner",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

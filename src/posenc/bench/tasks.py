@@ -1,0 +1,500 @@
+"""Bench tasks: seeded, in-process generators of token sequences and of the tokens scored.
+
+Five tasks, each with a problem length ``n``:
+
+``"copy"``, ``"reverse"``, ``"sort"``
+    ``[BOS] x_1 .. x_n [SEP] y_1 .. y_n [EOS]`` with ``x`` drawn uniformly from an
+    alphabet (10 symbols for copy and reverse, 6 for sort, so that a sorted multiset has
+    repeated symbols) and ``y`` the copy, the reversal or the sorted multiset of ``x``.
+``"add"``
+    ``[BOS] a_0 b_0 c_0 a_1 b_1 c_1 .. a_{n-1} b_{n-1} c_{n-1} [SEP] c_n [EOS]``: two
+    ``n``-digit numbers (leading zeros allowed) added column by column, least-significant
+    digit first: each column holds the two operand digits and the sum digit ``c_i``, and
+    the final carry ``c_n`` follows ``[SEP]``. Each sum digit depends on its own column and
+    on the carry out of the column before (itself a function of that column's three
+    digits), at fixed distances: a rule that holds at every length, which a model can
+    learn once and apply at any length only if its positional scheme lets it find "three
+    tokens back" everywhere. (With the operands written one after the other and the sum
+    after them, a two-layer model did not learn the task within a few thousand steps.)
+``"lm"``
+    Character-level language modelling: ``[BOS] t_1 .. t_n``, a window of exactly ``n``
+    characters of a text; every character is predicted. The text is a UTF-8 file or, by
+    default, a synthetic text (:func:`synthetic_text`) drawn from a small probabilistic
+    grammar with nested clauses, brackets and number agreement across them. Training
+    windows come from the first 90% of the text and evaluation windows from the last
+    10%; the vocabulary is the characters of the training part plus ``<unk>``.
+
+For copy, reverse and sort the scored tokens (``target_mask``) are ``y`` and ``[EOS]``; for
+add the sum digits ``c_0 .. c_n`` and ``[EOS]``; for lm, all ``n`` characters. Sequences
+of different lengths in one batch are padded with ``<pad>`` (id 0) at the end, where the
+target mask is False; a causal model never lets a pad token change the predictions
+before it.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import math
+import numbers
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .._checks import check_choice, check_int, describe
+from .spec import TASKS
+
+PAD, BOS = "<pad>", "<bos>"
+SEP, EOS, UNK = "<sep>", "<eos>", "<unk>"
+SPLITS = ("train", "eval")
+
+_ALPHABETS = {"copy": 10, "reverse": 10, "sort": 6}
+_SYNTHETIC_SEED = 20240601  # the synthetic text is the same in every run
+_SYNTHETIC_CHARS = 300_000
+
+
+def max_positions(task: str | Task, length: int) -> int:
+    """Number of positions of a sequence of problem length ``length`` (tokens per row).
+
+    A batch of problem length ``length`` has exactly this many columns, and the model
+    sees positions ``0 .. max_positions(task, length) - 1``.
+
+    Args:
+        task: A name from :data:`posenc.bench.spec.TASKS` or a :class:`Task`.
+        length: The problem length: symbols of the input (copy, reverse, sort), digits
+            per operand (add) or characters of the window (lm); an int >= 1.
+
+    Returns:
+        ``2n + 3`` for copy, reverse and sort, ``3n + 4`` for add, ``n + 1`` for lm.
+
+    Example:
+        >>> max_positions("copy", 16), max_positions("add", 4), max_positions("lm", 64)
+        (35, 16, 65)
+    """
+    name = task.name if isinstance(task, Task) else check_choice(task, "task", TASKS)
+    n = check_int(length, "length", minimum=1)
+    if name == "add":
+        return 3 * n + 4  # BOS, n columns of 3 digits, SEP, final carry, EOS
+    if name == "lm":
+        return n + 1  # BOS and n characters
+    return 2 * n + 3  # BOS, n symbols, SEP, n symbols, EOS
+
+
+def _check_lengths(length: Any) -> tuple[int, int]:
+    """An int ``n`` (as ``(n, n)``) or an inclusive range ``(lo, hi)``, ``1 <= lo <= hi``."""
+    if isinstance(length, numbers.Integral) and not isinstance(length, (bool, np.bool_)):
+        n = check_int(length, "length", minimum=1)
+        return n, n
+    if isinstance(length, (tuple, list)) and len(length) == 2:
+        lo = check_int(length[0], "length[0]", minimum=1)
+        hi = check_int(length[1], "length[1]", minimum=1)
+        if lo <= hi:
+            return lo, hi
+        raise ValueError(f"length range (lo, hi) needs lo <= hi, got {tuple(length)!r}")
+    raise TypeError(
+        f"length must be an int >= 1 or an inclusive range (lo, hi), got {describe(length)}"
+    )
+
+
+def _check_generator(generator: Any) -> np.random.Generator:
+    if not isinstance(generator, np.random.Generator):
+        raise TypeError(
+            "generator must be a numpy.random.Generator (e.g. numpy.random.default_rng(0)), "
+            f"got {describe(generator)}"
+        )
+    return generator
+
+
+class Task(abc.ABC):
+    """A bench task: its vocabulary and a seeded generator of batches.
+
+    Build one with :func:`make_task`. Subclasses define how one problem is drawn.
+
+    Attributes:
+        name: The task's name (one of :data:`posenc.bench.spec.TASKS`).
+        vocab: The token strings; token id ``i`` is ``vocab[i]``; ``vocab[0]`` is
+            ``"<pad>"`` and ``vocab[1]`` ``"<bos>"``.
+        vocab_size: ``len(vocab)``.
+        pad_id: 0.
+    """
+
+    name: str
+    vocab: tuple[str, ...]
+    pad_id = 0
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids (``len(vocab)``)."""
+        return len(self.vocab)
+
+    def token_id(self, token: str) -> int:
+        """The id of the token string ``token`` (ValueError if it is not in the vocabulary)."""
+        try:
+            return self.vocab.index(token)
+        except ValueError:
+            raise ValueError(f"{token!r} is not in the {self.name} vocabulary") from None
+
+    def max_positions(self, length: int) -> int:
+        """``max_positions(self, length)``: the sequence length of problem length ``length``."""
+        return max_positions(self, length)
+
+    def decode(self, ids: Any) -> list[str]:
+        """The token strings of a 1-D sequence of ids (pads included)."""
+        return [self.vocab[int(i)] for i in ids]
+
+    def batch(
+        self,
+        n: int,
+        length: int | tuple[int, int],
+        generator: np.random.Generator,
+        *,
+        split: str = "train",
+    ) -> tuple[Tensor, Tensor]:
+        """``n`` sequences of problem length ``length`` (or each drawn from a range).
+
+        Args:
+            n: Number of sequences (>= 1).
+            length: A problem length (every sequence has it) or an inclusive range
+                ``(lo, hi)`` from which each sequence's length is drawn uniformly.
+            generator: The ``numpy.random.Generator`` every random choice comes from: the
+                same generator state gives the same batch.
+            split: ``"train"`` or ``"eval"``; only lm draws its windows from different
+                parts of the text (first 90% / last 10%).
+
+        Returns:
+            ``(tokens, target_mask)``: ``tokens`` an int64 tensor ``(n, T)`` with
+            ``T = max_positions(task, longest length drawn)``, shorter rows padded with
+            id 0 at the end; ``target_mask`` a bool tensor ``(n, T)``, True at the tokens
+            to predict (a model scores ``tokens[:, t]`` with its output at ``t - 1``).
+
+        Example:
+            >>> task = make_task("reverse")
+            >>> tokens, mask = task.batch(1, 3, np.random.default_rng(0))
+            >>> task.decode(tokens[0])
+            ['<bos>', 'i', 'g', 'f', '<sep>', 'f', 'g', 'i', '<eos>']
+            >>> mask[0].tolist()
+            [False, False, False, False, False, True, True, True, True]
+        """
+        n = check_int(n, "n", minimum=1)
+        lo, hi = _check_lengths(length)
+        generator = _check_generator(generator)
+        check_choice(split, "split", SPLITS)
+        lengths = np.full(n, lo) if lo == hi else generator.integers(lo, hi + 1, size=n)
+        rows = self._rows(lengths, generator, split)  # n × (tokens, scored)
+        width = max(len(row) for row, _ in rows)
+        tokens = torch.full((n, width), self.pad_id, dtype=torch.long)  # (n, T)
+        mask = torch.zeros((n, width), dtype=torch.bool)  # (n, T)
+        for i, (row, scored) in enumerate(rows):
+            tokens[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+            if isinstance(scored, np.ndarray):  # a mask of the scored tokens
+                mask[i, : len(row)] = torch.from_numpy(scored)
+            else:  # the scored tokens are the last ones, from index `scored` on
+                mask[i, scored : len(row)] = True
+        return tokens, mask
+
+    @abc.abstractmethod
+    def problem_lengths(self, tokens: Tensor) -> Tensor:
+        """The problem length of each row of a batch made by :meth:`batch`.
+
+        Args:
+            tokens: ``(batch, T)`` token ids.
+
+        Returns:
+            An int64 tensor ``(batch,)``.
+        """
+
+    @abc.abstractmethod
+    def _rows(
+        self, lengths: np.ndarray, generator: np.random.Generator, split: str
+    ) -> list[tuple[np.ndarray, int | np.ndarray]]:
+        """One ``(token ids, scored)`` per problem length: ``scored`` is the index of the
+        first scored token (all later ones are scored too) or a bool mask of the row."""
+
+
+class AlgorithmicTask(Task):
+    """copy, reverse, sort: ``[BOS] input [SEP] target [EOS]``; add: columns (module docstring).
+
+    Args:
+        name: ``"copy"``, ``"reverse"``, ``"sort"`` or ``"add"``.
+
+    Example:
+        >>> task = make_task("add")
+        >>> tokens, _ = task.batch(1, 2, np.random.default_rng(3))
+        >>> " ".join(task.decode(tokens[0]))  # 08 + 21 = 029: columns 8+1=9, 0+2=2, carry 0
+        '<bos> 8 1 9 0 2 2 <sep> 0 <eos>'
+        >>> task.read_numbers(tokens[0])
+        (8, 21, 29)
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = check_choice(name, "name", ("copy", "reverse", "sort", "add"))
+        if name == "add":
+            symbols = tuple("0123456789")
+            self.vocab = (PAD, BOS, SEP, EOS, *symbols)
+        else:
+            symbols = tuple("abcdefghijklmnopqrstuvwxyz"[: _ALPHABETS[name]])
+            self.vocab = (PAD, BOS, SEP, EOS, *symbols)
+        self.symbols = symbols
+        self.first_symbol = len(self.vocab) - len(symbols)  # id of symbols[0]
+        self.bos_id, self.sep_id, self.eos_id = 1, 2, 3
+
+    def _rows(
+        self, lengths: np.ndarray, generator: np.random.Generator, split: str
+    ) -> list[tuple[np.ndarray, int | np.ndarray]]:
+        k, first = len(self.symbols), self.first_symbol
+        operands = 2 if self.name == "add" else 1
+        # One draw for the whole batch: (batch, operands, longest) symbol indices.
+        draws = generator.integers(0, k, size=(len(lengths), operands, int(lengths.max())))
+        rows = []
+        for n, draw in zip(lengths.tolist(), draws, strict=True):
+            x = draw[0, :n]  # (n,) symbol indices
+            if self.name == "copy":
+                source, target = x, x
+            elif self.name == "reverse":
+                source, target = x, x[::-1]
+            elif self.name == "sort":
+                source, target = x, np.sort(x)
+            else:  # add: columns (a_i, b_i, sum digit), least-significant first
+                rows.append(self._add_row(x, draw[1, :n]))
+                continue
+            prefix = np.concatenate([[self.bos_id], source + first, [self.sep_id]])
+            row = np.concatenate([prefix, target + first, [self.eos_id]]).astype(np.int64)
+            rows.append((row, len(prefix)))
+        return rows
+
+    def _add_row(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One add sequence and its scored tokens (the sum digits, the carry and EOS)."""
+        first, carry, columns = self.first_symbol, 0, []
+        for da, db in zip(a.tolist(), b.tolist(), strict=True):
+            carry, digit = divmod(da + db + carry, 10)
+            columns += [da, db, digit]
+        body = np.asarray(columns, dtype=np.int64) + first  # (3n,)
+        row = np.concatenate([[self.bos_id], body, [self.sep_id, carry + first, self.eos_id]])
+        scored = np.zeros(len(row), dtype=bool)
+        scored[3 : 3 * len(a) + 1 : 3] = True  # c_0 .. c_{n-1}: the third of each column
+        scored[-2:] = True  # the final carry and EOS
+        return row.astype(np.int64), scored
+
+    def problem_lengths(self, tokens: Tensor) -> Tensor:
+        sep = (tokens == self.sep_id).long().argmax(dim=1)  # (B,) index of [SEP]
+        if self.name == "add":
+            return (sep - 1) // 3  # BOS, n columns of three digits
+        return sep - 1  # BOS, n symbols
+
+    def read_numbers(self, row: Tensor) -> tuple[int, int, int]:
+        """add only: ``(a, b, sum)`` as written in one sequence (digits least-significant first).
+
+        Args:
+            row: A 1-D tensor of token ids of one ``"add"`` sequence (padding allowed).
+
+        Returns:
+            The two operands and the sum that the tokens spell.
+        """
+        if self.name != "add":
+            raise ValueError(f"read_numbers is for the add task, not {self.name!r}")
+        ids = [int(i) for i in row]
+        sep = ids.index(self.sep_id)
+        columns = ids[1:sep]  # a_0 b_0 c_0 a_1 b_1 c_1 ...
+
+        def number(part: list[int]) -> int:  # least-significant digit first
+            return sum((i - self.first_symbol) * 10**rank for rank, i in enumerate(part))
+
+        total = [*columns[2::3], ids[sep + 1]]  # the sum digits, then the final carry
+        return number(columns[0::3]), number(columns[1::3]), number(total)
+
+
+class TextTask(Task):
+    """lm: windows of exactly ``n`` characters of a text, after ``[BOS]``; all scored.
+
+    Args:
+        text: The text (a str of at least 20 characters); the first 90% is for
+            training, the rest for evaluation.
+        source: What the text is (shown in error messages), e.g. its path.
+
+    Attributes:
+        train_ids, eval_ids: The two parts of the text as int64 arrays of token ids.
+
+    Example:
+        >>> task = TextTask("abc" * 18 + "abxabc")  # 54 characters to train, 6 to evaluate
+        >>> task.vocab
+        ('<pad>', '<bos>', '<unk>', 'a', 'b', 'c')
+        >>> tokens, mask = task.batch(1, 4, np.random.default_rng(0), split="eval")
+        >>> task.decode(tokens[0]), mask[0].tolist()  # "x" is not in the training part
+        (['<bos>', '<unk>', 'a', 'b', 'c'], [False, True, True, True, True])
+    """
+
+    def __init__(self, text: str, *, source: str = "text") -> None:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {describe(text)}")
+        if len(text) < 20:
+            raise ValueError(
+                f"the lm text ({source}) must have at least 20 characters to split 90/10 into "
+                f"training and evaluation parts, got {len(text)}"
+            )
+        self.name = "lm"
+        self.source = source
+        cut = math.ceil(0.9 * len(text))
+        train, held_out = text[:cut], text[cut:]
+        self.vocab = (PAD, BOS, UNK, *sorted(set(train)))
+        self.bos_id, self.unk_id = 1, 2
+        index = {c: i for i, c in enumerate(self.vocab) if i > 2}
+        self.train_ids = np.fromiter((index[c] for c in train), np.int64, len(train))
+        self.eval_ids = np.fromiter(
+            (index.get(c, self.unk_id) for c in held_out), np.int64, len(held_out)
+        )
+
+    def _rows(
+        self, lengths: np.ndarray, generator: np.random.Generator, split: str
+    ) -> list[tuple[np.ndarray, int]]:
+        ids = self.train_ids if split == "train" else self.eval_ids
+        longest = int(lengths.max())
+        if longest > len(ids):
+            raise ValueError(
+                f"an lm window of {longest} characters does not fit in the {split} part of "
+                f"the text ({self.source}: {len(ids)} characters)"
+            )
+        starts = generator.integers(0, len(ids) - lengths + 1)  # (batch,)
+        return [
+            (np.concatenate([[self.bos_id], ids[s : s + n]]), 1)
+            for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)
+        ]
+
+    def problem_lengths(self, tokens: Tensor) -> Tensor:
+        return (tokens != self.pad_id).long().sum(dim=1) - 1  # (B,) characters after BOS
+
+
+def make_task(name: str, *, text: str | os.PathLike[str] | None = None) -> Task:
+    """The task called ``name``; for ``"lm"``, on the text file ``text`` or the synthetic text.
+
+    Args:
+        name: One of :data:`posenc.bench.spec.TASKS`.
+        text: lm only: path of a UTF-8 text file; ``None`` uses :func:`synthetic_text`.
+
+    Returns:
+        A :class:`Task`.
+
+    Raises:
+        ValueError: An unknown name, ``text`` with a task other than lm, a file that is
+            not UTF-8 or too short.
+        FileNotFoundError: No file at ``text``.
+
+    Example:
+        >>> make_task("copy").vocab_size
+        14
+    """
+    check_choice(name, "task", TASKS)
+    if name != "lm":
+        if text is not None:
+            raise ValueError(f"text={text!r} applies to task 'lm' only, got task {name!r}")
+        return AlgorithmicTask(name)
+    if text is None:
+        return _synthetic_task()
+    path = os.fspath(text)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"lm text file {path!r} does not exist (or is not a file)")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            content = handle.read()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"lm text file {path!r} is not valid UTF-8: {exc}") from None
+    return TextTask(content, source=path)
+
+
+@functools.lru_cache(maxsize=1)
+def _synthetic_task() -> TextTask:
+    return TextTask(synthetic_text(), source="synthetic grammar")
+
+
+# ---------------------------------------------------------------------------------------
+# The synthetic text
+
+_NOUNS = (
+    ("cat", "cats"),
+    ("dog", "dogs"),
+    ("bird", "birds"),
+    ("child", "children"),
+    ("teacher", "teachers"),
+    ("farmer", "farmers"),
+    ("mouse", "mice"),
+)
+_TRANSITIVE = (("sees", "see"), ("likes", "like"), ("chases", "chase"), ("helps", "help"))
+_INTRANSITIVE = (("runs", "run"), ("sleeps", "sleep"), ("sings", "sing"), ("waits", "wait"))
+_ADJECTIVES = ("old", "small", "red", "happy", "quiet")
+_DETERMINERS = (("the", "a", "one"), ("the", "some", "two"))  # singular, plural
+_MAX_DEPTH = 4
+
+
+class _Grammar:
+    """Sentences whose verbs agree in number with subjects that nested clauses separate.
+
+    ``S → NP_x VP_x``; ``NP_x → Det_x [Adj] Noun_x [RC_x] [( S )]``;
+    ``RC_x → that VP_x`` (subject relative: agrees with the head noun) or
+    ``that NP_y TV_y`` (object relative: agrees with its own subject); ``VP_x → IV_x`` or
+    ``TV_x NP_y``. The number ``x`` of a subject is drawn at random, and a relative clause
+    or a bracketed sentence between a subject and its verb makes the agreement
+    long-range; brackets nest. Each level of nesting halves the chance of another.
+    """
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def pick(self, options: tuple) -> Any:
+        return options[int(self.rng.integers(len(options)))]
+
+    def chance(self, p: float) -> bool:
+        return bool(self.rng.random() < p)
+
+    def sentence(self, depth: int) -> list[str]:
+        number = int(self.rng.integers(2))  # 0 singular, 1 plural
+        return self.noun_phrase(number, depth) + self.verb_phrase(number, depth)
+
+    def noun_phrase(self, number: int, depth: int) -> list[str]:
+        words = [self.pick(_DETERMINERS[number])]
+        if self.chance(0.3):
+            words.append(self.pick(_ADJECTIVES))
+        words.append(self.pick(_NOUNS)[number])
+        deeper = depth < _MAX_DEPTH
+        if deeper and self.chance(0.4 * 0.5**depth):
+            if self.chance(0.5):  # subject relative clause
+                words += ["that", *self.verb_phrase(number, depth + 1)]
+            else:  # object relative clause
+                other = int(self.rng.integers(2))
+                inner = self.noun_phrase(other, depth + 1)
+                words += ["that", *inner, self.pick(_TRANSITIVE)[other]]
+        if deeper and self.chance(0.2 * 0.5**depth):
+            words += ["(", *self.sentence(depth + 1), ")"]
+        return words
+
+    def verb_phrase(self, number: int, depth: int) -> list[str]:
+        if self.chance(0.5):
+            return [self.pick(_INTRANSITIVE)[number]]
+        other = int(self.rng.integers(2))
+        return [self.pick(_TRANSITIVE)[number], *self.noun_phrase(other, depth + 1)]
+
+
+@functools.lru_cache(maxsize=1)
+def synthetic_text() -> str:
+    """The default lm text: about 300 KB from a small grammar, the same in every process.
+
+    Sentences of a toy English (nouns and verbs that agree in number, relative clauses,
+    bracketed sentences nested inside noun phrases) end with ``" ."``, and a line break
+    follows every sentence; the generator's seed is fixed, so the text never changes.
+
+    Returns:
+        A str of at least 300,000 characters: lowercase letters, spaces, ``( ) .`` and
+        newlines.
+
+    Example:
+        >>> synthetic_text()[:60]
+        'one bird ( one child likes two dogs ) sees two dogs that a h'
+    """
+    grammar = _Grammar(np.random.default_rng(_SYNTHETIC_SEED))
+    lines, size = [], 0
+    while size < _SYNTHETIC_CHARS:
+        line = " ".join([*grammar.sentence(0), "."]) + "\n"
+        lines.append(line)
+        size += len(line)
+    return "".join(lines)
