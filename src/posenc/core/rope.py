@@ -779,6 +779,54 @@ def _float_format(array: np.ndarray, name: str) -> str:
     return dtype_name
 
 
+def check_rope_shapes(
+    x_shape: tuple[int, ...],
+    cos_shape: tuple[int, ...],
+    sin_shape: tuple[int, ...],
+    rotary_dim: int | None,
+) -> int:
+    """The rotary width of :func:`apply_rope`'s arguments, or a ValueError naming the shapes.
+
+    Shared by the front ends' ``apply_rope``: the tables' last axis is the rotated width
+    (``rotary_dim`` must equal it when given), even, at most ``x``'s feature axis, and the
+    tables broadcast to ``x[..., :rotary_dim]`` without enlarging it.
+    """
+    if cos_shape != sin_shape:
+        raise ValueError(f"cos and sin must have the same shape, got {cos_shape} and {sin_shape}")
+    if len(x_shape) < 1 or len(cos_shape) < 1:
+        raise ValueError(f"x and cos/sin need a feature axis, got shapes {x_shape} and {cos_shape}")
+    head_dim, width = x_shape[-1], cos_shape[-1]
+    if rotary_dim is None:
+        rotary_dim = width
+    elif rotary_dim != width:
+        raise ValueError(
+            f"rotary_dim={rotary_dim} does not match the tables' last axis {width}; "
+            "build the tables for the rotated width only"
+        )
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ValueError(
+            f"the rotary width (the tables' last axis) must be an even int >= 2, got {rotary_dim}"
+        )
+    if rotary_dim > head_dim:
+        raise ValueError(
+            f"the rotary width {rotary_dim} exceeds x's feature axis {head_dim} "
+            f"(x has shape {x_shape})"
+        )
+    rotated_shape = (*x_shape[:-1], rotary_dim)
+    try:
+        broadcast = np.broadcast_shapes(rotated_shape, cos_shape)
+    except ValueError:
+        broadcast = None
+    if broadcast != rotated_shape:
+        raise ValueError(
+            f"cos/sin of shape {cos_shape} do not broadcast to x[..., :{rotary_dim}] of shape "
+            f"{rotated_shape} without enlarging it: expected (seq, rotary_dim) = "
+            f"{rotated_shape[-2:]}; for x of shape (batch, seq, heads, head_dim) pass "
+            "cos[:, None, :] and sin[:, None, :]"
+        )
+    return int(rotary_dim)
+
+
 def apply_rope(
     x: Any,
     cos: Any,
@@ -819,40 +867,12 @@ def apply_rope(
     fmt = _float_format(x, "x")
     _float_format(cos, "cos")
     _float_format(sin, "sin")
-    if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {cos.shape} and {sin.shape}")
-    if x.ndim < 1 or cos.ndim < 1:
-        raise ValueError(f"x and cos/sin need a feature axis, got shapes {x.shape} and {cos.shape}")
-    head_dim, width = x.shape[-1], cos.shape[-1]
-    if rotary_dim is None:
-        rotary_dim = width
-    else:
-        rotary_dim = check_int(rotary_dim, "rotary_dim", minimum=2)
-        if rotary_dim != width:
-            raise ValueError(
-                f"rotary_dim={rotary_dim} does not match the tables' last axis {width}; "
-                "build the tables for the rotated width only"
-            )
-    if rotary_dim < 2 or rotary_dim % 2:
-        raise ValueError(
-            f"the rotary width (the tables' last axis) must be an even int >= 2, got {rotary_dim}"
-        )
-    if rotary_dim > head_dim:
-        raise ValueError(
-            f"the rotary width {rotary_dim} exceeds x's feature axis {head_dim} "
-            f"(x has shape {x.shape})"
-        )
-    rotated_shape = (*x.shape[:-1], rotary_dim)
-    try:
-        broadcast = np.broadcast_shapes(rotated_shape, cos.shape)
-    except ValueError:
-        broadcast = None
-    if broadcast != rotated_shape:
-        raise ValueError(
-            f"cos/sin of shape {cos.shape} do not broadcast to x[..., :{rotary_dim}] of shape "
-            f"{rotated_shape}; expected (seq, rotary_dim) = {rotated_shape[-2:]} or a shape "
-            "that broadcasts to x's without enlarging it"
-        )
+    rotary_dim = check_rope_shapes(
+        x.shape,
+        cos.shape,
+        sin.shape,
+        None if rotary_dim is None else check_int(rotary_dim, "rotary_dim", minimum=2),
+    )
 
     xr = x[..., :rotary_dim].astype(np.float64)
     c, s = cos.astype(np.float64), sin.astype(np.float64)

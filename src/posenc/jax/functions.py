@@ -44,7 +44,13 @@ from ..core.alibi import MODES, alibi_bias_values
 from ..core.alibi import alibi_slopes as _core_alibi_slopes
 from ..core.nd import ND_LAYOUTS, check_channels, check_shape, nd_values
 from ..core.precision import FORMATS, round_to_format
-from ..core.rope import ROPE_LAYOUTS, ROPE_SCALINGS, rope_scaling, rope_table_values
+from ..core.rope import (
+    ROPE_LAYOUTS,
+    ROPE_SCALINGS,
+    check_rope_shapes,
+    rope_scaling,
+    rope_table_values,
+)
 from ..core.sinusoidal import table_values
 from ..core.t5 import bucket_values, check_bucket_options, check_lengths
 
@@ -448,40 +454,12 @@ def apply_rope(
     layout = check_choice(layout, "layout", ROPE_LAYOUTS)
     x = _float_array(x, "x")
     cos, sin = _float_array(cos, "cos"), _float_array(sin, "sin")
-    if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {cos.shape} and {sin.shape}")
-    if x.ndim < 1 or cos.ndim < 1:
-        raise ValueError(f"x and cos/sin need a feature axis, got shapes {x.shape} and {cos.shape}")
-    head_dim, width = x.shape[-1], cos.shape[-1]
-    if rotary_dim is None:
-        rotary_dim = width
-    else:
-        rotary_dim = static_int(rotary_dim, "rotary_dim", minimum=2)
-        if rotary_dim != width:
-            raise ValueError(
-                f"rotary_dim={rotary_dim} does not match the tables' last axis {width}; build "
-                "the tables for the rotated width only"
-            )
-    if rotary_dim < 2 or rotary_dim % 2:
-        raise ValueError(
-            f"the rotary width (the tables' last axis) must be an even int >= 2, got {rotary_dim}"
-        )
-    if rotary_dim > head_dim:
-        raise ValueError(
-            f"the rotary width {rotary_dim} exceeds x's feature axis {head_dim} (x has shape "
-            f"{x.shape})"
-        )
-    rotated_shape = (*x.shape[:-1], rotary_dim)
-    try:
-        broadcast = np.broadcast_shapes(rotated_shape, cos.shape)
-    except ValueError:
-        broadcast = None
-    if broadcast != rotated_shape:
-        raise ValueError(
-            f"cos/sin of shape {cos.shape} do not broadcast to x[..., :{rotary_dim}] of shape "
-            f"{rotated_shape} without enlarging it; for x of shape (batch, seq, heads, "
-            "head_dim) pass cos[:, None, :] and sin[:, None, :]"
-        )
+    rotary_dim = check_rope_shapes(
+        x.shape,
+        cos.shape,
+        sin.shape,
+        None if rotary_dim is None else static_int(rotary_dim, "rotary_dim", minimum=2),
+    )
     compute = jnp.promote_types(jnp.promote_types(x.dtype, cos.dtype), jnp.float32)
     xr = x[..., :rotary_dim].astype(compute)  # (..., rotary_dim)
     c, s = cos.astype(compute), sin.astype(compute)
@@ -492,7 +470,7 @@ def apply_rope(
         pairs = xr.reshape(*xr.shape[:-1], rotary_dim // 2, 2)  # (..., r/2, 2)
         turned = jnp.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(xr.shape)
     out = (xr * c + turned * s).astype(x.dtype)  # (..., rotary_dim)
-    if rotary_dim < head_dim:
+    if rotary_dim < x.shape[-1]:
         out = jnp.concatenate([out, x[..., rotary_dim:]], axis=-1)
     return out
 
