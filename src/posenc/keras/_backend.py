@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -215,3 +216,19 @@ def gather_rows(table: Any, index: Any, valid: Any) -> Any:
     for _ in range(len(table.shape) - 1):
         mask = ops.expand_dims(mask, -1)
     return nan_where_invalid(rows, mask)
+
+
+def table_rows(table: Any, start: Any, seq: Any, too_long: Callable[[int], str]) -> Any:
+    """Rows ``start .. start + seq - 1`` of a ``(rows, width)`` table.
+
+    Sliced when ``start`` and ``seq`` are Python ints (a ``ValueError`` with the message
+    ``too_long(start + seq)`` past the table); gathered otherwise, with NaN rows for
+    positions past the table (see :func:`gather_rows`).
+    """
+    rows, width = (int(n) for n in table.shape)
+    if isinstance(start, int) and isinstance(seq, int):
+        if start + seq > rows:
+            raise ValueError(too_long(start + seq))
+        return ops.slice(table, [start, 0], [seq, width])  # (seq, width)
+    index, valid = offset_rows(start, seq, rows)  # (seq,) each
+    return gather_rows(table, index, valid)  # (seq, width)

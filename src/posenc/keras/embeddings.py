@@ -8,6 +8,7 @@ backend. The learned table is an ordinary trainable weight.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -25,10 +26,9 @@ from ..core.nd import ND_LAYOUTS, check_channels, check_shape, nd_values
 from ._backend import (
     cacheable,
     format_of,
-    gather_rows,
-    offset_rows,
     outside_traces,
     start_position,
+    table_rows,
     to_backend,
 )
 
@@ -165,23 +165,23 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         seq = ops.shape(inputs)[1]  # an int, or a scalar tensor in a graph with seq None
         start = start_position(start_index, name)
         table = ops.convert_to_tensor(self.embeddings)  # (max_length, d)
-        if isinstance(start, int) and isinstance(seq, int):
-            if start + seq > self.max_length:
-                raise ValueError(
-                    f"start_index ({start}) + sequence length ({seq}) = {start + seq} exceeds "
-                    f"max_length={self.max_length} (positions 0..{self.max_length - 1}); "
-                    "learned embeddings cannot extrapolate: build the layer with a larger "
-                    "max_length"
-                )
-            rows = ops.slice(table, [start, 0], [seq, self.d_model])  # (seq, d)
-        else:  # positions known only when the graph runs: NaN rows past the table
-            index, valid = offset_rows(start, seq, self.max_length)  # (seq,) each
-            rows = gather_rows(table, index, valid)  # (seq, d)
+        rows = table_rows(table, start, seq, self._too_long(start, seq))  # (seq, d)
         rows = ops.cast(rows, dtype)  # (seq, d)
         outputs = ops.add(inputs, rows)  # (batch, seq, d), rows broadcast over batch
         if self._dropout_layer is not None:
             outputs = self._dropout_layer(outputs, training=training)
         return outputs
+
+    def _too_long(self, start: Any, seq: Any) -> Callable[[int], str]:
+        def message(end: int) -> str:
+            return (
+                f"start_index ({start}) + sequence length ({seq}) = {end} exceeds "
+                f"max_length={self.max_length} (positions 0..{self.max_length - 1}); "
+                "learned embeddings cannot extrapolate: build the layer with a larger "
+                "max_length"
+            )
+
+        return message
 
     def compute_output_shape(self, input_shape: Any) -> Any:
         return input_shape

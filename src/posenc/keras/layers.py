@@ -26,10 +26,9 @@ from ..core.sinusoidal import table_values
 from ._backend import (
     cacheable,
     format_of,
-    gather_rows,
-    offset_rows,
     outside_traces,
     start_position,
+    table_rows,
     to_backend,
 )
 
@@ -230,17 +229,15 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         table = self._table(format_of(dtype, "the input dtype"))  # (max_length, d)
         seq = ops.shape(inputs)[1]  # an int, or a scalar tensor in a graph with seq None
         start = start_position(start_index, type(self).__name__)
-        if isinstance(start, int) and isinstance(seq, int):
-            if start + seq > self.max_length:
-                raise ValueError(
-                    f"start_index ({start}) + sequence length ({seq}) = {start + seq} exceeds "
-                    f"max_length={self.max_length}; build the layer with max_length >= "
-                    f"{start + seq}"
-                )
-            rows = ops.slice(table, [start, 0], [seq, self.d_model])  # (seq, d)
-        else:  # positions known only when the graph runs: NaN rows past the table
-            index, valid = offset_rows(start, seq, self.max_length)  # (seq,) each
-            rows = gather_rows(table, index, valid)  # (seq, d)
+        rows = table_rows(
+            table,
+            start,
+            seq,
+            lambda end: (
+                f"start_index ({start}) + sequence length ({seq}) = {end} exceeds "
+                f"max_length={self.max_length}; build the layer with max_length >= {end}"
+            ),
+        )  # (seq, d)
         outputs = ops.add(inputs, rows)  # (batch, seq, d), rows broadcast over batch
         if self._dropout_layer is not None:
             outputs = self._dropout_layer(outputs, training=training)
