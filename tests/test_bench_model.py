@@ -49,7 +49,7 @@ def parts(task, row, mask_row):
         ({"steps": 0}, ValueError, "steps must be an int >= 1, got 0"),
         ({"steps": 2.0}, TypeError, "steps"),
         ({"seed": -1}, ValueError, "seed"),
-        ({"lr": 0.0}, ValueError, "lr must be a finite float > 0, got 0.0"),
+        ({"lr": 0.0}, ValueError, "lr must be a finite real number > 0, got 0.0"),
         ({"lr": "fast"}, TypeError, "lr"),
         ({"d_model": 30, "n_heads": 4}, ValueError, "d_model=30 and n_heads=4"),
         ({"scheme": "rope", "d_model": 12, "n_heads": 4}, ValueError, "head width 3"),

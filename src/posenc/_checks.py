@@ -51,13 +51,19 @@ def check_d_model(value: Any) -> int:
     return check_int(value, "d_model", minimum=1)
 
 
+def check_positive(value: Any, name: str) -> float:
+    """A finite real number > 0 (not a bool), as a float."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a finite real number > 0, got {describe(value)}")
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{name} must be a finite real number > 0, got {value!r}")
+    return number
+
+
 def check_base(value: Any) -> float:
     """The ``n`` of ``sin(k / n^(2i/d))``: a finite real number > 0 other than 1."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"base must be a finite real number > 0, got {describe(value)}")
-    base = float(value)
-    if not math.isfinite(base) or base <= 0:
-        raise ValueError(f"base must be a finite real number > 0, got {value!r}")
+    base = check_positive(value, "base")
     if base == 1:
         raise ValueError(
             "base must not be 1: with base=1 every frequency n^(-2i/d) equals 1, so every "

@@ -11,14 +11,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
-import numbers
 import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from posenc._checks import check_choice, check_int, describe
+from posenc._checks import check_choice, check_int, check_positive, describe
 
 SCHEMES = ("nope", "learned", "sinusoidal", "rope", "alibi", "t5")
 TASKS = ("copy", "reverse", "sort", "add", "lm")
@@ -114,12 +112,7 @@ class RunSpec:
         put("seed", check_int(self.seed, "seed", minimum=0))
         put("steps", check_int(self.steps, "steps", minimum=1))
         put("batch_size", check_int(self.batch_size, "batch_size", minimum=1))
-        lr = self.lr
-        if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
-            raise TypeError(f"lr must be a finite float > 0, got {describe(lr)}")
-        if not (math.isfinite(float(lr)) and float(lr) > 0):
-            raise ValueError(f"lr must be a finite float > 0, got {lr!r}")
-        put("lr", float(lr))
+        put("lr", check_positive(self.lr, "lr"))
         put("d_model", check_int(self.d_model, "d_model", minimum=1))
         put("n_layers", check_int(self.n_layers, "n_layers", minimum=1))
         put("n_heads", check_int(self.n_heads, "n_heads", minimum=1))

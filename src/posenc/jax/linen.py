@@ -25,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -48,6 +47,7 @@ from .._checks import (
     check_base,
     check_choice,
     check_int,
+    check_positive,
     check_probability,
     describe,
 )
@@ -115,14 +115,6 @@ def _check_start(start: Any, name: str) -> int | jax.Array:
         check_traced_offset(start, f"{name}: start_index")
         return start
     return concrete_offset(start, f"{name}: start_index")
-
-
-def _check_real(value: Any, name: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a finite real number > 0, got {describe(value)}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite real number > 0, got {value!r}")
-    return float(value)
 
 
 def _dropout(rate: float, y: jax.Array, deterministic: bool) -> jax.Array:
@@ -252,7 +244,7 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def __post_init__(self) -> None:
         check_int(self.max_length, "max_length", minimum=1)
-        _check_real(self.init_std, "init_std")
+        check_positive(self.init_std, "init_std")
         check_probability(self.dropout_rate, "dropout_rate")
         super().__post_init__()
 

@@ -30,6 +30,7 @@ from .._checks import (
     check_choice,
     check_d_model,
     check_int,
+    check_positive,
     check_probability,
     describe,
 )
@@ -356,11 +357,7 @@ class LearnedPositionalEmbedding(nn.Module):
         super().__init__()
         self.max_length = check_int(max_length, "max_length", minimum=1)
         self.d_model = check_d_model(d_model)
-        if isinstance(init_std, (bool, np.bool_)) or not isinstance(init_std, numbers.Real):
-            raise TypeError(f"init_std must be a finite real number > 0, got {describe(init_std)}")
-        self.init_std = float(init_std)
-        if not (math.isfinite(self.init_std) and self.init_std > 0):
-            raise ValueError(f"init_std must be a finite real number > 0, got {init_std!r}")
+        self.init_std = check_positive(init_std, "init_std")
         self.weight = nn.Parameter(torch.empty(self.max_length, self.d_model))
         self.dropout = nn.Dropout(check_probability(dropout))
         self.reset_parameters()
