@@ -61,6 +61,28 @@ def check_positive(value: Any, name: str) -> float:
     return number
 
 
+def check_real(
+    value: Any, name: str, *, minimum: float | None = None, strict: bool = False
+) -> float:
+    """A finite real number (not bool), ``> minimum`` if ``strict`` else ``>= minimum``."""
+    bound = "" if minimum is None else f" {'>' if strict else '>='} {minimum:g}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a finite real number{bound}, got {describe(value)}")
+    number = float(value)
+    if not math.isfinite(number) or (
+        minimum is not None and (number <= minimum if strict else number < minimum)
+    ):
+        raise ValueError(f"{name} must be a finite real number{bound}, got {value!r}")
+    return number
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """A bool (Python or NumPy), as a Python bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {describe(value)}")
+    return bool(value)
+
+
 def check_base(value: Any) -> float:
     """The ``n`` of ``sin(k / n^(2i/d))``: a finite real number > 0 other than 1."""
     base = check_positive(value, "base")

@@ -5,12 +5,23 @@ from .frequencies import frequencies, wavelengths
 from .nd import sinusoidal_nd
 from .nope import nope
 from .rope import (
+    ROPE_SCALING_SPECS,
     ROPE_SCALINGS,
+    DefaultScaling,
+    DynamicNTKScaling,
+    LinearScaling,
+    Llama3Scaling,
+    LongRopeScaling,
+    NTKScaling,
+    RopeScaling,
+    YarnScaling,
     apply_rope,
+    register_rope_scaling,
     rope_frequencies,
     rope_permutation,
     rope_scaling,
     rope_tables,
+    unregister_rope_scaling,
 )
 from .rope_nd import apply_xpos, axial_rope_tables, xpos_scales
 from .sinusoidal import layout_permutation, sinusoidal
@@ -18,6 +29,15 @@ from .t5 import relative_position_bucket, relative_positions, t5_bias
 
 __all__ = [
     "ROPE_SCALINGS",
+    "ROPE_SCALING_SPECS",
+    "DefaultScaling",
+    "DynamicNTKScaling",
+    "LinearScaling",
+    "Llama3Scaling",
+    "LongRopeScaling",
+    "NTKScaling",
+    "RopeScaling",
+    "YarnScaling",
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
@@ -26,6 +46,7 @@ __all__ = [
     "frequencies",
     "layout_permutation",
     "nope",
+    "register_rope_scaling",
     "relative_position_bucket",
     "relative_positions",
     "rope_frequencies",
@@ -35,6 +56,7 @@ __all__ = [
     "sinusoidal",
     "sinusoidal_nd",
     "t5_bias",
+    "unregister_rope_scaling",
     "wavelengths",
     "xpos_scales",
 ]

@@ -22,18 +22,12 @@ from typing import Any
 import numpy as np
 
 from .._checks import DEFAULT_MAX_BYTES, check_choice, check_int, check_memory
-from .precision import resolve_dtype, round_to_format
-from .t5 import check_lengths, diagonal_expand, diagonal_positions
+from .precision import CONTAINERS, resolve_dtype, round_to_format
+from .relative import check_lengths, diagonal_expand, diagonal_positions
 
 MODES = ("causal", "symmetric")
 _CONTEXT = decimal.Context(prec=50)
 _LN2 = _CONTEXT.ln(decimal.Decimal(2))
-_CONTAINERS = {
-    "float64": np.dtype(np.float64),
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(np.float32),  # bfloat16 values travel as exact float32
-}
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -162,8 +156,8 @@ def alibi_bias_values(
     For the framework adapters: with ``fmt="bfloat16"`` the result is float32 whose
     values are exactly representable in bfloat16, so no NumPy bfloat16 type is needed.
     """
-    fmt = check_choice(fmt, "fmt", list(_CONTAINERS))
-    container = _CONTAINERS[fmt]
+    fmt = check_choice(fmt, "fmt", list(CONTAINERS))
+    container = CONTAINERS[fmt]
     return _bias(query_length, key_length, num_heads, mode, offset, fmt, container, max_bytes)
 
 

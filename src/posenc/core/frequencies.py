@@ -32,7 +32,7 @@ _CONTEXT = decimal.Context(prec=50)
 
 
 @lru_cache(maxsize=256)
-def _frequency_table(d_model: int, base: float, formula: str) -> tuple[np.ndarray, ...]:
+def frequency_table(d_model: int, base: float, formula: str) -> tuple[np.ndarray, ...]:
     """``(omega, turns_hi, turns_lo)``: read-only float64 arrays of length ``ceil(d/2)``.
 
     ``omega`` is each frequency correctly rounded to float64; ``turns_hi + turns_lo`` is
@@ -64,7 +64,7 @@ def _frequency_table(d_model: int, base: float, formula: str) -> tuple[np.ndarra
 
 def frequency_turns(d_model: int, base: float, formula: str) -> tuple[np.ndarray, np.ndarray]:
     """``ω / 2π`` as a double-double ``(hi, lo)``; arguments must be validated already."""
-    _, hi, lo = _frequency_table(d_model, float(base), formula)
+    _, hi, lo = frequency_table(d_model, float(base), formula)
     return hi, lo
 
 
@@ -87,7 +87,7 @@ def frequencies(d_model: int, base: float = 10000.0, *, formula: str = "paper") 
     d_model = check_d_model(d_model)
     base = check_base(base)
     formula = check_choice(formula, "formula", FORMULAS)
-    return _frequency_table(d_model, base, formula)[0].copy()
+    return frequency_table(d_model, base, formula)[0].copy()
 
 
 def wavelengths(d_model: int, base: float = 10000.0, *, formula: str = "paper") -> np.ndarray:
@@ -103,5 +103,5 @@ def wavelengths(d_model: int, base: float = 10000.0, *, formula: str = "paper") 
     d_model = check_d_model(d_model)
     base = check_base(base)
     formula = check_choice(formula, "formula", FORMULAS)
-    _, hi, lo = _frequency_table(d_model, base, formula)
+    _, hi, lo = frequency_table(d_model, base, formula)
     return 1.0 / (hi + lo)

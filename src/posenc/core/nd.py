@@ -46,8 +46,8 @@ from .._checks import (
     check_memory,
     describe,
 )
-from .precision import resolve_dtype
-from .sinusoidal import _CONTAINERS, table_values
+from .precision import CONTAINERS, resolve_dtype
+from .sinusoidal import table_values
 
 ND_LAYOUTS = ("positional-encodings", "mae")
 MAE_MAX_AXES = 2  # MAE defines 1-D and 2-D grids only
@@ -120,7 +120,7 @@ def nd_values(
 ) -> np.ndarray:
     """:func:`sinusoidal_nd` on validated options, ``(*shape, channels)`` in the container
     of ``fmt`` (bfloat16 values travel as exact float32, as in ``table_values``)."""
-    container = _CONTAINERS[fmt]
+    container = CONTAINERS[fmt]
     check_memory(
         math.prod(shape) * channels * container.itemsize,
         "this N-D positional-encoding table",

@@ -36,6 +36,15 @@ FORMATS: dict[str, tuple[int, int]] = {
     "bfloat16": (8, -126),
 }
 
+# The NumPy container of each format's values: bfloat16 values travel as exact float32,
+# so that no NumPy bfloat16 type is needed until a user asks for one.
+CONTAINERS: dict[str, np.dtype[Any]] = {
+    "float64": np.dtype(np.float64),
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(np.float32),
+}
+
 
 def two_prod(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Dekker's exact product: ``a * b == p + e`` exactly, with ``p = fl(a * b)``.

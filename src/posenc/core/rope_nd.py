@@ -56,14 +56,20 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._checks import DEFAULT_MAX_BYTES, check_choice, check_int, check_memory, check_positions
+from .._checks import (
+    DEFAULT_MAX_BYTES,
+    check_choice,
+    check_int,
+    check_memory,
+    check_positions,
+    check_real,
+)
 from .precision import resolve_dtype, round_to_format, two_prod
 from .rope import (
     ROPE_LAYOUTS,
     RopeLayout,
-    _check_inv_freq,
-    _check_real,
     apply_rope,
+    check_inv_freq,
     rope_frequencies,
     rope_table_values,
 )
@@ -178,8 +184,8 @@ def _too_far(distance: np.ndarray, fmt: str = "float64") -> None:
 
 
 def _check_xpos_params(gamma: Any, scale_base: Any) -> tuple[float, float]:
-    gamma = _check_real(gamma, "gamma", minimum=0.0, strict=True)
-    scale_base = _check_real(scale_base, "scale_base", minimum=0.0, strict=True)
+    gamma = check_real(gamma, "gamma", minimum=0.0, strict=True)
+    scale_base = check_real(scale_base, "scale_base", minimum=0.0, strict=True)
     return gamma, scale_base
 
 
@@ -241,7 +247,7 @@ def xpos_scales(
     """
     d = _check_head_dim(head_dim)
     gamma, scale_base = _check_xpos_params(gamma, scale_base)
-    centre = _check_real(centre, "centre")
+    centre = check_real(centre, "centre")
     role = check_choice(role, "role", ("query", "key"))
     layout = check_choice(layout, "layout", ROPE_LAYOUTS)
     fmt, np_dtype = resolve_dtype(dtype)
@@ -318,7 +324,7 @@ def apply_xpos(
     lq, lk = q.shape[-2], k.shape[-2]
     if inv_freq is None:
         inv_freq = rope_frequencies(d, base)
-    inv_freq = _check_inv_freq(inv_freq)
+    inv_freq = check_inv_freq(inv_freq)
     if 2 * inv_freq.size != d:
         raise ValueError(
             f"inv_freq must hold head_dim // 2 = {d // 2} frequencies, got {inv_freq.size}"
@@ -336,7 +342,7 @@ def apply_xpos(
     if isinstance(centre, str):
         both = np.concatenate([qp.ravel(), kp.ravel()])
         centre = xpos_centre(both, check_choice(centre, "centre", XPOS_CENTRES))
-    centre = _check_real(centre, "centre")
+    centre = check_real(centre, "centre")
 
     def one(x: np.ndarray, p: np.ndarray, sign: float) -> np.ndarray:
         cos, sin = rope_table_values(p, inv_freq, fmt="float64", layout=layout)
@@ -465,7 +471,7 @@ def axial_rope_tables(
         else:
             ladders = [rope_frequencies(2 * s, base) for s in sections]
     elif mode == "mrope":
-        full = _check_inv_freq(inv_freq)
+        full = check_inv_freq(inv_freq)
         if sections is None:
             if full.size % n_axes:
                 raise ValueError(
@@ -485,7 +491,7 @@ def axial_rope_tables(
             raise TypeError(
                 f"inv_freq must be a sequence of 1-D arrays, one per axis, got {inv_freq!r}"
             )
-        ladders = [_check_inv_freq(f) for f in inv_freq]
+        ladders = [check_inv_freq(f) for f in inv_freq]
         if len(ladders) != n_axes:
             raise ValueError(
                 f"inv_freq needs one ladder per coordinate axis ({n_axes}), got {len(ladders)}"

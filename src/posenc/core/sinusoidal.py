@@ -14,6 +14,8 @@ How the table is built (and why it is both exact and fast):
   ``sin``/``cos`` table. In the interleaved layout with even ``d`` the product is
   written straight into the output viewed as complex numbers, already in
   ``[sin, cos, sin, cos, ...]`` order.
+  The phasors come from :mod:`posenc.core.phasors`, the engine every sine/cosine table
+  shares.
 * Any other positions (fractional, negative, N-D, gaps) get the exact reduction per
   element, in chunks.
 
@@ -25,10 +27,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
-import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -41,22 +39,19 @@ from .._checks import (
     check_choice,
     check_d_model,
     check_int,
-    check_length,
     check_memory,
-    check_positions,
     describe,
 )
 from .frequencies import frequency_turns
-from .precision import resolve_dtype, round_to_format, unit_phasors
-
-# Container dtype for each format (bfloat16 values travel as exact float32).
-_CONTAINERS = {
-    "float64": np.dtype(np.float64),
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(np.float32),
-}
-_CHUNK_ELEMENTS = 1 << 18  # (rows × frequencies) per chunk of float64 temporaries
+from .phasors import (
+    CHUNK_ELEMENTS,
+    contiguous_range,
+    leaf_phasors,
+    phasors,
+    run_parallel,
+    workers_for,
+)
+from .precision import CONTAINERS, resolve_dtype, round_to_format, unit_phasors
 
 
 def sinusoidal(
@@ -151,12 +146,12 @@ def table_values(
     With an int ``positions`` (a length), ``start`` shifts the range to
     ``start .. start+positions-1``.
     """
-    container = _CONTAINERS[fmt]
+    container = CONTAINERS[fmt]
     if start and not isinstance(positions, numbers.Integral):
         raise TypeError(
             f"start= applies only when positions is an int length, got {describe(positions)}"
         )
-    span = _contiguous_range(positions)
+    span = contiguous_range(positions)
     if span is not None and start:
         span = (span[0] + start, span[1])
     if span is not None and abs(span[0]) + span[1] > 2**53:
@@ -170,77 +165,8 @@ def table_values(
     turns_hi, turns_lo = frequency_turns(d_model, base, formula)
     if span is not None:
         return _range_table(span[0], span[1], d_model, turns_hi, turns_lo, fmt, layout, threads)
-    positions = np.asarray(positions)  # validated by _contiguous_range
+    positions = np.asarray(positions)  # validated by contiguous_range
     return _array_table(positions, d_model, turns_hi, turns_lo, fmt, layout)
-
-
-def _contiguous_range(positions: Any) -> tuple[int, int] | None:
-    """``(start, length)`` if ``positions`` is an int or a 1-D run of consecutive integers."""
-    if isinstance(positions, numbers.Integral) and not isinstance(positions, (bool, np.bool_)):
-        return 0, check_length(positions, "positions (a length)")
-    if isinstance(positions, (float, np.floating)):
-        raise TypeError(
-            f"positions must be an int length or an array of positions, got the float "
-            f"{positions!r}; pass an int for a length or [{positions!r}] for one position"
-        )
-    array = check_positions(positions)
-    if array.ndim != 1 or array.size == 0:
-        return None
-    if array.dtype.kind == "f" and not np.array_equal(array, np.rint(array)):
-        return None
-    start = array[0]
-    if array.size > 1 and not (np.diff(array) == 1).all():
-        return None
-    return int(start), int(array.size)
-
-
-_LEAF = 32  # ranges this short are finished by _leaf_phasors
-_DIRECT = 8  # ... which calls sin/cos for this many positions and doubles the rest
-_PARALLEL_ENTRIES = 1 << 18  # smaller tables gain nothing from a second thread
-
-
-def _leaf_phasors(start: float, n: int, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-    """``e^{i k ω}`` for ``k = start .. start+n-1`` (``n <= _LEAF``), complex128 ``(n, m)``.
-
-    One exact ``sin``/``cos`` evaluation covers positions ``start .. start+7`` and the
-    steps ``e^{i8ω}``, ``e^{i16ω}``; the rest follows by doubling (at most two complex
-    multiplies per value).
-    """
-    direct = min(n, _DIRECT)
-    steps = []
-    while direct * 2 ** len(steps) < n:
-        steps.append(float(direct * 2 ** len(steps)))
-    positions = np.concatenate([start + np.arange(direct, dtype=np.float64), steps])
-    sin, cos = unit_phasors(positions[:, None], hi, lo)
-    z = np.empty((direct * 2 ** len(steps), hi.size), np.complex128)
-    z.real[: positions.size], z.imag[: positions.size] = cos, sin
-    step = z[direct : direct + len(steps)].copy()  # the exact e^{i·step·ω} rows
-    size = direct
-    for row in step:
-        np.multiply(z[:size], row, out=z[size : 2 * size])
-        size *= 2
-    return z[:n]
-
-
-def _phasors(start: float, n: int, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-    """``e^{i k ω}`` for ``k = start .. start+n-1`` as complex128 ``(n, m)``, to ~1e-15.
-
-    Recursive: ``k = start + aB + b`` with ``B ≈ √n`` a power of two; the fine phasors
-    ``e^{ibω}`` and the coarse ones ``e^{iaBω}`` are themselves ranges (the latter of the
-    frequencies ``Bω``, whose double-double turns are ``B·hi + B·lo`` exactly), so only
-    a few positions per level ever go through ``sin``/``cos``. Each level adds one
-    complex multiply, about 2**-52 of error; a range of 10**6 positions is two levels
-    above the leaves.
-    """
-    if n <= _LEAF:
-        return _leaf_phasors(start, n, hi, lo)
-    block = 1 << math.ceil(math.log2(math.sqrt(n)))
-    n_blocks = -(-n // block)
-    fine = _phasors(0.0, block, hi, lo)  # (B, m)
-    coarse = _phasors(0.0, n_blocks, hi * block, lo * block)  # (A, m), e^{iaBω}
-    if start:
-        coarse *= _leaf_phasors(start, 1, hi, lo)
-    return (coarse[:, None, :] * fine[None, :, :]).reshape(-1, hi.size)[:n]
 
 
 def _range_table(
@@ -254,27 +180,27 @@ def _range_table(
     threads: int | None = None,
 ) -> np.ndarray:
     m = hi.size  # number of frequencies, ceil(d/2)
-    out = np.empty((length, d), _CONTAINERS[fmt])
+    out = np.empty((length, d), CONTAINERS[fmt])
     if length == 0:
         return out
-    # Top level of the recursion in _phasors, written straight into the output:
+    # Top level of the recursion in phasors(), written straight into the output:
     # sin θ + i cos θ = i·conj(e^{iθ}), so with e^{iθ} = coarse · fine the output is
     # (i·conj(coarse)) · conj(fine), already in (sin, cos) order.
     block = 1 << max(0, math.ceil(math.log2(math.sqrt(length))))
     n_blocks = -(-length // block)
-    fine = np.conj(_phasors(0.0, block, hi, lo))  # e^{-ibω}, (B, m)
-    coarse = _phasors(0.0, n_blocks, hi * block, lo * block)
+    fine = np.conj(phasors(0.0, block, hi, lo))  # e^{-ibω}, (B, m)
+    coarse = phasors(0.0, n_blocks, hi * block, lo * block)
     if start:
-        coarse *= _leaf_phasors(start, 1, hi, lo)
+        coarse *= leaf_phasors(start, 1, hi, lo)
     coarse = 1j * np.conj(coarse)  # e^{i(π/2 - (start+aB)ω)}, (A, m)
 
     direct = layout == "interleaved" and d % 2 == 0 and fmt in ("float32", "float64")
     if direct:
         # (sin, cos) pairs are exactly the (real, imag) parts of a complex array.
         z = out.view(np.complex64 if fmt == "float32" else np.complex128)  # (L, m)
-    workers = _workers(threads, length * m, n_blocks)
+    workers = workers_for(threads, length * m, n_blocks)
     # Chunks bound the temporaries and give each thread at least one.
-    blocks_per_chunk = max(1, min(_CHUNK_ELEMENTS // (block * m), -(-n_blocks // workers)))
+    blocks_per_chunk = max(1, min(CHUNK_ELEMENTS // (block * m), -(-n_blocks // workers)))
 
     def fill(a0: int) -> None:
         a1 = min(a0 + blocks_per_chunk, n_blocks)
@@ -289,73 +215,16 @@ def _range_table(
         else:
             _write(out[rows], product.real, product.imag, fmt, layout)
 
-    _run(fill, range(0, n_blocks, blocks_per_chunk), workers)
+    run_parallel(fill, range(0, n_blocks, blocks_per_chunk), workers)
     return out
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _forget_pool_after_fork() -> None:
-    """A forked child has none of the parent's threads, and maybe a lock held by one."""
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_forget_pool_after_fork)
-
-
-def _run(task: Callable[[int], None], items: Sequence[int], workers: int) -> None:
-    """``task(item)`` for every item on ``workers`` threads (the caller is one of them).
-
-    NumPy releases the GIL inside ufuncs, so the threads run in parallel. The pool is
-    made once per process (a forked child makes its own) and reused, so that tables
-    of a few hundred microseconds gain from it too.
-    """
-    if workers <= 1 or len(items) <= 1:
-        for item in items:
-            task(item)
-        return
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(_cpu_count(), thread_name_prefix="posenc")
-        pool = _POOL
-    # Interleave the items so each worker gets an even share, run share 0 here.
-    shares = [items[i::workers] for i in range(workers)]
-    futures = [pool.submit(_run_all, task, share) for share in shares[1:]]
-    _run_all(task, shares[0])
-    for future in futures:
-        future.result()
-
-
-def _run_all(task: Callable[[int], None], items: Sequence[int]) -> None:
-    for item in items:
-        task(item)
-
-
-def _workers(threads: int | None, entries: int, blocks: int) -> int:
-    """How many threads fill a table: ``threads``, or all CPUs for a large table."""
-    if threads is None:
-        threads = _cpu_count() if entries >= _PARALLEL_ENTRIES else 1
-    return max(1, min(threads, blocks))
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _array_table(
     positions: np.ndarray, d: int, hi: np.ndarray, lo: np.ndarray, fmt: str, layout: str
 ) -> np.ndarray:
     flat = positions.astype(np.float64).reshape(-1)
-    out = np.empty((flat.size, d), _CONTAINERS[fmt])
-    step = max(1, _CHUNK_ELEMENTS // hi.size)
+    out = np.empty((flat.size, d), CONTAINERS[fmt])
+    step = max(1, CHUNK_ELEMENTS // hi.size)
     for i in range(0, flat.size, step):
         sin, cos = unit_phasors(flat[i : i + step, None], hi, lo)
         _write(out[i : i + step], sin, cos, fmt, layout)

@@ -32,41 +32,19 @@ from typing import Any
 import numpy as np
 
 from .._checks import DEFAULT_MAX_BYTES, check_choice, check_int, check_memory, describe
+from .relative import check_lengths, diagonal_expand, diagonal_positions, relative_positions
+
+__all__ = [
+    "COMPATS",
+    "bucket_values",
+    "check_bucket_options",
+    "relative_position_bucket",
+    "relative_positions",
+    "t5_bias",
+]
 
 COMPATS = ("hf", "exact")
 _INT64_MAX = np.iinfo(np.int64).max
-
-
-def relative_positions(
-    query_length: int, key_length: int | None = None, *, offset: int = 0
-) -> np.ndarray:
-    """The matrix of relative positions ``key position - query position``.
-
-    Query ``i`` sits at position ``offset + i`` (``offset`` tokens already in a KV
-    cache) and key ``j`` at position ``j``, so entry ``(i, j)`` is ``j - (offset + i)``:
-    negative for keys in the past, as in Hugging Face's T5 (``memory_position -
-    context_position``).
-
-    Args:
-        query_length: Number of queries, an int >= 0.
-        key_length: Number of keys, an int >= 0; ``None`` means ``offset +
-            query_length`` (every cached token and the queries themselves).
-        offset: Position of the first query, an int >= 0.
-
-    Returns:
-        int64 array of shape ``(query_length, key_length)``.
-
-    Example:
-        >>> relative_positions(3)
-        array([[ 0,  1,  2],
-               [-1,  0,  1],
-               [-2, -1,  0]])
-        >>> relative_positions(1, 4, offset=3)  # one new token after three cached ones
-        array([[-3, -2, -1,  0]])
-    """
-    query_length, key_length, offset = check_lengths(query_length, key_length, offset)
-    positions = diagonal_positions(query_length, key_length, offset)
-    return diagonal_expand(positions, query_length, key_length)
 
 
 def relative_position_bucket(
@@ -213,44 +191,6 @@ def t5_bias(
 
 
 # ---------------------------------------------------------------------------------------
-# Shared with posenc.core.alibi: relative positions live on the diagonals of a (Q, K)
-# matrix, so anything that depends only on them is computed once per diagonal.
-
-
-def check_lengths(query_length: Any, key_length: Any, offset: Any) -> tuple[int, int, int]:
-    """Validated ``(query_length, key_length, offset)``; ``key_length=None`` → ``offset + Q``."""
-    query_length = check_int(query_length, "query_length", minimum=0)
-    offset = check_int(offset, "offset", minimum=0)
-    if key_length is None:
-        key_length = offset + query_length
-    key_length = check_int(key_length, "key_length", minimum=0)
-    if offset + max(query_length, key_length) > 2**53:
-        raise ValueError(
-            f"positions must stay within 2**53, got offset={offset}, "
-            f"query_length={query_length}, key_length={key_length}"
-        )
-    return query_length, key_length, offset
-
-
-def diagonal_positions(query_length: int, key_length: int, offset: int) -> np.ndarray:
-    """``key - query`` on each diagonal, from query ``Q-1``/key 0 to query 0/key ``K-1``.
-
-    int64 of length ``Q + K - 1``: entry ``(i, j)`` of the matrix is entry
-    ``j - i + Q - 1`` here.
-    """
-    start = -(query_length - 1) - offset
-    return np.arange(start, start + max(query_length + key_length - 1, 0), dtype=np.int64)
-
-
-def diagonal_expand(per_diagonal: np.ndarray, query_length: int, key_length: int) -> np.ndarray:
-    """``(..., Q + K - 1)`` values per diagonal → a new ``(..., Q, K)`` (Toeplitz) array."""
-    if query_length == 0 or key_length == 0:
-        return np.zeros((*per_diagonal.shape[:-1], query_length, key_length), per_diagonal.dtype)
-    windows = np.lib.stride_tricks.sliding_window_view(per_diagonal, key_length, axis=-1)
-    return np.ascontiguousarray(windows[..., ::-1, :])  # row i starts at diagonal Q-1-i
-
-
-# ---------------------------------------------------------------------------------------
 # Buckets
 
 
@@ -266,7 +206,7 @@ def check_bucket_options(
     if not isinstance(bidirectional, (bool, np.bool_)):
         raise TypeError(
             "bidirectional must be True (encoder: both directions) or False (decoder: "
-            f"causal), got {describe(bidirectional)}"
+            f"causal), a bool, got {describe(bidirectional)}"
         )
     bidirectional = bool(bidirectional)
     minimum = 4 if bidirectional else 2

@@ -1,11 +1,15 @@
 """Multi-head self-attention into which any positional scheme is injected.
 
-Where each scheme acts:
+Where each scheme acts (the roles of :mod:`posenc.torch.protocols`):
 
 * absolute encodings (sinusoidal, learned, NoPE) act on the input embeddings, before
   this module: pass ``position=None`` here;
-* RoPE rotates the queries and keys (:class:`posenc.torch.RotaryEmbedding`);
-* ALiBi and T5 add a bias to the scores (:class:`ALiBiBias`, :class:`T5RelativeBias`).
+* RoPE, xPos and axial RoPE rotate the queries and keys (any
+  :class:`~posenc.torch.protocols.QueryKeyRotation`);
+* ALiBi and T5 add a bias to the scores (any :class:`~posenc.torch.protocols.ScoreBias`).
+
+The attention takes a scheme by its role, never by its class, so a scheme written
+elsewhere plugs in as posenc's own do.
 
 The scores go through :func:`torch.nn.functional.scaled_dot_product_attention`.
 Keys and values of earlier steps can be kept in a :class:`KVCache`; decoding one token
@@ -20,9 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_int, check_probability, describe
-from .bias import ALiBiBias, T5RelativeBias
-from .modules import _check_offset
-from .rope import RotaryEmbedding
+from ._backend import check_offset
+from .protocols import QueryKeyRotation, ScoreBias
 
 
 class KVCache:
@@ -61,9 +64,12 @@ class MultiHeadAttention(nn.Module):
         d_model: Width of the input and output.
         num_heads: Number of heads; must divide ``d_model``.
         position: ``None`` (no positional information inside attention: NoPE, or an
-            absolute encoding added to the input), a :class:`RotaryEmbedding` (its
-            ``head_dim`` must be ``d_model // num_heads``, ``qk_layout="bhsd"``), an
-            :class:`ALiBiBias` or a :class:`T5RelativeBias` (with ``num_heads`` heads).
+            absolute encoding added to the input), a
+            :class:`~posenc.torch.protocols.QueryKeyRotation` (:class:`RotaryEmbedding`,
+            :class:`XPosRotaryEmbedding`, :class:`AxialRotaryEmbedding`, or a scheme of
+            your own; ``head_dim`` must be ``d_model // num_heads`` and ``qk_layout``
+            ``"bhsd"``) or a :class:`~posenc.torch.protocols.ScoreBias`
+            (:class:`ALiBiBias`, :class:`T5RelativeBias`, ...; with ``num_heads`` heads).
         causal: Mask future keys (decoder) or not (encoder).
         dropout: Dropout on the attention weights (training only).
         bias: Whether the projections have biases.
@@ -71,7 +77,8 @@ class MultiHeadAttention(nn.Module):
     Call arguments:
         x: ``(batch, seq, d_model)``.
         positions: Optional integer tensor ``(seq,)`` or ``(batch, seq)``: the positions
-            of the queries (and of the keys, without a cache), for packed sequences.
+            of the queries (and of the keys, without a cache), for packed sequences;
+            for axial RoPE the coordinates ``(seq, n_axes)`` or ``(batch, seq, n_axes)``.
         offset: Position of the first token when no cache is given.
         cache: A :class:`KVCache`; its length is the offset of ``x``.
         attn_mask: Optional boolean mask broadcastable to ``(batch, heads, seq, keys)``,
@@ -88,7 +95,7 @@ class MultiHeadAttention(nn.Module):
         d_model: int,
         num_heads: int,
         *,
-        position: nn.Module | None = None,
+        position: QueryKeyRotation | ScoreBias | None = None,
         causal: bool = True,
         dropout: float = 0.0,
         bias: bool = False,
@@ -125,7 +132,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"MultiHeadAttention expects x of shape (batch, seq, {self.d_model}), got {shape}"
             )
-        offset = _check_offset(offset, "MultiHeadAttention")
+        offset = check_offset(offset, "MultiHeadAttention")
         if cache is not None:
             if offset:
                 raise ValueError("pass either offset= or cache= (the cache knows its length)")
@@ -136,8 +143,8 @@ class MultiHeadAttention(nn.Module):
         q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        if isinstance(self.position, RotaryEmbedding):
-            q, k = self.position(
+        if isinstance(self.position, QueryKeyRotation):
+            q, k = self.position.rotate_queries_keys(
                 q, k, positions=positions, offset=0 if positions is not None else offset
             )
         if cache is not None:
@@ -172,9 +179,9 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor | None:
         """Float mask (bias and -inf) or None when plain causal/no mask suffices."""
         bias = None
-        if isinstance(self.position, (ALiBiBias, T5RelativeBias)):
+        if isinstance(self.position, ScoreBias):
             key_positions = positions if (positions is not None and not cached) else None
-            bias = self.position(
+            bias = self.position.score_bias(
                 T,
                 S,
                 offset=offset if positions is None else 0,
@@ -203,24 +210,28 @@ class MultiHeadAttention(nn.Module):
         return f"d_model={self.d_model}, num_heads={self.num_heads}, causal={self.causal}"
 
 
-def _check_position(position: nn.Module | None, num_heads: int, head_dim: int) -> None:
+def _check_position(position: object, num_heads: int, head_dim: int) -> None:
+    """``position`` plays one of the roles of :mod:`posenc.torch.protocols`, and fits."""
     if position is None:
         return
-    if isinstance(position, RotaryEmbedding):
+    name = type(position).__name__
+    if isinstance(position, QueryKeyRotation):
         if position.head_dim != head_dim or position.qk_layout != "bhsd":
             raise ValueError(
-                f"the RotaryEmbedding must have head_dim={head_dim} and qk_layout='bhsd', "
+                f"the {name} must have head_dim={head_dim} and qk_layout='bhsd', "
                 f"got head_dim={position.head_dim}, qk_layout={position.qk_layout!r}"
             )
         return
-    if isinstance(position, (ALiBiBias, T5RelativeBias)):
+    if isinstance(position, ScoreBias):
         if position.num_heads != num_heads:
             raise ValueError(
-                f"the {type(position).__name__} has {position.num_heads} heads, the attention "
-                f"{num_heads}"
+                f"the {name} has {position.num_heads} heads, the attention {num_heads}"
             )
         return
     raise TypeError(
-        "position must be None, a RotaryEmbedding, an ALiBiBias or a T5RelativeBias "
-        f"(absolute encodings act on the input, not in attention), got {describe(position)}"
+        "position must be None, a scheme that rotates queries and keys (a RotaryEmbedding, "
+        "XPosRotaryEmbedding, AxialRotaryEmbedding, or any object with head_dim, qk_layout "
+        "and rotate_queries_keys) or one that adds a bias to the scores (an ALiBiBias, "
+        "T5RelativeBias, or any object with num_heads and score_bias); absolute encodings "
+        f"act on the input, not in attention; got {describe(position)}"
     )

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_choice, check_int, describe
-from ..core.alibi import alibi_slopes
-from ..core.t5 import relative_position_bucket
-from .modules import _check_offset, _drop_keys
+from .._checks import check_int, describe
+from ..specs import AlibiSpec, T5Spec
+from ._backend import DerivedBuffers, check_offset
 
 
 def _length(value: Any, name: str) -> Any:
@@ -41,7 +39,7 @@ def _relative_positions(
 ) -> Tensor:
     """``key position - query position``: ``(q, k)``, or ``(batch, q, k)`` when given."""
     query_length = _length(query_length, "query_length")
-    offset = _check_offset(offset, name)
+    offset = check_offset(offset, name)
     if key_length is None:
         key_length = offset + query_length
     key_length = _length(key_length, "key_length")
@@ -72,7 +70,7 @@ def _relative_positions(
     return key_positions.to(device).unsqueeze(-2) - positions.to(device).unsqueeze(-1)
 
 
-class ALiBiBias(nn.Module):
+class ALiBiBias(DerivedBuffers):
     """ALiBi (Press et al., 2022): a linear penalty ``-m_h · distance`` per head.
 
     Args:
@@ -107,20 +105,15 @@ class ALiBiBias(nn.Module):
 
     def __init__(self, num_heads: int, *, mode: str = "causal") -> None:
         super().__init__()
-        self.num_heads = check_int(num_heads, "num_heads", minimum=1)
-        self.mode = check_choice(mode, "mode", ("causal", "symmetric"))
-        self.register_buffer("slopes", self._build(), persistent=False)
-        self.register_load_state_dict_pre_hook(_drop_keys("slopes", "alibi"))
+        self.spec = AlibiSpec(num_heads=num_heads, mode=mode)
+        self.num_heads, self.mode = self.spec.num_heads, self.spec.mode
+        self._register_derived(self._derive_buffers(torch.float64, None), drop=("alibi",))
 
-    def _build(self, device: Any = None) -> Tensor:
-        return torch.from_numpy(alibi_slopes(self.num_heads)).to(device)  # float64
+    def _derive_buffers(self, dtype: torch.dtype, device: Any) -> dict[str, Tensor]:
+        return {"slopes": torch.from_numpy(self.spec.slopes()).to(device)}  # float64
 
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        # The slopes stay float64 (exact from the core) whatever the module's dtype.
-        if self.slopes.device.type != "meta":
-            self.slopes = self._build(self.slopes.device)
-        return self
+    def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.float64  # the slopes stay exact whatever the module's dtype
 
     def forward(
         self,
@@ -143,11 +136,33 @@ class ALiBiBias(nn.Module):
         bias = slopes * distance.to(torch.float64).unsqueeze(-3)  # (..., H, q, k)
         return bias.to(dtype)
 
+    def score_bias(
+        self,
+        query_length: int,
+        key_length: int | None = None,
+        *,
+        offset: int = 0,
+        positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
+        dtype: torch.dtype | None = torch.float32,
+        device: torch.device | None = None,
+    ) -> Tensor:
+        """The :class:`~posenc.torch.protocols.ScoreBias` role: this module's call."""
+        return self(
+            query_length,
+            key_length,
+            offset=offset,
+            positions=positions,
+            key_positions=key_positions,
+            dtype=dtype,
+            device=device,
+        )
+
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, mode={self.mode!r}"
 
 
-class T5RelativeBias(nn.Module):
+class T5RelativeBias(DerivedBuffers):
     """T5's learned relative position bias: one weight per (distance bucket, head).
 
     The bucket of a relative distance (exact up to ``num_buckets/2`` or ``/4``,
@@ -187,27 +202,22 @@ class T5RelativeBias(nn.Module):
         compat: str = "hf",
     ) -> None:
         super().__init__()
-        self.num_heads = check_int(num_heads, "num_heads", minimum=1)
-        if not isinstance(bidirectional, bool):
-            raise TypeError(f"bidirectional must be a bool, got {describe(bidirectional)}")
-        self.bidirectional = bidirectional
-        self.num_buckets = check_int(num_buckets, "num_buckets", minimum=2)
-        self.max_distance = check_int(max_distance, "max_distance", minimum=1)
-        self.compat = check_choice(compat, "compat", ("hf", "exact"))
-        self.relative_attention_bias = nn.Embedding(self.num_buckets, self.num_heads)
-        self.register_buffer("buckets", self._build(), persistent=False)
-        self.register_load_state_dict_pre_hook(_drop_keys("buckets"))
-
-    def _build(self, device: Any = None) -> Tensor:
-        distances = np.arange(-self.max_distance, self.max_distance + 1)
-        buckets = relative_position_bucket(
-            distances,
-            bidirectional=self.bidirectional,
-            num_buckets=self.num_buckets,
-            max_distance=self.max_distance,
-            compat=self.compat,
+        self.spec = T5Spec(
+            num_heads=num_heads,
+            bidirectional=bidirectional,
+            num_buckets=num_buckets,
+            max_distance=max_distance,
+            compat=compat,
         )
-        return torch.from_numpy(buckets).to(device)  # (2·max_distance + 1,), int64
+        self.num_heads, self.bidirectional = self.spec.num_heads, self.spec.bidirectional
+        self.num_buckets, self.max_distance = self.spec.num_buckets, self.spec.max_distance
+        self.compat = self.spec.compat
+        self.relative_attention_bias = nn.Embedding(self.num_buckets, self.num_heads)
+        self._register_derived(self._derive_buffers(torch.int64, None))
+
+    def _derive_buffers(self, dtype: torch.dtype, device: Any) -> dict[str, Tensor]:
+        # The bucket of every distance within ±max_distance, int64 (2·max_distance + 1,).
+        return {"buckets": torch.from_numpy(self.spec.bucket_table()).to(device)}
 
     def forward(
         self,
@@ -230,6 +240,28 @@ class T5RelativeBias(nn.Module):
         bias = nn.functional.embedding(buckets, weight)  # (..., q, k, H)
         bias = bias.movedim(-1, -3)  # (..., H, q, k)
         return bias if dtype is None else bias.to(dtype)
+
+    def score_bias(
+        self,
+        query_length: int,
+        key_length: int | None = None,
+        *,
+        offset: int = 0,
+        positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
+        dtype: torch.dtype | None = torch.float32,
+        device: torch.device | None = None,
+    ) -> Tensor:
+        """The :class:`~posenc.torch.protocols.ScoreBias` role: this module's call."""
+        return self(
+            query_length,
+            key_length,
+            offset=offset,
+            positions=positions,
+            key_positions=key_positions,
+            dtype=dtype,
+            device=device,
+        )
 
     def extra_repr(self) -> str:
         return (

@@ -16,32 +16,23 @@ shared by every module here:
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._checks import (
-    FORMULAS,
-    LAYOUTS,
-    check_base,
-    check_choice,
-    check_d_model,
-    check_int,
-    check_positive,
-    check_probability,
-    describe,
+from .._checks import check_d_model, check_int, check_probability, describe
+from ..specs import LearnedSpec, NopeSpec, SinusoidalSpec
+from ._backend import (
+    PositionTables,
+    apply_dropout,
+    check_offset,
+    check_position_tensor,
+    format_of,
+    positions_end,
+    to_tensor,
 )
-from ..core.sinusoidal import table_values
-
-_FORMATS = {
-    torch.float64: "float64",
-    torch.float32: "float32",
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-}
 
 
 def exact_table(
@@ -65,26 +56,9 @@ def exact_table(
         [0.8414709568023682, 0.5403022766113281, 0.0998334139585495, 0.9950041770935059]
     """
     length = check_int(length, "length", minimum=0)
-    d_model = check_d_model(d_model)
+    spec = SinusoidalSpec(d_model=d_model, base=base, layout=layout, formula=formula)
     start = check_int(start, "start", minimum=-(2**53))
-    fmt = _format(dtype)
-    values = table_values(
-        length,
-        d_model,
-        start=start,
-        base=check_base(base),
-        layout=check_choice(layout, "layout", LAYOUTS),
-        formula=check_choice(formula, "formula", FORMULAS),
-        fmt=fmt,
-    )
-    # bfloat16 arrives as float32 holding exact bfloat16 values, so this cast is exact.
-    return torch.from_numpy(values).to(device=device, dtype=dtype)
-
-
-def _format(dtype: Any) -> str:
-    if dtype not in _FORMATS:
-        raise TypeError(f"dtype must be one of {[str(d) for d in _FORMATS]}, got {describe(dtype)}")
-    return _FORMATS[dtype]
+    return to_tensor(spec.table(length, fmt=format_of(dtype), start=start), dtype, device)
 
 
 def _check_input(x: Any, d_model: int, name: str) -> None:
@@ -110,93 +84,10 @@ def _check_input(x: Any, d_model: int, name: str) -> None:
 def _check_positions(positions: Any, x: Tensor, name: str) -> None:
     """Positions for an input ``x`` of shape ``(batch, seq, d)`` or ``(seq, d)``."""
     batch = x.shape[0] if x.dim() == 3 else None
-    _check_position_tensor(positions, batch, x.shape[-2], name, of="x")
+    check_position_tensor(positions, batch, x.shape[-2], name, of="x")
 
 
-def _check_position_tensor(
-    positions: Any,
-    batch: int | None,
-    seq: int,
-    name: str,
-    *,
-    of: str,
-    fractional: str = "posenc.sinusoidal",
-) -> None:
-    """An integer tensor ``(seq,)`` or ``(batch, seq)``; ``batch=None``: unbatched input."""
-    if not isinstance(positions, Tensor):
-        raise TypeError(f"{name}: positions must be an integer tensor, got {describe(positions)}")
-    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-        raise TypeError(
-            f"{name}: positions must be an integer tensor, got dtype {positions.dtype} "
-            f"(fractional positions: use {fractional})"
-        )
-    if positions.dim() not in (1, 2) or positions.shape[-1] != seq:
-        raise ValueError(
-            f"{name}: positions must have shape (seq,) or (batch, seq) with seq={seq}, "
-            f"got shape {tuple(positions.shape)}"
-        )
-    if positions.dim() == 2 and batch is None:
-        raise ValueError(
-            f"{name}: {of} of shape (seq, d_model) takes positions of shape (seq,), got "
-            f"{tuple(positions.shape)}; add a batch axis to {of} for batched positions"
-        )
-    if positions.dim() == 2 and positions.shape[0] not in (1, batch):
-        verb = "have" if " and " in of else "has"  # "x has", "q and k have"
-        raise ValueError(
-            f"{name}: positions has batch size {positions.shape[0]} but {of} {verb} {batch}"
-        )
-
-
-def _positions_end(positions: Tensor, default: int, name: str) -> int:
-    """One past the largest position, after checking that none is negative.
-
-    Reading the values synchronises with the device; in compiled code that is skipped
-    and ``default`` returned: there the gather itself rejects out-of-range indices.
-    """
-    if torch.compiler.is_compiling() or not positions.numel():
-        return default
-    low, high = (int(v) for v in torch.aminmax(positions))
-    if low < 0:
-        raise ValueError(f"{name}: positions must be >= 0, got {low}")
-    return high + 1
-
-
-def _check_offset(offset: Any, name: str) -> int:
-    if isinstance(offset, (bool, np.bool_)) or not isinstance(offset, numbers.Integral):
-        raise TypeError(
-            f"{name}: offset must be an int >= 0, got {describe(offset)} "
-            "(per-token positions go in positions=)"
-        )
-    if offset < 0:
-        raise ValueError(f"{name}: offset must be an int >= 0, got {offset}")
-    return int(offset)
-
-
-def _grow(module: nn.Module, end: int, rows: int) -> None:
-    """``module.extend`` to at least ``end`` rows, doubling to amortise repeated growth
-    unless the doubled table would be refused (its memory limit) where ``end`` fits."""
-    try:
-        module.extend(max(end, 2 * rows))
-    except ValueError:
-        module.extend(end)
-
-
-def _dropout(dropout: nn.Dropout, x: Tensor) -> Tensor:
-    """``dropout(x)``, skipping the module call where it is the identity (eval or p=0)."""
-    return dropout(x) if dropout.training and dropout.p > 0 else x
-
-
-def _drop_keys(*names: str):
-    """A load-state-dict pre-hook that discards derived entries written by other code."""
-
-    def hook(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
-        for name in names:
-            state_dict.pop(prefix + name, None)
-
-    return hook
-
-
-class SinusoidalPositionalEncoding(nn.Module):
+class SinusoidalPositionalEncoding(PositionTables):
     """Adds the sinusoidal encoding of "Attention Is All You Need" §3.5, then dropout.
 
     ``forward(x) = dropout(x + PE[positions])``: the seed texts' ``PositionalEncoding``
@@ -251,77 +142,46 @@ class SinusoidalPositionalEncoding(nn.Module):
         formula: str = "paper",
     ) -> None:
         super().__init__()
-        self.d_model = check_d_model(d_model)
+        self.spec = SinusoidalSpec(d_model=d_model, base=base, layout=layout, formula=formula)
+        self.d_model, self.base = self.spec.d_model, self.spec.base
+        self.layout, self.formula = self.spec.layout, self.spec.formula
         self.max_length = check_int(max_length, "max_length", minimum=1)
-        self.base = check_base(base)
-        self.layout = check_choice(layout, "layout", LAYOUTS)
-        self.formula = check_choice(formula, "formula", FORMULAS)
         self.dropout = nn.Dropout(check_probability(dropout))
-        self.register_buffer("pe", self._build(self.max_length, torch.float32), persistent=False)
-        # Tables for inputs whose dtype or device differs from the buffer's.
-        self._other_tables: dict[tuple[torch.dtype, torch.device], Tensor] = {}
-        self.register_load_state_dict_pre_hook(_drop_keys("pe"))
+        # The buffer "pe"; a state dict that has one (the seed module's) still loads.
+        self._init_tables(("pe",), self.max_length, torch.float32)
 
-    def _build(self, length: int, dtype: torch.dtype, device: Any = None) -> Tensor:
-        return exact_table(
-            length,
-            self.d_model,
-            base=self.base,
-            layout=self.layout,
-            formula=self.formula,
-            dtype=dtype,
-            device=device,
-        )
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        # fn has converted the buffer (e.g. float32 -> bfloat16 by rounding a rounded
-        # value); rebuild it from the exact values in its new dtype and device instead.
-        if self.pe.device.type != "meta":
-            self.pe = self._build(self.pe.shape[0], self.pe.dtype, self.pe.device)
-        self._other_tables = {}
-        return self
-
-    def extend(self, length: int) -> None:
-        """Make the table hold at least ``length`` positions (it never shrinks)."""
-        length = check_int(length, "length", minimum=1)
-        if length > self.pe.shape[0]:
-            self.pe = self._build(length, self.pe.dtype, self.pe.device)
-            self._other_tables = {}
+    @torch.compiler.disable  # NumPy: never traced (reached in eager code only)
+    def _derive(
+        self, positions: int | np.ndarray, start: int, dtype: torch.dtype, device: Any
+    ) -> tuple[Tensor, ...]:
+        values = self.spec.table(positions, fmt=format_of(dtype), start=start)
+        return (to_tensor(values, dtype, device),)
 
     def table(self, end: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         """Rows ``0 .. end-1`` (at least) of the table in ``dtype`` on ``device``."""
-        pe = self.pe  # one nn.Module attribute lookup
-        if end > pe.shape[0]:
-            if torch.compiler.is_compiling():
-                raise ValueError(
-                    f"positions up to {end - 1} need a longer table than the "
-                    f"{pe.shape[0]} rows built; under torch.compile call "
-                    f".extend({end}) before compiling"
-                )
-            _grow(self, end, pe.shape[0])
-            pe = self.pe
-        if pe.dtype == dtype and pe.device == device:
-            return pe
-        key = (dtype, device)
-        table = self._other_tables.get(key)
-        if table is None or table.shape[0] < pe.shape[0]:
-            table = self._build(pe.shape[0], dtype, device)
-            self._other_tables[key] = table
-        return table
+        tables = self._covering(end, dtype, device, type(self).__name__)
+        if tables is None:
+            raise ValueError(
+                f"a table of {end} rows of {self.d_model} in {dtype} would exceed the memory "
+                "limit of 4 GiB; ask for fewer positions"
+            )
+        return tables[0]
 
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
-        _check_input(x, self.d_model, type(self).__name__)
-        seq = x.shape[-2]
+        name = type(self).__name__
+        _check_input(x, self.d_model, name)
         if positions is None:
-            offset = _check_offset(offset, type(self).__name__)
-            pe = self.table(offset + seq, x.dtype, x.device)[offset : offset + seq]  # (seq, d)
+            offset = check_offset(offset, name)
         else:
-            _check_positions(positions, x, type(self).__name__)
-            end = _positions_end(positions, seq, type(self).__name__)
-            table = self.table(end, x.dtype, x.device)
-            pe = nn.functional.embedding(positions.to(x.device), table)  # (seq, d) or (B, seq, d)
-        return _dropout(self.dropout, x + pe)
+            _check_positions(positions, x, name)
+        (pe,) = self._table_rows(
+            x.dtype, x.device, offset=offset, count=x.shape[-2], positions=positions, name=name
+        )  # (seq, d) or (B, seq, d)
+        return apply_dropout(self.dropout, x + pe)
+
+    def encode(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
+        """The :class:`~posenc.torch.protocols.InputEncoding` role: this module's call."""
+        return self(x, positions=positions, offset=offset)
 
     def extra_repr(self) -> str:
         return (
@@ -355,9 +215,9 @@ class LearnedPositionalEmbedding(nn.Module):
         self, max_length: int, d_model: int, dropout: float = 0.0, *, init_std: float = 0.02
     ) -> None:
         super().__init__()
-        self.max_length = check_int(max_length, "max_length", minimum=1)
-        self.d_model = check_d_model(d_model)
-        self.init_std = check_positive(init_std, "init_std")
+        self.spec = LearnedSpec(max_length=max_length, d_model=d_model, init_std=init_std)
+        self.max_length, self.d_model = self.spec.max_length, self.spec.d_model
+        self.init_std = self.spec.init_std
         self.weight = nn.Parameter(torch.empty(self.max_length, self.d_model))
         self.dropout = nn.Dropout(check_probability(dropout))
         self.reset_parameters()
@@ -376,17 +236,21 @@ class LearnedPositionalEmbedding(nn.Module):
         _check_input(x, self.d_model, type(self).__name__)
         seq = x.shape[-2]
         if positions is None:
-            offset = _check_offset(offset, type(self).__name__)
+            offset = check_offset(offset, type(self).__name__)
             if offset + seq > self.max_length:
                 raise self._too_long(offset + seq - 1)
             pe = self.weight[offset : offset + seq]  # (seq, d)
         else:
             _check_positions(positions, x, type(self).__name__)
-            end = _positions_end(positions, 0, type(self).__name__)
+            end = positions_end(positions, 0, type(self).__name__)
             if end > self.max_length:
                 raise self._too_long(end - 1)
             pe = nn.functional.embedding(positions.to(x.device), self.weight)
-        return _dropout(self.dropout, x + pe.to(x.dtype))
+        return apply_dropout(self.dropout, x + pe.to(x.dtype))
+
+    def encode(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
+        """The :class:`~posenc.torch.protocols.InputEncoding` role: this module's call."""
+        return self(x, positions=positions, offset=offset)
 
     def extra_repr(self) -> str:
         return f"max_length={self.max_length}, d_model={self.d_model}"
@@ -408,16 +272,21 @@ class NoPositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, dropout: float = 0.0) -> None:
         super().__init__()
-        self.d_model = check_d_model(d_model)
+        self.spec = NopeSpec(d_model=d_model)
+        self.d_model = self.spec.d_model
         self.dropout = nn.Dropout(check_probability(dropout))
 
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         _check_input(x, self.d_model, type(self).__name__)
         if positions is None:
-            _check_offset(offset, type(self).__name__)
+            check_offset(offset, type(self).__name__)
         else:
             _check_positions(positions, x, type(self).__name__)
-        return _dropout(self.dropout, x)
+        return apply_dropout(self.dropout, x)
+
+    def encode(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
+        """The :class:`~posenc.torch.protocols.InputEncoding` role: this module's call."""
+        return self(x, positions=positions, offset=offset)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}"

@@ -12,14 +12,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_base, check_choice, check_int, check_probability, describe
-from ..core.nd import ND_LAYOUTS, check_channels, check_shape, nd_values
-from .modules import _drop_keys, _dropout, _format
+from .._checks import check_probability, describe
+from ..specs import SinusoidalNDSpec
+from ._backend import DerivedBuffers, apply_dropout, format_of, to_tensor
 
 _CACHE_SIZE = 16  # tables kept per module (one per grid shape, dtype and device in use)
 
 
-class SinusoidalPositionalEncodingND(nn.Module):
+class SinusoidalPositionalEncodingND(DerivedBuffers):
     """Adds an N-D sinusoidal encoding to channels-last input, then dropout.
 
     ``forward(x) = dropout(x + table)`` with ``table`` of shape ``(*spatial, channels)``
@@ -80,22 +80,16 @@ class SinusoidalPositionalEncodingND(nn.Module):
         ndim: int | None = None,
     ) -> None:
         super().__init__()
-        self.layout = check_choice(layout, "layout", ND_LAYOUTS)
-        self.channels = check_int(channels, "channels", minimum=1)
-        self.base = check_base(base)
-        self.ndim = None if ndim is None else check_int(ndim, "ndim", minimum=1)
-        if self.ndim is not None:
-            check_shape((1,) * self.ndim, self.layout)
-            check_channels(self.channels, self.ndim, self.layout)
+        self.spec = SinusoidalNDSpec(channels=channels, base=base, layout=layout, ndim=ndim)
+        self.layout, self.channels = self.spec.layout, self.spec.channels
+        self.base, self.ndim = self.spec.base, self.spec.ndim
         self.dropout = nn.Dropout(check_probability(dropout))
         self._tables: dict[tuple[tuple[int, ...], torch.dtype, torch.device], Tensor] = {}
-        # State dicts of the package's modules carry these derived entries.
-        self.register_load_state_dict_pre_hook(_drop_keys("inv_freq", "cached_penc"))
+        # No buffers; state dicts of the package's modules carry these derived entries.
+        self._register_derived({}, drop=("inv_freq", "cached_penc"))
 
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        self._tables = {}
-        return self
+    def _forget(self) -> None:
+        self._tables = {}  # a cast or move rebuilds exact tables on the next call
 
     def encoding(
         self,
@@ -125,17 +119,7 @@ class SinusoidalPositionalEncodingND(nn.Module):
     def _build(self, key: tuple[tuple[int, ...], torch.dtype, torch.device]) -> Tensor:
         """Build, cache and return the table for ``key``; never traced by dynamo."""
         shape, dtype, device = key
-        fmt = _format(dtype)
-        shape = check_shape(shape, self.layout)
-        if self.ndim is not None and len(shape) != self.ndim:
-            raise ValueError(
-                f"{type(self).__name__} was built for ndim={self.ndim} spatial axes, got "
-                f"grid shape {shape}"
-            )
-        check_channels(self.channels, len(shape), self.layout)
-        values = nd_values(shape, self.channels, base=self.base, layout=self.layout, fmt=fmt)
-        # bfloat16 arrives as float32 holding exact bfloat16 values, so this cast is exact.
-        table = torch.from_numpy(values).to(device=device, dtype=dtype)
+        table = to_tensor(self.spec.table(shape, fmt=format_of(dtype)), dtype, device)
         if len(self._tables) >= _CACHE_SIZE:
             self._tables.pop(next(iter(self._tables)))
         self._tables[key] = table
@@ -144,7 +128,7 @@ class SinusoidalPositionalEncodingND(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         _check_input(x, self.channels, self.ndim, type(self).__name__)
         table = self.encoding(tuple(x.shape[1:-1]), x.dtype, x.device)  # (*spatial, C)
-        return _dropout(self.dropout, x + table)
+        return apply_dropout(self.dropout, x + table)
 
     def extra_repr(self) -> str:
         ndim = "" if self.ndim is None else f", ndim={self.ndim}"

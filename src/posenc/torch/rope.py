@@ -22,32 +22,40 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._checks import check_choice, check_int, describe
-from ..core.rope import (
-    ROPE_LAYOUTS,
-    ROPE_SCALINGS,
-    rope_permutation,
-    rope_scaling,
-    rope_table_values,
+from ..core.rope import as_rope_scaling, rope_permutation
+from ..specs import RopeSpec
+from ._backend import (
+    PositionTables,
+    check_offset,
+    check_position_tensor,
+    format_of,
+    is_traced,
+    positions_end,
+    to_tensor,
 )
-from .modules import _check_offset, _check_position_tensor, _drop_keys, _grow, _positions_end
 
-__all__ = ["QK_LAYOUTS", "RotaryEmbedding", "convert_rope_weights"]
+__all__ = [
+    "DERIVED_KEYS",
+    "QK_LAYOUTS",
+    "RotaryEmbedding",
+    "broadcast_tables",
+    "check_qk",
+    "check_rope_positions",
+    "convert_rope_weights",
+    "rotate",
+]
 
 QK_LAYOUTS: tuple[str, ...] = ("bhsd", "bshd")
 """``"bhsd"``: (batch, heads, seq, head_dim); ``"bshd"``: (batch, seq, heads, head_dim)."""
-
-# Scalings whose frequencies depend on the current sequence length (Hugging Face
-# recomputes them in ``forward`` through ``dynamic_rope_update``).
-_LENGTH_DEPENDENT = ("dynamic_ntk", "longrope")
 
 # Keys other libraries write for derived RoPE state: Hugging Face ``inv_freq`` (persistent
 # in older versions) and ``original_inv_freq``, Meta Llama ``rope.freqs``, fairseq
 # ``_float_tensor``, the ``cos_cached``/``sin_cached`` of GPT-NeoX-style caches, and
 # ``cos``/``sin`` (this module's own tables, should a state dict carry them).
-_DERIVED_KEYS = (
+DERIVED_KEYS = (
     "inv_freq",
     "original_inv_freq",
     "freqs",
@@ -58,10 +66,8 @@ _DERIVED_KEYS = (
     "sin",
 )
 
-_TABLE_FORMATS = {torch.float32: "float32", torch.float64: "float64"}
 
-
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(PositionTables):
     """Rotary position embedding: rotates query and key feature pairs by position.
 
     ``forward(q, k) -> (q_rot, k_rot)``, each feature pair turned by the angle
@@ -164,53 +170,24 @@ class RotaryEmbedding(nn.Module):
         qk_layout: Literal["bhsd", "bshd"] = "bhsd",
     ) -> None:
         super().__init__()
-        self.layout = check_choice(layout, "layout", ROPE_LAYOUTS)
         self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
         self.max_length = check_int(max_length, "max_length", minimum=1)
-        if scaling_params is None:
-            scaling_params = {}
-        elif not isinstance(scaling_params, Mapping):
-            raise TypeError(
-                f"scaling_params must be a dict of the scaling method's parameters or None, "
-                f"got {describe(scaling_params)}"
-            )
-        if scaling is not None and not isinstance(scaling, str):
-            raise TypeError(
-                f"scaling must be None or one of {list(ROPE_SCALINGS)}, got {describe(scaling)}"
-            )
-        name = "default" if scaling is None else scaling
-        if scaling is None and scaling_params:
-            raise ValueError(
-                f"scaling_params {sorted(scaling_params)} given without a scaling method; "
-                "pass scaling= as well"
-            )
-        self.scaling_params = dict(scaling_params)
-        if name in _LENGTH_DEPENDENT and "seq_len" in scaling_params:
-            raise TypeError(
-                f"scaling {name!r}: seq_len is not a parameter of the module, which takes it "
-                "from each call (offset + seq, or max(positions) + 1)"
-            )
-        # The core validates head_dim, base, rotary_dim, the name and the parameters.
-        inv_freq, attention_factor = rope_scaling(
-            name, head_dim, base, rotary_dim=rotary_dim, **self.scaling_params
+        # The core parses and validates the scaling and every other option.
+        spec_scaling, _ = as_rope_scaling(scaling, scaling_params, seq_len_owner="module")
+        self.spec = RopeSpec(
+            head_dim=head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=spec_scaling
         )
-        self.scaling: str = name
-        self.head_dim = int(head_dim)
-        self.base = float(base)
-        self.rotary_dim = 2 * inv_freq.size
-        self.attention_factor = float(attention_factor)
-        self._inv_freq = inv_freq  # float64, the frequencies at construction
+        self.head_dim, self.rotary_dim = self.spec.head_dim, self.spec.rotary_dim
+        self.base, self.layout = self.spec.base, self.spec.layout
+        self.scaling: str = spec_scaling.name
+        self.scaling_params = spec_scaling.params()
+        self._inv_freq, self.attention_factor = self.spec.frequencies()  # at construction
         # Length-dependent scalings: the length the current frequencies belong to (as
         # Hugging Face's ``max_seq_len_cached``) and those frequencies when they differ
         # from the construction ones (None: use the buffers).
-        self._original_length = int(self.scaling_params.get("original_max_position_embeddings", 0))
-        self._scaled_length = self._original_length
+        self._scaled_length = spec_scaling.original_length or 0
         self._scaled_inv_freq: np.ndarray | None = None
-
-        cos, sin = self._build(self.max_length, torch.float32)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
-        self.register_load_state_dict_pre_hook(_drop_keys(*_DERIVED_KEYS))
+        self._init_tables(("cos", "sin"), self.max_length, torch.float32, drop=DERIVED_KEYS)
 
     # -- tables --------------------------------------------------------------------------
 
@@ -221,81 +198,36 @@ class RotaryEmbedding(nn.Module):
         return current.copy()
 
     @torch.compiler.disable  # NumPy: never traced (reached in eager code only)
-    def _values(
-        self, positions: Any, inv_freq: np.ndarray, dtype: torch.dtype, device: Any, start: int = 0
-    ) -> tuple[Tensor, Tensor]:
-        cos, sin = rope_table_values(
+    def _derive(
+        self,
+        positions: int | np.ndarray,
+        start: int,
+        dtype: torch.dtype,
+        device: Any,
+        inv_freq: np.ndarray | None = None,
+    ) -> tuple[Tensor, ...]:
+        cos, sin = self.spec.tables(
             positions,
-            inv_freq,
-            fmt=_TABLE_FORMATS[dtype],
-            layout=self.layout,
-            scale=self.attention_factor,
+            fmt=format_of(dtype),
             start=start,
+            inv_freq=self._inv_freq if inv_freq is None else inv_freq,
         )
-        return (
-            torch.from_numpy(cos).to(device=device, dtype=dtype),
-            torch.from_numpy(sin).to(device=device, dtype=dtype),
-        )
+        return to_tensor(cos, dtype, device), to_tensor(sin, dtype, device)
 
-    def _build(self, length: int, dtype: torch.dtype, device: Any = None) -> tuple[Tensor, Tensor]:
-        return self._values(length, self._inv_freq, dtype, device)
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        # fn has converted the tables (e.g. to bfloat16, a rounding of rounded values);
-        # rebuild them exactly: float64 if the module went to float64, else float32.
-        if self.cos.device.type != "meta":
-            dtype = torch.float64 if self.cos.dtype == torch.float64 else torch.float32
-            self.cos, self.sin = self._build(self.cos.shape[0], dtype, self.cos.device)
-        return self
-
-    def extend(self, length: int) -> None:
-        """Make the tables hold at least ``length`` positions (they never shrink)."""
-        length = check_int(length, "length", minimum=1)
-        if length > self.cos.shape[0]:
-            self.cos, self.sin = self._build(length, self.cos.dtype, self.cos.device)
-
-    def _tables(self, end: int) -> tuple[Tensor, Tensor]:
-        """The tables, grown (eagerly) to hold at least rows ``0 .. end-1``."""
-        cos, sin = self.cos, self.sin  # one nn.Module attribute lookup each
-        if end > cos.shape[0]:
-            if torch.compiler.is_compiling():
-                raise ValueError(
-                    f"positions up to {end - 1} need longer RoPE tables than the "
-                    f"{cos.shape[0]} rows built; under torch.compile or torch.export call "
-                    f".extend({end}) before compiling"
-                )
-            _grow(self, end, cos.shape[0])
-            cos, sin = self.cos, self.sin
-        return cos, sin
+    def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        # The tables stay float32 whatever the module's dtype, float64 after .double().
+        return torch.float64 if dtype == torch.float64 else torch.float32
 
     @torch.compiler.disable
     def _update_frequencies(self, length: int) -> None:
         """Hugging Face's ``dynamic_rope_update`` for the length ``length`` of this call."""
-        original, current = self._original_length, self._scaled_length
-        if self.scaling == "dynamic_ntk":
-            if length > current:  # growth (current >= original, so length > original)
-                new = length
-            elif length < original < current:  # back under the original length: reset
-                new = original
-            else:
-                return
-        else:  # longrope: long factors past the original length, short ones up to it
-            new = original + 1 if length > original else original
-        if new == current:
+        scaling = self.spec.scaling
+        new = scaling.scaled_length(length, self._scaled_length)
+        if new == self._scaled_length:
             return
         self._scaled_length = new
-        if new <= original:
-            self._scaled_inv_freq = None
-        else:
-            self._scaled_inv_freq, _ = rope_scaling(
-                self.scaling,
-                self.head_dim,
-                self.base,
-                rotary_dim=self.rotary_dim,
-                seq_len=new,
-                **self.scaling_params,
-            )
+        original = scaling.original_length or 0
+        self._scaled_inv_freq = None if new <= original else self.spec.frequencies(new)[0]
 
     # -- forward -------------------------------------------------------------------------
 
@@ -304,17 +236,17 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         name = type(self).__name__
         seq_axis = 2 if self.qk_layout == "bhsd" else 1
-        _check_qk(q, k, self.head_dim, self.qk_layout, name)
+        check_qk(q, k, self.head_dim, self.qk_layout, name)
         batch, seq = q.shape[0], q.shape[seq_axis]
         if positions is None:
-            offset = _check_offset(offset, name)
+            offset = check_offset(offset, name)
             end = offset + seq
         else:
-            _check_rope_positions(positions, batch, seq, name)
-            end = _positions_end(positions, seq, name)
+            check_rope_positions(positions, batch, seq, name)
+            end = positions_end(positions, seq, name)
 
-        if self.scaling in _LENGTH_DEPENDENT:
-            if torch.compiler.is_compiling():
+        if self.spec.scaling.length_dependent:
+            if is_traced():
                 raise ValueError(
                     f"{name}: scaling={self.scaling!r} recomputes the frequencies from the "
                     "sequence length of each call, which torch.compile and torch.export "
@@ -325,23 +257,31 @@ class RotaryEmbedding(nn.Module):
         if scaled is not None:  # eager only: the rows of this call, from the core
             dtype, device = self.cos.dtype, self.cos.device
             if positions is None:
-                cos, sin = self._values(seq, scaled, dtype, device, start=offset)
+                cos, sin = self._derive(seq, offset, dtype, device, scaled)
             else:
-                cos, sin = self._values(positions.cpu().numpy(), scaled, dtype, device)
-        elif positions is None:
-            cos, sin = self._tables(end)
-            cos, sin = cos[offset : offset + seq], sin[offset : offset + seq]  # (seq, r)
+                cos, sin = self._derive(positions.cpu().numpy(), 0, dtype, device, scaled)
         else:
-            cos, sin = self._tables(end)
-            index = positions.to(cos.device)
-            cos = nn.functional.embedding(index, cos)  # (seq, r) or (batch, seq, r)
-            sin = nn.functional.embedding(index, sin)
+            cos, sin = self._table_rows(
+                self.cos.dtype,
+                self.cos.device,
+                offset=offset,
+                count=seq,
+                positions=positions,
+                name=name,
+                end=end,
+            )  # (seq, r) or (batch, seq, r)
 
-        cos, sin = _broadcast((cos, sin), self.qk_layout, q.device)
+        cos, sin = broadcast_tables((cos, sin), self.qk_layout, q.device)
         return (
-            _rotate(q, cos, sin, self.layout, self.rotary_dim),
-            _rotate(k, cos, sin, self.layout, self.rotary_dim),
+            rotate(q, cos, sin, self.layout, self.rotary_dim),
+            rotate(k, cos, sin, self.layout, self.rotary_dim),
         )
+
+    def rotate_queries_keys(
+        self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """The :class:`~posenc.torch.protocols.QueryKeyRotation` role: this module's call."""
+        return self(q, k, positions=positions, offset=offset)
 
     def extra_repr(self) -> str:
         text = (
@@ -354,7 +294,7 @@ class RotaryEmbedding(nn.Module):
         return text
 
 
-def _broadcast(tables: tuple[Tensor, ...], qk_layout: str, device: Any) -> tuple[Tensor, ...]:
+def broadcast_tables(tables: tuple[Tensor, ...], qk_layout: str, device: Any) -> tuple[Tensor, ...]:
     """``(seq, r)`` or ``(batch, seq, r)`` tables → broadcastable over ``qk_layout`` heads.
 
     ``(seq, r)`` works for bhsd as is; ``(batch, seq, r)`` needs a heads axis at 1 (bhsd);
@@ -370,7 +310,7 @@ def _broadcast(tables: tuple[Tensor, ...], qk_layout: str, device: Any) -> tuple
     return tuple(out)
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int) -> Tensor:
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int) -> Tensor:
     """``x·cos + turn(x)·sin`` on the first ``rotary_dim`` features, in the tables' precision.
 
     float16/bfloat16 inputs are rotated in float32 (the tables' dtype) and cast back;
@@ -395,7 +335,7 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int) -
     return out
 
 
-def _check_qk(q: Any, k: Any, head_dim: int, qk_layout: str, name: str) -> None:
+def check_qk(q: Any, k: Any, head_dim: int, qk_layout: str, name: str) -> None:
     axes = "batch, heads, seq, head_dim" if qk_layout == "bhsd" else "batch, seq, heads, head_dim"
     for label, x in (("q", q), ("k", k)):
         if not isinstance(x, Tensor):
@@ -420,8 +360,8 @@ def _check_qk(q: Any, k: Any, head_dim: int, qk_layout: str, name: str) -> None:
         )
 
 
-def _check_rope_positions(positions: Any, batch: int, seq: int, name: str) -> None:
-    _check_position_tensor(
+def check_rope_positions(positions: Any, batch: int, seq: int, name: str) -> None:
+    check_position_tensor(
         positions, batch, seq, name, of="q and k", fractional="posenc.core.rope.rope_tables"
     )
 

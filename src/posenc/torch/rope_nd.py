@@ -19,30 +19,28 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_choice, check_int, describe
-from ..core.rope import ROPE_LAYOUTS, _check_real, rope_frequencies, rope_table_values
-from ..core.rope_nd import AXIAL_MODES, axial_rope_tables, xpos_scales
-from .modules import _check_offset, _drop_keys, _grow, _positions_end
+from ..specs import AxialRopeSpec, XPosSpec
+from ._backend import PositionTables, check_offset, format_of, to_tensor
 from .rope import (
-    _DERIVED_KEYS,
-    _TABLE_FORMATS,
+    DERIVED_KEYS,
     QK_LAYOUTS,
-    _broadcast,
-    _check_qk,
-    _check_rope_positions,
-    _rotate,
+    broadcast_tables,
+    check_qk,
+    check_rope_positions,
+    rotate,
 )
 
 __all__ = ["AxialRotaryEmbedding", "XPosRotaryEmbedding"]
 
 # torchscale's XPOS and lucidrains' rotary-embedding-torch keep the scales in ``scale``.
-_XPOS_DERIVED_KEYS = (*_DERIVED_KEYS, "scale", "q_scale", "k_scale")
+_XPOS_DERIVED_KEYS = (*DERIVED_KEYS, "scale", "q_scale", "k_scale")
 
 
 # ---------------------------------------------------------------------------------------
 # xPos
 
 
-class XPosRotaryEmbedding(nn.Module):
+class XPosRotaryEmbedding(PositionTables):
     """xPos: RoPE whose queries grow and keys shrink with position, so scores decay.
 
     ``q'_n = ζ^((n-c)/B) ⊙ R(n) q_n`` and ``k'_m = ζ^(-(m-c)/B) ⊙ R(m) k_m`` with
@@ -125,33 +123,22 @@ class XPosRotaryEmbedding(nn.Module):
         qk_layout: Literal["bhsd", "bshd"] = "bhsd",
     ) -> None:
         super().__init__()
-        self.layout = check_choice(layout, "layout", ROPE_LAYOUTS)
         self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
         self.max_length = check_int(max_length, "max_length", minimum=1)
-        if isinstance(centre, str):
-            raise TypeError(
-                f"centre must be a fixed number, got {centre!r}: a centre that follows the "
-                "sequence length breaks cached decoding; pass a number, e.g. "
-                "posenc.core.rope_nd.xpos_centre(max_length, 'torchscale')"
-            )
-        self.centre = _check_real(centre, "centre")
-        self.gamma = _check_real(gamma, "gamma", minimum=0.0, strict=True)
-        self.scale_base = _check_real(scale_base, "scale_base", minimum=0.0, strict=True)
-        head_dim = check_int(head_dim, "head_dim", minimum=2)
-        if head_dim % 2:
-            raise ValueError(
-                f"xPos rotates pairs of features, so head_dim must be even, got {head_dim}"
-            )
-        self.head_dim = head_dim
-        self._inv_freq = rope_frequencies(head_dim, base)  # validates base
-        self.base = float(base)
-        for name, table in zip(
-            ("cos", "sin", "q_scale", "k_scale"),
-            self._build(self.max_length, torch.float32),
-            strict=True,
-        ):
-            self.register_buffer(name, table, persistent=False)
-        self.register_load_state_dict_pre_hook(_drop_keys(*_XPOS_DERIVED_KEYS))
+        self.spec = XPosSpec(
+            head_dim=head_dim,
+            base=base,
+            gamma=gamma,
+            scale_base=scale_base,
+            centre=centre,
+            layout=layout,
+        )
+        self.head_dim, self.base, self.layout = self.spec.head_dim, self.spec.base, self.spec.layout
+        self.gamma, self.scale_base = self.spec.gamma, self.spec.scale_base
+        self.centre = self.spec.centre
+        self._inv_freq = self.spec.inv_freq
+        names = ("cos", "sin", "q_scale", "k_scale")
+        self._init_tables(names, self.max_length, torch.float32, drop=_XPOS_DERIVED_KEYS)
 
     @property
     def inv_freq(self) -> np.ndarray:
@@ -159,78 +146,48 @@ class XPosRotaryEmbedding(nn.Module):
         return self._inv_freq.copy()
 
     @torch.compiler.disable  # NumPy: never traced (reached in eager code only)
-    def _build(self, length: int, dtype: torch.dtype, device: Any = None) -> tuple[Tensor, ...]:
-        fmt = _TABLE_FORMATS[dtype]
-        cos, sin = rope_table_values(length, self._inv_freq, fmt=fmt, layout=self.layout)
-        params = {
-            "gamma": self.gamma,
-            "scale_base": self.scale_base,
-            "centre": self.centre,
-            "layout": self.layout,
-            "dtype": fmt,
-        }
-        q_scale = xpos_scales(length, self.head_dim, role="query", **params)
-        k_scale = xpos_scales(length, self.head_dim, role="key", **params)
-        return tuple(
-            torch.from_numpy(np.ascontiguousarray(t)).to(device=device, dtype=dtype)
-            for t in (cos, sin, q_scale, k_scale)
-        )
+    def _derive(
+        self, positions: int | np.ndarray, start: int, dtype: torch.dtype, device: Any
+    ) -> tuple[Tensor, ...]:
+        tables = self.spec.tables(positions, fmt=format_of(dtype), start=start)
+        return tuple(to_tensor(t, dtype, device) for t in tables)
 
-    def _set(self, tables: tuple[Tensor, ...]) -> None:
-        self.cos, self.sin, self.q_scale, self.k_scale = tables
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        # Rebuild rather than keep fn's rounding of rounded values: float64 if the module
-        # went to float64, else float32.
-        if self.cos.device.type != "meta":
-            dtype = torch.float64 if self.cos.dtype == torch.float64 else torch.float32
-            self._set(self._build(self.cos.shape[0], dtype, self.cos.device))
-        return self
-
-    def extend(self, length: int) -> None:
-        """Make the tables hold at least ``length`` positions (they never shrink)."""
-        length = check_int(length, "length", minimum=1)
-        if length > self.cos.shape[0]:
-            self._set(self._build(length, self.cos.dtype, self.cos.device))
-
-    def _tables(self, end: int) -> tuple[Tensor, ...]:
-        """The four tables, grown (eagerly) to hold at least rows ``0 .. end-1``."""
-        rows = self.cos.shape[0]
-        if end > rows:
-            if torch.compiler.is_compiling():
-                raise ValueError(
-                    f"positions up to {end - 1} need longer xPos tables than the {rows} "
-                    f"rows built; under torch.compile or torch.export call .extend({end}) "
-                    "before compiling"
-                )
-            _grow(self, end, rows)  # doubling may overflow the scales where `end` does not
-        return self.cos, self.sin, self.q_scale, self.k_scale
+    def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        # float32 whatever the module's dtype, float64 after .double().
+        return torch.float64 if dtype == torch.float64 else torch.float32
 
     def forward(
         self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
     ) -> tuple[Tensor, Tensor]:
         name = type(self).__name__
         seq_axis = 2 if self.qk_layout == "bhsd" else 1
-        _check_qk(q, k, self.head_dim, self.qk_layout, name)
+        check_qk(q, k, self.head_dim, self.qk_layout, name)
         batch, seq = q.shape[0], q.shape[seq_axis]
         if positions is None:
-            offset = _check_offset(offset, name)
-            tables = self._tables(offset + seq)
-            tables = tuple(t[offset : offset + seq] for t in tables)  # (seq, d)
+            offset = check_offset(offset, name)
         else:
-            _check_rope_positions(positions, batch, seq, name)
-            end = _positions_end(positions, seq, name)
-            tables = self._tables(end)
-            index = positions.to(tables[0].device)
-            tables = tuple(nn.functional.embedding(index, t) for t in tables)
-        cos, sin, q_scale, k_scale = _broadcast(tables, self.qk_layout, q.device)
+            check_rope_positions(positions, batch, seq, name)
+        tables = self._table_rows(
+            self.cos.dtype,
+            self.cos.device,
+            offset=offset,
+            count=seq,
+            positions=positions,
+            name=name,
+        )  # (seq, d) or (batch, seq, d) each
+        cos, sin, q_scale, k_scale = broadcast_tables(tables, self.qk_layout, q.device)
         return self._turn(q, cos, sin, q_scale), self._turn(k, cos, sin, k_scale)
 
     def _turn(self, x: Tensor, cos: Tensor, sin: Tensor, scale: Tensor) -> Tensor:
         compute = torch.promote_types(x.dtype, cos.dtype)
-        out = _rotate(x.to(compute), cos, sin, self.layout, self.head_dim) * scale
+        out = rotate(x.to(compute), cos, sin, self.layout, self.head_dim) * scale
         return out.to(x.dtype)
+
+    def rotate_queries_keys(
+        self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """The :class:`~posenc.torch.protocols.QueryKeyRotation` role: this module's call."""
+        return self(q, k, positions=positions, offset=offset)
 
     def extra_repr(self) -> str:
         return (
@@ -317,33 +274,12 @@ class AxialRotaryEmbedding(nn.Module):
         qk_layout: Literal["bhsd", "bshd"] = "bhsd",
     ) -> None:
         super().__init__()
-        self.mode = check_choice(mode, "mode", AXIAL_MODES)
-        self.layout = check_choice(layout, "layout", ROPE_LAYOUTS)
         self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
-        self.n_axes = check_int(n_axes, "n_axes", minimum=1)
-        self.head_dim = check_int(head_dim, "head_dim", minimum=2)
-        pairs = rope_frequencies(self.head_dim, base).size  # validates head_dim, base
-        if sections is None:
-            if pairs % self.n_axes:
-                raise ValueError(
-                    f"cannot split head_dim // 2 = {pairs} frequency pairs equally over "
-                    f"{self.n_axes} axes; pass sections= (pairs per axis)"
-                )
-            sections = [pairs // self.n_axes] * self.n_axes
-        self.base = float(base)
-        self.sections = tuple(sections) if isinstance(sections, (list, tuple)) else sections
-        # The core validates sections (count, sum) and the rest on a dummy coordinate.
-        axial_rope_tables(np.zeros((1, self.n_axes), np.int64), **self._params("float64"))
-
-    def _params(self, fmt: str) -> dict[str, Any]:
-        return {
-            "head_dim": self.head_dim,
-            "base": self.base,
-            "sections": self.sections,
-            "mode": self.mode,
-            "layout": self.layout,
-            "dtype": fmt,
-        }
+        self.spec = AxialRopeSpec(
+            head_dim=head_dim, n_axes=n_axes, base=base, sections=sections, mode=mode, layout=layout
+        )
+        self.head_dim, self.n_axes, self.base = self.spec.head_dim, self.spec.n_axes, self.spec.base
+        self.sections, self.mode, self.layout = self.spec.sections, self.spec.mode, self.spec.layout
 
     def _check_coords(self, coords: Any, name: str) -> None:
         if not isinstance(coords, Tensor):
@@ -381,15 +317,10 @@ class AxialRotaryEmbedding(nn.Module):
         """
         name = type(self).__name__
         self._check_coords(coords, name)
-        if dtype not in _TABLE_FORMATS:
+        if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"{name}: dtype must be torch.float32 or torch.float64, got {dtype}")
-        cos, sin = axial_rope_tables(
-            coords.detach().cpu().numpy(), **self._params(_TABLE_FORMATS[dtype])
-        )
-        return (
-            torch.from_numpy(cos).to(device=coords.device, dtype=dtype),
-            torch.from_numpy(sin).to(device=coords.device, dtype=dtype),
-        )
+        cos, sin = self.spec.tables(coords.detach().cpu().numpy(), fmt=format_of(dtype))
+        return to_tensor(cos, dtype, coords.device), to_tensor(sin, dtype, coords.device)
 
     def forward(
         self,
@@ -402,7 +333,7 @@ class AxialRotaryEmbedding(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         name = type(self).__name__
         seq_axis = 2 if self.qk_layout == "bhsd" else 1
-        _check_qk(q, k, self.head_dim, self.qk_layout, name)
+        check_qk(q, k, self.head_dim, self.qk_layout, name)
         batch, seq = q.shape[0], q.shape[seq_axis]
         if coords is not None:
             if cos is not None or sin is not None:
@@ -441,11 +372,28 @@ class AxialRotaryEmbedding(nn.Module):
             )
         if coords is not None:
             cos, sin = self.tables(coords, dtype=dtype)
-        cos, sin = _broadcast((cos, sin), self.qk_layout, q.device)
+        cos, sin = broadcast_tables((cos, sin), self.qk_layout, q.device)
         return (
-            _rotate(q, cos, sin, self.layout, self.head_dim),
-            _rotate(k, cos, sin, self.layout, self.head_dim),
+            rotate(q, cos, sin, self.layout, self.head_dim),
+            rotate(k, cos, sin, self.layout, self.head_dim),
         )
+
+    def rotate_queries_keys(
+        self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """The :class:`~posenc.torch.protocols.QueryKeyRotation` role: ``positions`` are
+        the coordinates, ``(seq, n_axes)`` or ``(batch, seq, n_axes)``."""
+        name = type(self).__name__
+        if positions is None:
+            raise TypeError(
+                f"{name} rotates by coordinates: pass positions= (an integer tensor "
+                f"(seq, n_axes) with n_axes={self.n_axes}) to the attention"
+            )
+        if offset:
+            raise ValueError(
+                f"{name} takes no offset (coordinates are not a run of positions), got {offset}"
+            )
+        return self(q, k, coords=positions)
 
     def extra_repr(self) -> str:
         return (

@@ -1,0 +1,170 @@
+"""RoPE's cos/sin tables, correctly rounded at any position.
+
+``cos[..., j] = scale · cos(position · θ_k)`` with ``k`` the frequency of column ``j`` in
+the layout (``"half"``: ``[θ_0 .. θ_{m-1}, θ_0 .. θ_{m-1}]``; ``"interleaved"``:
+``[θ_0, θ_0, θ_1, θ_1, ...]``). The angle ``position × θ`` is reduced with ``θ/2π`` held
+as a double-double (:func:`posenc.core.precision.turns_of`), runs of positions go through
+the phasor engine (:mod:`posenc.core.phasors`), and every value is rounded once, so a
+float32 table is within 0.5 ulp (+1e-15) of the exact cos/sin of ``position × θ`` with
+``θ`` the given float64 number, at any position; peers form the angle in float32.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Literal
+
+import numpy as np
+
+from ..._checks import (
+    DEFAULT_MAX_BYTES,
+    check_choice,
+    check_int,
+    check_memory,
+    check_real,
+    describe,
+)
+from ..phasors import CHUNK_ELEMENTS, contiguous_range, phasors
+from ..precision import CONTAINERS, FORMATS, resolve_dtype, round_to_format, turns_of, unit_phasors
+
+__all__ = ["ROPE_LAYOUTS", "RopeLayout", "check_inv_freq", "rope_table_values", "rope_tables"]
+
+RopeLayout = Literal["half", "interleaved"]
+ROPE_LAYOUTS: tuple[str, ...] = ("half", "interleaved")
+
+
+def check_inv_freq(inv_freq: Any) -> np.ndarray:
+    try:
+        array = np.asarray(inv_freq)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"inv_freq must be a 1-D array of numbers, got {describe(inv_freq)}"
+        ) from exc
+    if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
+        raise TypeError(f"inv_freq must hold real numbers, got {describe(inv_freq)}")
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(
+            f"inv_freq must be a non-empty 1-D array (one frequency per feature pair), got "
+            f"shape {array.shape}"
+        )
+    array = array.astype(np.float64)  # exact for float16/32/64 and for ints below 2**53
+    if not np.all(np.isfinite(array)):
+        raise ValueError("inv_freq must be finite")
+    return array
+
+
+def rope_tables(
+    positions: Any,
+    inv_freq: Any,
+    *,
+    dtype: Any = "float32",
+    layout: RopeLayout = "half",
+    scale: float = 1.0,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(cos, sin)`` tables of RoPE, correctly rounded in ``dtype`` at any position.
+
+    ``cos[..., j] = scale · cos(position · θ_k)`` with ``k`` the frequency of column
+    ``j`` in ``layout``, computed with exact angle reduction in float64 and rounded once.
+
+    Args:
+        positions: An int ``L`` (positions ``0 .. L-1``, the fast path; so is any 1-D run
+            of consecutive integers) or an array of any shape of integer or fractional
+            positions (finite, ``|p| <= 2**53``).
+        inv_freq: The ``θ_k``, 1-D (from :func:`rope_frequencies` or a scaling method);
+            each value is taken as the exact number it holds, so a float32 ``inv_freq``
+            from another library gives that library's angles, exactly.
+        dtype: float16, bfloat16 (needs ``ml_dtypes``), float32 or float64.
+        layout: ``"half"`` (``[θ_0 .. θ_{m-1}, θ_0 .. θ_{m-1}]``, Hugging Face /
+            GPT-NeoX) or ``"interleaved"`` (``[θ_0, θ_0, θ_1, θ_1, ...]``, Meta / GPT-J).
+        scale: Multiplies both tables before rounding: the ``attention_factor`` of YaRN
+            and LongRoPE (Hugging Face multiplies its float32 tables by it).
+        max_bytes: Refuse tables whose memory exceeds this (``None``: no limit).
+
+    Returns:
+        ``(cos, sin)``, each of shape ``(*positions.shape, 2 * len(inv_freq))``.
+
+    Example:
+        >>> cos, sin = rope_tables(3, [1.0, 0.1], dtype="float64")
+        >>> cos.round(6)
+        array([[ 1.      ,  1.      ,  1.      ,  1.      ],
+               [ 0.540302,  0.995004,  0.540302,  0.995004],
+               [-0.416147,  0.980067, -0.416147,  0.980067]])
+        >>> rope_tables([2], [1.0, 0.1], dtype="float64", layout="interleaved")[1].round(6)
+        array([[0.909297, 0.909297, 0.198669, 0.198669]])
+    """
+    layout = check_choice(layout, "layout", ROPE_LAYOUTS)
+    fmt, np_dtype = resolve_dtype(dtype)
+    cos, sin = rope_table_values(
+        positions, inv_freq, fmt=fmt, layout=layout, scale=scale, max_bytes=max_bytes
+    )
+    if cos.dtype != np_dtype:
+        cos, sin = cos.astype(np_dtype), sin.astype(np_dtype)
+    return cos, sin
+
+
+def rope_table_values(
+    positions: Any,
+    inv_freq: Any,
+    *,
+    fmt: str,
+    layout: str,
+    scale: float = 1.0,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    start: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`rope_tables` in the container of ``fmt`` (bfloat16 values as exact float32).
+
+    For the framework adapters. With an int ``positions`` (a length), ``start`` shifts
+    the range to ``start .. start+positions-1``.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
+    layout = check_choice(layout, "layout", ROPE_LAYOUTS)
+    scale = check_real(scale, "scale")
+    inv_freq = check_inv_freq(inv_freq)
+    container = CONTAINERS[fmt]
+    span = contiguous_range(positions)
+    if start:
+        if not isinstance(positions, numbers.Integral):
+            raise TypeError("start= applies only when positions is an int length")
+        start = check_int(start, "start", minimum=-(2**53))
+        span = (span[0] + start, span[1])
+    shape = (span[1],) if span is not None else np.shape(positions)
+    count, m = math.prod(shape), inv_freq.size
+    check_memory(2 * count * 2 * m * container.itemsize, "these RoPE tables", max_bytes)
+    hi, lo = turns_of(inv_freq)
+    cos = np.empty((count, 2 * m), container)
+    sin = np.empty((count, 2 * m), container)
+    rows = max(64, CHUNK_ELEMENTS // m)
+    if span is not None:
+        first, length = span
+        if abs(first) + length > 2**53:
+            raise ValueError("positions must lie within ±2**53 to be represented exactly")
+        for r0 in range(0, length, rows):
+            n = min(rows, length - r0)
+            z = phasors(float(first + r0), n, hi, lo)  # e^{ikθ}, (n, m)
+            _write(cos[r0 : r0 + n], z.real, fmt, layout, scale)
+            _write(sin[r0 : r0 + n], z.imag, fmt, layout, scale)
+    else:
+        flat = np.asarray(positions, dtype=np.float64).reshape(-1, 1)
+        for r0 in range(0, count, rows):
+            s, c = unit_phasors(flat[r0 : r0 + rows], hi, lo)
+            _write(cos[r0 : r0 + rows], c, fmt, layout, scale)
+            _write(sin[r0 : r0 + rows], s, fmt, layout, scale)
+    return cos.reshape((*shape, 2 * m)), sin.reshape((*shape, 2 * m))
+
+
+def _write(out: np.ndarray, values: np.ndarray, fmt: str, layout: str, scale: float) -> None:
+    """Round float64 ``values`` (rows, m) once into ``out`` (rows, 2m) in ``layout``."""
+    if scale != 1.0:
+        values = values * scale
+    rounded = round_to_format(values, fmt)
+    m = values.shape[-1]
+    if layout == "half":
+        out[:, :m] = rounded
+        out[:, m:] = rounded
+    else:
+        out[:, 0::2] = rounded
+        out[:, 1::2] = rounded

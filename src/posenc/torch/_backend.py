@@ -1,0 +1,338 @@
+"""The PyTorch adapter contract: how the torch modules move the core's numbers onto tensors.
+
+Every front end has a ``_backend.py`` with these names for these roles:
+
+``format_of(dtype)``
+    the core's format name (``"float32"``, ...) of a framework dtype, or a ``TypeError``;
+``to_tensor(values, fmt)``
+    a framework tensor holding a NumPy array the core rounded to ``fmt``, exactly;
+``known_value(x)``
+    the value of a tensor if it is known while the call runs, else ``None`` (traced);
+``gather_rows(table, index)``
+    rows of a table, a row of NaN wherever the index is outside it while tracing;
+``PositionTables``
+    the one owner of a module's tables: built by the core, grown, bypassed for positions
+    the memory limit refuses to cover, and rebuilt (never cast) on a dtype or device
+    change, following the out-of-range policy of :mod:`posenc.core.positions`.
+
+Here too: the checks of call arguments every torch module shares (offsets, position
+tensors) and :class:`DerivedBuffers`, the base of modules whose buffers the core derives.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .._checks import check_int, describe
+from ..core.positions import grow
+
+__all__ = [
+    "FORMATS",
+    "DerivedBuffers",
+    "PositionTables",
+    "check_offset",
+    "check_position_tensor",
+    "format_of",
+    "gather_rows",
+    "is_traced",
+    "known_value",
+    "positions_end",
+    "to_tensor",
+]
+
+FORMATS: dict[torch.dtype, str] = {
+    torch.float64: "float64",
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
+
+
+def format_of(dtype: Any, name: str = "dtype") -> str:
+    """The core's format name of a torch floating dtype; ``TypeError`` for any other."""
+    if dtype not in FORMATS:
+        raise TypeError(f"{name} must be one of {[str(d) for d in FORMATS]}, got {describe(dtype)}")
+    return FORMATS[dtype]
+
+
+def to_tensor(values: np.ndarray, dtype: torch.dtype, device: Any = None) -> Tensor:
+    """A tensor of ``dtype`` on ``device`` holding the core's ``values`` exactly.
+
+    The core returns bfloat16 values in a float32 container, so the cast is exact.
+    """
+    return torch.from_numpy(np.ascontiguousarray(values)).to(device=device, dtype=dtype)
+
+
+def is_traced() -> bool:
+    """Whether the code is being traced (``torch.compile``, ``torch.export``)."""
+    return bool(torch.compiler.is_compiling())
+
+
+def known_value(value: Tensor) -> np.ndarray | None:
+    """The value of ``value`` if it is known now: not while tracing, not on ``meta``."""
+    if is_traced() or value.is_meta:
+        return None
+    return value.detach().cpu().numpy()
+
+
+def gather_rows(table: Tensor, index: Tensor) -> Tensor:
+    """``table[index]`` along axis 0; while tracing, NaN rows where ``index`` is outside.
+
+    Eagerly the index was checked (and the table grown) before, so this is a plain
+    gather. A traced index cannot be checked, so an out-of-range one gives a row of NaN,
+    the sentinel every front end uses (:mod:`posenc.core.positions`).
+    """
+    index = index.to(table.device)
+    if not is_traced():
+        return nn.functional.embedding(index, table)
+    rows = table.shape[0]
+    valid = (index >= 0) & (index < rows)
+    safe = torch.where(valid, index, torch.zeros_like(index))
+    gathered = nn.functional.embedding(safe, table)  # (*index.shape, width)
+    return gathered.masked_fill(~valid.unsqueeze(-1), float("nan"))
+
+
+# ---------------------------------------------------------------------------------------
+# Call arguments
+
+
+def check_offset(offset: Any, name: str) -> int:
+    """An int >= 0 (KV-cache decoding), naming the owner ``name`` in errors."""
+    if isinstance(offset, (bool, np.bool_)) or not isinstance(offset, numbers.Integral):
+        raise TypeError(
+            f"{name}: offset must be an int >= 0, got {describe(offset)} "
+            "(per-token positions go in positions=)"
+        )
+    if offset < 0:
+        raise ValueError(f"{name}: offset must be an int >= 0, got {offset}")
+    return int(offset)
+
+
+def check_position_tensor(
+    positions: Any,
+    batch: int | None,
+    seq: int,
+    name: str,
+    *,
+    of: str,
+    fractional: str = "posenc.sinusoidal",
+) -> None:
+    """An integer tensor ``(seq,)`` or ``(batch, seq)``; ``batch=None``: unbatched input."""
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"{name}: positions must be an integer tensor, got {describe(positions)}")
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+        raise TypeError(
+            f"{name}: positions must be an integer tensor, got dtype {positions.dtype} "
+            f"(fractional positions: use {fractional})"
+        )
+    if positions.dim() not in (1, 2) or positions.shape[-1] != seq:
+        raise ValueError(
+            f"{name}: positions must have shape (seq,) or (batch, seq) with seq={seq}, "
+            f"got shape {tuple(positions.shape)}"
+        )
+    if positions.dim() == 2 and batch is None:
+        raise ValueError(
+            f"{name}: {of} of shape (seq, d_model) takes positions of shape (seq,), got "
+            f"{tuple(positions.shape)}; add a batch axis to {of} for batched positions"
+        )
+    if positions.dim() == 2 and positions.shape[0] not in (1, batch):
+        verb = "have" if " and " in of else "has"  # "x has", "q and k have"
+        raise ValueError(
+            f"{name}: positions has batch size {positions.shape[0]} but {of} {verb} {batch}"
+        )
+
+
+def positions_end(positions: Tensor, default: int, name: str) -> int:
+    """One past the largest position, after checking that none is negative.
+
+    Reading the values synchronises with the device; while tracing that is skipped and
+    ``default`` returned: there :func:`gather_rows` marks out-of-range rows with NaN.
+    """
+    if is_traced() or not positions.numel():
+        return default
+    low, high = (int(v) for v in torch.aminmax(positions))
+    if low < 0:
+        raise ValueError(f"{name}: positions must be >= 0, got {low}")
+    return high + 1
+
+
+def apply_dropout(dropout: nn.Dropout, x: Tensor) -> Tensor:
+    """``dropout(x)``, skipping the module call where it is the identity (eval or p=0)."""
+    return dropout(x) if dropout.training and dropout.p > 0 else x
+
+
+# ---------------------------------------------------------------------------------------
+# The table lifecycle
+
+
+class DerivedBuffers(nn.Module):
+    """Base of the modules whose buffers the core derives (tables, slopes, buckets).
+
+    The buffers are non-persistent: nothing derived goes into ``state_dict``, and the
+    entries other libraries write for such state (``drop=`` names) are dropped from a
+    loaded state dict. Casting or moving the module (``.half()``, ``.to()``,
+    ``to_empty``) rebuilds them from the core in the dtype :meth:`_table_dtype` chooses,
+    instead of casting rounded values again. A subclass implements
+    :meth:`_derive_buffers`; :meth:`_forget` clears any cache of its own.
+    """
+
+    def _register_derived(self, buffers: dict[str, Tensor], drop: Iterable[str] = ()) -> None:
+        """Register ``buffers`` (non-persistent) and the state-dict keys to drop on load."""
+        self._derived_names: tuple[str, ...] = tuple(buffers)
+        self._dropped_keys: tuple[str, ...] = (*buffers, *drop)
+        for key, tensor in buffers.items():
+            self.register_buffer(key, tensor, persistent=False)
+        # A bound method (not a closure), so that the module pickles.
+        self.register_load_state_dict_pre_hook(self._drop_derived_keys)
+
+    def _drop_derived_keys(
+        self,
+        module: nn.Module,
+        state_dict: dict[str, Any],
+        prefix: str,
+        *args: Any,
+    ) -> None:
+        for key in self._dropped_keys:
+            state_dict.pop(prefix + key, None)
+
+    def _derive_buffers(self, dtype: torch.dtype, device: torch.device) -> dict[str, Tensor]:
+        """The buffers for a module now in ``dtype`` on ``device``, from the core."""
+        raise NotImplementedError
+
+    def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype the buffers keep when the module is cast to ``dtype``."""
+        return dtype
+
+    def _forget(self) -> None:
+        """Clear caches derived from the buffers (after a rebuild)."""
+
+    def _apply(self, fn: Any, recurse: bool = True) -> DerivedBuffers:
+        super()._apply(fn, recurse)
+        # fn has converted the buffers (e.g. float32 -> bfloat16, a rounding of rounded
+        # values); rebuild them exactly instead. Meta tensors have no values to rebuild.
+        first = getattr(self, self._derived_names[0]) if self._derived_names else None
+        if first is not None and first.device.type != "meta":
+            dtype = self._table_dtype(first.dtype)
+            for key, tensor in self._derive_buffers(dtype, first.device).items():
+                setattr(self, key, tensor)
+        self._forget()
+        return self
+
+
+class PositionTables(DerivedBuffers):
+    """A :class:`DerivedBuffers` module whose buffers hold one row per position.
+
+    The subclass implements :meth:`_derive` (rows from the core, for a run of positions or
+    for an array of them); this class owns the rest: the buffers (``length`` rows at
+    first), :meth:`extend`, growth for positions past the table and the direct rows of
+    positions the memory limit refuses to cover (:mod:`posenc.core.positions`), tables in
+    other dtypes for inputs that need them, and the rebuild after a cast or move.
+    """
+
+    def _derive(
+        self, positions: int | np.ndarray, start: int, dtype: torch.dtype, device: Any
+    ) -> tuple[Tensor, ...]:
+        """The tables' rows at ``positions`` (an int: ``start .. start+positions-1``)."""
+        raise NotImplementedError
+
+    def _init_tables(
+        self, names: tuple[str, ...], length: int, dtype: torch.dtype, drop: Iterable[str] = ()
+    ) -> None:
+        tables = self._derive(length, 0, dtype, None)
+        self._register_derived(dict(zip(names, tables, strict=True)), drop)
+        # Tables for inputs whose dtype or device differs from the buffers'.
+        self._other_tables: dict[tuple[torch.dtype, torch.device], tuple[Tensor, ...]] = {}
+
+    def _derive_buffers(self, dtype: torch.dtype, device: torch.device) -> dict[str, Tensor]:
+        tables = self._derive(self.table_length, 0, dtype, device)
+        return dict(zip(self._derived_names, tables, strict=True))
+
+    def _forget(self) -> None:
+        self._other_tables = {}
+
+    @property
+    def table_length(self) -> int:
+        """Positions the tables hold now (they grow; they never shrink)."""
+        return int(getattr(self, self._derived_names[0]).shape[0])
+
+    def _buffers_now(self) -> tuple[Tensor, ...]:
+        return tuple(getattr(self, key) for key in self._derived_names)
+
+    def extend(self, length: int) -> None:
+        """Make the tables hold at least ``length`` positions (they never shrink).
+
+        Call it before ``torch.compile``/``torch.export`` when compiled code will see
+        positions past the current tables (traced positions outside them give NaN).
+        """
+        length = check_int(length, "length", minimum=1)
+        if length > self.table_length:
+            first = self._buffers_now()[0]
+            tables = self._derive(length, 0, first.dtype, first.device)
+            for key, tensor in zip(self._derived_names, tables, strict=True):
+                setattr(self, key, tensor)
+            self._forget()
+
+    def _tables_in(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
+        """The whole tables in ``dtype`` on ``device`` (the buffers, or a cached copy)."""
+        tables = self._buffers_now()
+        if tables[0].dtype == dtype and tables[0].device == device:
+            return tables
+        key = (dtype, device)
+        other = self._other_tables.get(key)
+        if other is None or other[0].shape[0] < tables[0].shape[0]:
+            other = self._derive(tables[0].shape[0], 0, dtype, device)
+            self._other_tables[key] = other
+        return other
+
+    def _covering(
+        self, end: int, dtype: torch.dtype, device: torch.device, name: str
+    ) -> tuple[Tensor, ...] | None:
+        """The tables in ``dtype`` grown to hold rows ``0 .. end-1``; ``None``: refused."""
+        rows = self.table_length
+        if end > rows:
+            if is_traced():
+                raise ValueError(
+                    f"{name}: positions up to {end - 1} need longer tables than the {rows} "
+                    f"rows built; under torch.compile or torch.export call .extend({end}) "
+                    "before compiling"
+                )
+            grow(self.extend, end, rows)
+            if end > self.table_length:  # refused by the memory limit
+                return None
+        return self._tables_in(dtype, device)
+
+    def _table_rows(
+        self,
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        offset: int,
+        count: int,
+        positions: Tensor | None,
+        name: str,
+        end: int | None = None,
+    ) -> tuple[Tensor, ...]:
+        """Every table's rows for this call: ``offset .. offset+count-1`` or ``positions``.
+
+        Returns ``(count, width)`` tables, or ``(*positions.shape, width)`` ones. ``end``
+        (one past the largest position) may be given when the caller has read it.
+        """
+        if positions is None:
+            tables = self._covering(offset + count, dtype, device, name)
+            if tables is None:  # a table that long is refused: only this call's rows
+                return self._derive(count, offset, dtype, device)
+            return tuple(t[offset : offset + count] for t in tables)
+        if end is None:
+            end = positions_end(positions, count, name)
+        if is_traced():
+            return tuple(gather_rows(t, positions) for t in self._tables_in(dtype, device))
+        tables = self._covering(end, dtype, device, name)
+        if tables is None:
+            return self._derive(positions.detach().cpu().numpy(), 0, dtype, device)
+        return tuple(gather_rows(t, positions) for t in tables)

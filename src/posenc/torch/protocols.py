@@ -1,0 +1,92 @@
+"""The roles a positional scheme plays in attention, declared as protocols.
+
+:class:`~posenc.torch.MultiHeadAttention` takes a scheme by the role it plays, never by
+its class: anything with the methods and attributes of one of these protocols plugs in,
+posenc's own modules (RoPE, xPos, axial RoPE, ALiBi, T5) and a user's alike.
+
+:class:`InputEncoding`
+    acts on the input embeddings, before attention (sinusoidal, learned, NoPE):
+    ``encode(x, *, positions=None, offset=0) -> x'``;
+:class:`QueryKeyRotation`
+    rotates (and may scale) queries and keys inside attention (RoPE, xPos, axial RoPE):
+    ``rotate_queries_keys(q, k, *, positions=None, offset=0) -> (q', k')`` on
+    ``(batch, heads, seq, head_dim)`` tensors, with ``head_dim`` and ``qk_layout``;
+:class:`ScoreBias`
+    adds a bias to the attention scores (ALiBi, T5):
+    ``score_bias(query_length, key_length, *, offset, positions, key_positions, dtype,
+    device) -> (heads, q, k)`` or ``(batch, heads, q, k)``, with ``num_heads``.
+
+Example:
+    >>> from posenc.torch import RotaryEmbedding
+    >>> class Shift:  # a scheme of its own: every key rotated as if one position later
+    ...     head_dim, qk_layout = 8, "bhsd"
+    ...     def __init__(self):
+    ...         self.rope = RotaryEmbedding(8)
+    ...     def rotate_queries_keys(self, q, k, *, positions=None, offset=0):
+    ...         return self.rope(q, k, offset=offset)[0], self.rope(q, k, offset=offset + 1)[1]
+    >>> isinstance(Shift(), QueryKeyRotation)
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = ["InputEncoding", "QueryKeyRotation", "ScoreBias"]
+
+
+@runtime_checkable
+class InputEncoding(Protocol):
+    """Acts on the input embeddings ``(batch, seq, d_model)`` before attention."""
+
+    def encode(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
+        """``x`` with the position information added (or, for NoPE, as it is)."""
+        ...
+
+
+@runtime_checkable
+class QueryKeyRotation(Protocol):
+    """Rotates queries and keys ``(batch, heads, seq, head_dim)`` inside attention.
+
+    Attributes:
+        head_dim: The feature width it rotates.
+        qk_layout: ``"bhsd"`` (what :class:`~posenc.torch.MultiHeadAttention` passes)
+            or ``"bshd"``.
+    """
+
+    head_dim: int
+    qk_layout: str
+
+    def rotate_queries_keys(
+        self, q: Tensor, k: Tensor, *, positions: Any = None, offset: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """``(q', k')``, the shapes and dtypes of ``q`` and ``k``."""
+        ...
+
+
+@runtime_checkable
+class ScoreBias(Protocol):
+    """Adds a bias to the attention scores ``(batch, heads, query, key)``.
+
+    Attributes:
+        num_heads: The number of heads it has a bias for.
+    """
+
+    num_heads: int
+
+    def score_bias(
+        self,
+        query_length: int,
+        key_length: int | None = None,
+        *,
+        offset: int = 0,
+        positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | None = None,
+    ) -> Tensor:
+        """The bias ``(heads, q, k)``, or ``(batch, heads, q, k)`` with batched positions."""
+        ...
