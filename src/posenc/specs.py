@@ -59,6 +59,7 @@ from .core.t5 import bucket_values, check_bucket_options
 __all__ = [
     "AlibiSpec",
     "AxialRopeSpec",
+    "FromSpec",
     "LearnedSpec",
     "NopeSpec",
     "RopeSpec",
@@ -126,9 +127,35 @@ class SchemeSpec:
             )
         return target(**fields)
 
+    def fields(self) -> dict[str, Any]:
+        """The fields as keyword arguments (nested specs stay specs)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
     def _set(self, name: str, value: Any) -> None:
         """Store a validated, normalised value on the frozen instance."""
         object.__setattr__(self, name, value)
+
+
+class FromSpec:
+    """Mixin of the front ends' modules and layers: ``Module.from_spec(spec, **options)``.
+
+    A module's arguments are its spec's fields plus options of its own (``max_length``,
+    ``dropout``, ``qk_layout``, ...), so a spec and those options make the module.
+    """
+
+    spec_class: ClassVar[type[SchemeSpec]]
+
+    @classmethod
+    def from_spec(cls, spec: SchemeSpec, **options: Any) -> Any:
+        """The module of ``spec`` (a :attr:`spec_class` instance) with ``options``."""
+        if not isinstance(spec, cls.spec_class):
+            raise TypeError(
+                f"{cls.__name__}.from_spec takes a {cls.spec_class.__name__}, got {describe(spec)}"
+            )
+        overlap = sorted(set(options) & set(spec.fields()))
+        if overlap:
+            raise TypeError(f"{cls.__name__}.from_spec: {overlap} are given by the spec already")
+        return cls(**spec.fields(), **options)
 
 
 # ---------------------------------------------------------------------------------------

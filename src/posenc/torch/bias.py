@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_int, describe
-from ..specs import AlibiSpec, T5Spec
+from ..specs import AlibiSpec, FromSpec, T5Spec
 from ._backend import DerivedBuffers, check_offset
 
 
@@ -70,7 +70,7 @@ def _relative_positions(
     return key_positions.to(device).unsqueeze(-2) - positions.to(device).unsqueeze(-1)
 
 
-class ALiBiBias(DerivedBuffers):
+class ALiBiBias(DerivedBuffers, FromSpec):
     """ALiBi (Press et al., 2022): a linear penalty ``-m_h · distance`` per head.
 
     Args:
@@ -100,6 +100,8 @@ class ALiBiBias(DerivedBuffers):
         Press, Smith and Lewis, "Train Short, Test Long: Attention with Linear Biases
         Enables Input Length Extrapolation", ICLR 2022.
     """
+
+    spec_class = AlibiSpec
 
     slopes: Tensor
 
@@ -162,7 +164,7 @@ class ALiBiBias(DerivedBuffers):
         return f"num_heads={self.num_heads}, mode={self.mode!r}"
 
 
-class T5RelativeBias(DerivedBuffers):
+class T5RelativeBias(DerivedBuffers, FromSpec):
     """T5's learned relative position bias: one weight per (distance bucket, head).
 
     The bucket of a relative distance (exact up to ``num_buckets/2`` or ``/4``,
@@ -189,6 +191,8 @@ class T5RelativeBias(DerivedBuffers):
         >>> bias(5).shape
         torch.Size([4, 5, 5])
     """
+
+    spec_class = T5Spec
 
     buckets: Tensor
 

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_d_model, check_int, check_probability, describe
-from ..specs import LearnedSpec, NopeSpec, SinusoidalSpec
+from ..specs import FromSpec, LearnedSpec, NopeSpec, SinusoidalSpec
 from ._backend import (
     PositionTables,
     apply_dropout,
@@ -87,7 +87,7 @@ def _check_positions(positions: Any, x: Tensor, name: str) -> None:
     check_position_tensor(positions, batch, x.shape[-2], name, of="x")
 
 
-class SinusoidalPositionalEncoding(PositionTables):
+class SinusoidalPositionalEncoding(PositionTables, FromSpec):
     """Adds the sinusoidal encoding of "Attention Is All You Need" §3.5, then dropout.
 
     ``forward(x) = dropout(x + PE[positions])``: the seed texts' ``PositionalEncoding``
@@ -128,6 +128,8 @@ class SinusoidalPositionalEncoding(PositionTables):
     References:
         Vaswani et al., "Attention Is All You Need", NeurIPS 2017, §3.5.
     """
+
+    spec_class = SinusoidalSpec
 
     pe: Tensor
 
@@ -190,7 +192,7 @@ class SinusoidalPositionalEncoding(PositionTables):
         )
 
 
-class LearnedPositionalEmbedding(nn.Module):
+class LearnedPositionalEmbedding(nn.Module, FromSpec):
     """Adds a trained embedding per position (``max_length`` of them), then dropout.
 
     Learned embeddings cannot represent a position they were not trained with: a
@@ -210,6 +212,8 @@ class LearnedPositionalEmbedding(nn.Module):
         >>> emb(torch.zeros(2, 5, 8)).shape
         torch.Size([2, 5, 8])
     """
+
+    spec_class = LearnedSpec
 
     def __init__(
         self, max_length: int, d_model: int, dropout: float = 0.0, *, init_std: float = 0.02
@@ -256,7 +260,7 @@ class LearnedPositionalEmbedding(nn.Module):
         return f"max_length={self.max_length}, d_model={self.d_model}"
 
 
-class NoPositionalEncoding(nn.Module):
+class NoPositionalEncoding(nn.Module, FromSpec):
     """NoPE: the explicit choice of no positional information (``dropout(x)``).
 
     Causal attention can infer positions on its own (Kazemnejad et al., 2023, "The
@@ -269,6 +273,8 @@ class NoPositionalEncoding(nn.Module):
         >>> torch.equal(NoPositionalEncoding(8)(x, offset=3), x)
         True
     """
+
+    spec_class = NopeSpec
 
     def __init__(self, d_model: int, dropout: float = 0.0) -> None:
         super().__init__()

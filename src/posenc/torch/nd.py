@@ -13,13 +13,13 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_probability, describe
-from ..specs import SinusoidalNDSpec
+from ..specs import FromSpec, SinusoidalNDSpec
 from ._backend import DerivedBuffers, apply_dropout, format_of, to_tensor
 
 _CACHE_SIZE = 16  # tables kept per module (one per grid shape, dtype and device in use)
 
 
-class SinusoidalPositionalEncodingND(DerivedBuffers):
+class SinusoidalPositionalEncodingND(DerivedBuffers, FromSpec):
     """Adds an N-D sinusoidal encoding to channels-last input, then dropout.
 
     ``forward(x) = dropout(x + table)`` with ``table`` of shape ``(*spatial, channels)``
@@ -69,6 +69,8 @@ class SinusoidalPositionalEncodingND(DerivedBuffers):
         layout); the ``positional-encodings`` package
         (tatp22/multidim-positional-encoding).
     """
+
+    spec_class = SinusoidalNDSpec
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .._checks import check_choice, check_int, describe
 from ..core.rope import as_rope_scaling, rope_permutation
-from ..specs import RopeSpec
+from ..specs import FromSpec, RopeSpec
 from ._backend import (
     PositionTables,
     check_offset,
@@ -67,7 +67,7 @@ DERIVED_KEYS = (
 )
 
 
-class RotaryEmbedding(PositionTables):
+class RotaryEmbedding(PositionTables, FromSpec):
     """Rotary position embedding: rotates query and key feature pairs by position.
 
     ``forward(q, k) -> (q_rot, k_rot)``, each feature pair turned by the angle
@@ -153,6 +153,8 @@ class RotaryEmbedding(PositionTables):
         Hugging Face ``transformers``: ``LlamaRotaryEmbedding``, ``apply_rotary_pos_emb``,
         ``modeling_rope_utils.dynamic_rope_update``.
     """
+
+    spec_class = RopeSpec
 
     cos: Tensor
     sin: Tensor

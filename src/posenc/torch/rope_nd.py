@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_choice, check_int, describe
-from ..specs import AxialRopeSpec, XPosSpec
+from ..specs import AxialRopeSpec, FromSpec, XPosSpec
 from ._backend import PositionTables, check_offset, format_of, to_tensor
 from .rope import (
     DERIVED_KEYS,
@@ -40,7 +40,7 @@ _XPOS_DERIVED_KEYS = (*DERIVED_KEYS, "scale", "q_scale", "k_scale")
 # xPos
 
 
-class XPosRotaryEmbedding(PositionTables):
+class XPosRotaryEmbedding(PositionTables, FromSpec):
     """xPos: RoPE whose queries grow and keys shrink with position, so scores decay.
 
     ``q'_n = ζ^((n-c)/B) ⊙ R(n) q_n`` and ``k'_m = ζ^(-(m-c)/B) ⊙ R(m) k_m`` with
@@ -104,6 +104,8 @@ class XPosRotaryEmbedding(PositionTables):
         Sun et al., "A Length-Extrapolatable Transformer", 2023;
         microsoft/torchscale ``xpos_relative_position.py``.
     """
+
+    spec_class = XPosSpec
 
     cos: Tensor
     sin: Tensor
@@ -201,7 +203,7 @@ class XPosRotaryEmbedding(PositionTables):
 # Axial / multimodal RoPE
 
 
-class AxialRotaryEmbedding(nn.Module):
+class AxialRotaryEmbedding(nn.Module, FromSpec):
     """N-D RoPE: the feature pairs are cut into one section per coordinate axis.
 
     Pair ``j`` of section ``a`` rotates by ``coords[..., a] · θ_j``, so every score
@@ -261,6 +263,8 @@ class AxialRotaryEmbedding(nn.Module):
         Heo et al., "Rotary Position Embedding for Vision Transformer", 2024;
         Wang et al., "Qwen2-VL", 2024.
     """
+
+    spec_class = AxialRopeSpec
 
     def __init__(
         self,
