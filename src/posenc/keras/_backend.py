@@ -1,11 +1,32 @@
-"""Backend plumbing shared by the Keras layers: dtype names, exact constants, trace scopes,
-checked start positions and gathers that give NaN rows (never wrong ones) out of range."""
+"""The Keras adapter contract: how the Keras layers move the core's numbers onto the backend.
+
+Every front end has a ``_backend.py`` with these names for these roles (see
+:mod:`posenc.torch._backend`):
+
+``format_of(dtype)``
+    the core's format name of a Keras/NumPy/backend dtype, or a ``TypeError``;
+``to_tensor(values, fmt)``
+    a backend tensor holding a NumPy array the core rounded to ``fmt``, exactly;
+``known_value(x)``
+    the value of a tensor if it is known while the call runs, else ``None`` (traced);
+``is_traced(x)``
+    whether ``x``'s value is known only inside a trace;
+``gather_rows(table, index)``
+    rows of a table, a row of NaN wherever the index is outside it;
+``PositionTables``
+    the one owner of a layer's tables: built by the core outside any trace, cached per
+    format, grown for known positions past them (or bypassed when the memory limit
+    refuses), following the out-of-range policy of :mod:`posenc.core.positions`.
+
+Here too: checked start positions (int32 everywhere in the Keras layers) and the index
+arithmetic that turns out-of-range positions into NaN rows on every backend.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import keras
@@ -13,6 +34,27 @@ import numpy as np
 from keras import ops
 
 from .._checks import check_int, describe
+from ..core.positions import grow
+
+__all__ = [
+    "INT32_END",
+    "PositionTables",
+    "cacheable",
+    "check_float",
+    "format_of",
+    "gather_rows",
+    "index_in_range",
+    "is_traced",
+    "known_int",
+    "known_value",
+    "nan_where_invalid",
+    "offset_rows",
+    "outside_traces",
+    "saturate_int32",
+    "start_position",
+    "table_rows",
+    "to_tensor",
+]
 
 # The formats the core rounds to, by their Keras dtype names.
 _FORMATS = ("float16", "bfloat16", "float32", "float64")
@@ -35,7 +77,15 @@ def format_of(dtype: Any, name: str = "dtype") -> str:
     return standard
 
 
-def to_backend(values: np.ndarray, fmt: str) -> Any:
+def check_float(dtype: Any, owner: str, what: str, hint: str = "") -> str:
+    """The standard name of a floating ``dtype``; TypeError naming it otherwise."""
+    name = keras.backend.standardize_dtype(dtype)
+    if not keras.backend.is_float_dtype(name):
+        raise TypeError(f"{owner} expects {what} of a floating dtype, got dtype {name}{hint}")
+    return name
+
+
+def to_tensor(values: np.ndarray, fmt: str) -> Any:
     """A backend tensor of ``fmt`` holding ``values`` (already rounded to ``fmt``) exactly."""
     if fmt == "bfloat16":
         # The core returns bfloat16 values in a float32 container: the cast is exact.
@@ -103,6 +153,11 @@ def known_value(value: Any) -> np.ndarray | None:
             return None
         return value.detach().cpu().numpy()
     return np.asarray(ops.convert_to_numpy(value))
+
+
+def is_traced(value: Any) -> bool:
+    """Whether the value of the tensor ``value`` is known only inside a trace."""
+    return known_value(value) is None
 
 
 def known_int(value: Any) -> int | None:
@@ -203,14 +258,16 @@ def nan_where_invalid(values: Any, valid: Any) -> Any:
     return ops.where(valid, values, ops.cast(float("nan"), values.dtype))
 
 
-def gather_rows(table: Any, index: Any, valid: Any) -> Any:
-    """``table[index]`` along axis 0, NaN rows where ``valid`` is false.
+def gather_rows(table: Any, index: Any, valid: Any = None) -> Any:
+    """``table[index]`` along axis 0, NaN rows where ``index`` is outside the table.
 
-    ``index`` must already be safe (in range) everywhere, as :func:`offset_rows` and
-    :func:`index_in_range` return it: the rows at invalid places are gathered from row 0
-    and then replaced by NaN, so an out-of-range position gives NaN on every backend,
-    never a wrapped, clamped or zero row.
+    ``index`` is an int32 tensor. Its out-of-range entries are gathered from row 0 and
+    then replaced by NaN, so an out-of-range position gives NaN on every backend, never
+    a wrapped, clamped or zero row. Callers that have the validity already (from
+    :func:`offset_rows`, with a safe index) pass it as ``valid``.
     """
+    if valid is None:
+        index, valid = index_in_range(index, int(table.shape[0]))
     rows = ops.take(table, index, axis=0)  # (*index.shape, *table.shape[1:])
     mask = valid
     for _ in range(len(table.shape) - 1):
@@ -219,11 +276,12 @@ def gather_rows(table: Any, index: Any, valid: Any) -> Any:
 
 
 def table_rows(table: Any, start: Any, seq: Any, too_long: Callable[[int], str]) -> Any:
-    """Rows ``start .. start + seq - 1`` of a ``(rows, width)`` table.
+    """Rows ``start .. start + seq - 1`` of a ``(rows, width)`` table that cannot grow.
 
     Sliced when ``start`` and ``seq`` are Python ints (a ``ValueError`` with the message
-    ``too_long(start + seq)`` past the table); gathered otherwise, with NaN rows for
-    positions past the table (see :func:`gather_rows`).
+    ``too_long(start + seq)`` past the table: a learned embedding has no other rows);
+    gathered otherwise, with NaN rows for positions past the table (see
+    :func:`gather_rows`).
     """
     rows, width = (int(n) for n in table.shape)
     if isinstance(start, int) and isinstance(seq, int):
@@ -232,3 +290,71 @@ def table_rows(table: Any, start: Any, seq: Any, too_long: Callable[[int], str])
         return ops.slice(table, [start, 0], [seq, width])  # (seq, width)
     index, valid = offset_rows(start, seq, rows)  # (seq,) each
     return gather_rows(table, index, valid)  # (seq, width)
+
+
+def span_rows(table: Any, start: Any, seq: Any) -> Any:
+    """Rows ``start .. start + seq - 1`` of a table: sliced when both are ints (the table
+    covers them), gathered with NaN rows past the table otherwise."""
+    if isinstance(start, int) and isinstance(seq, int):
+        begin = [start] + [0] * (len(table.shape) - 1)
+        return ops.slice(table, begin, [seq, *(int(n) for n in table.shape[1:])])
+    index, valid = offset_rows(start, seq, int(table.shape[0]))  # (seq,) each
+    return gather_rows(table, index, valid)
+
+
+class PositionTables:
+    """The tables of one Keras layer: the one owner of their lifecycle.
+
+    ``derive(length, fmt)`` returns the layer's NumPy tables (from the core, one row per
+    position, ``length`` rows) in the container of ``fmt``. This helper builds them as
+    concrete backend constants outside any trace (``tf.function``, ``jax.jit``), keeps
+    them per format (never a torch ``meta`` tensor), and grows all of them together
+    when positions known while a call runs pass their end (:meth:`cover`), following
+    :mod:`posenc.core.positions`: at least doubling, and when the memory limit (a
+    ``ValueError`` of ``derive``) refuses, leaving them as they are so that the layer
+    computes the call's rows directly.
+
+    Args:
+        derive: ``(length, fmt) -> tuple of NumPy arrays``, each with ``length`` rows.
+        length: The initial number of rows (the layer's ``max_length``).
+    """
+
+    def __init__(self, derive: Callable[[int, str], tuple[np.ndarray, ...]], length: int):
+        self._derive = derive
+        self.length = length
+        self._tables: dict[str, tuple[Any, ...]] = {}
+
+    def _build(self, length: int, fmt: str) -> tuple[Any, ...]:
+        values = self._derive(length, fmt)
+        with outside_traces():
+            return tuple(to_tensor(np.ascontiguousarray(v), fmt) for v in values)
+
+    def get(self, fmt: str) -> tuple[Any, ...]:
+        """The tables in ``fmt``, built on first use (cached unless on torch's meta)."""
+        tables = self._tables.get(fmt)
+        if tables is None:
+            tables = self._build(self.length, fmt)
+            if all(cacheable(t) for t in tables):
+                self._tables[fmt] = tables
+        return tables
+
+    def extend(self, length: int, formats: Iterable[str] = ()) -> None:
+        """Hold at least ``length`` rows in every format in use (and ``formats``).
+
+        All new tables are built before any is replaced: a refused size (``ValueError``)
+        leaves the old ones.
+        """
+        if length <= self.length:
+            return
+        wanted = list(dict.fromkeys([*self._tables, *formats]))
+        built = {fmt: self._build(length, fmt) for fmt in wanted}
+        self._tables = {
+            fmt: tables for fmt, tables in built.items() if all(cacheable(t) for t in tables)
+        }
+        self.length = length
+
+    def cover(self, end: int, fmt: str) -> bool:
+        """Grow to hold rows ``0 .. end-1``; whether they are held now."""
+        if end > self.length:
+            grow(lambda length: self.extend(length, (fmt,)), end, self.length)
+        return end <= self.length

@@ -30,19 +30,19 @@ import keras
 import numpy as np
 from keras import ops
 
-from .._checks import DEFAULT_MAX_BYTES, check_choice, check_int, describe, format_bytes
-from ..core.alibi import MODES, alibi_bias_values
-from ..core.t5 import check_bucket_options, relative_position_bucket
+from .._checks import DEFAULT_MAX_BYTES, check_int, describe, format_bytes
+from ..specs import AlibiSpec, FromSpec, T5Spec
 from ._backend import (
+    PositionTables,
     cacheable,
+    check_float,
     format_of,
     nan_where_invalid,
     offset_rows,
     outside_traces,
     start_position,
-    to_backend,
+    to_tensor,
 )
-from .embeddings import _check_float
 
 __all__ = ["ALiBiBias", "T5RelativeBias"]
 
@@ -91,7 +91,7 @@ class _ScoreBias(keras.layers.Layer):
     def call(self, scores: Any, start_index: Any = None) -> Any:
         name = type(self).__name__
         self._check_scores_shape(tuple(scores.shape))
-        dtype = _check_float(scores.dtype, name, "attention scores")
+        dtype = check_float(scores.dtype, name, "attention scores")
         shape = ops.shape(scores)  # ints, or scalar tensors for axes unknown in a graph
         q, k = shape[2], shape[3]
         start = self._resolve(q, k, start_index)
@@ -177,12 +177,8 @@ def _query_rows(q: Any, start: Any, length: int | None = None) -> Any:
 _ITEMSIZE = {"float16": 2, "bfloat16": 4, "float32": 4, "float64": 8}
 
 
-class _TableTooLarge(ValueError):
-    """A table the layer refuses to build (the memory limit); the layer is unchanged."""
-
-
 @keras.saving.register_keras_serializable(package="posenc")
-class ALiBiBias(_ScoreBias):
+class ALiBiBias(_ScoreBias, FromSpec):
     """Adds ALiBi's linear bias ``-m_h · distance`` to attention scores (Press et al., 2022).
 
     For query position ``p = start_index + i`` and key position ``j``, head ``h`` adds
@@ -256,6 +252,8 @@ class ALiBiBias(_ScoreBias):
         Keras convention of adding the bias to the scores).
     """
 
+    spec_class = AlibiSpec
+
     def __init__(
         self,
         num_heads: int,
@@ -264,75 +262,33 @@ class ALiBiBias(_ScoreBias):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.num_heads = check_int(num_heads, "num_heads", minimum=1)
-        self.mode = check_choice(mode, "mode", MODES)
+        self.spec = AlibiSpec(num_heads=num_heads, mode=mode)
+        self.num_heads, self.mode = self.spec.num_heads, self.spec.mode
         self.max_length = check_int(max_length, "max_length", minimum=1)
-        self._length = self.max_length  # positions the tables cover now
-        self._tables: dict[str, Any] = {}  # format → (num_heads, 2·_length - 1) tensor
+        # One table per format, (num_heads, 2·L - 1), L positions (max_length at first).
+        self._tables = PositionTables(self._derive, self.max_length)
 
     def build(self, input_shape: Any = None) -> None:
         if input_shape is not None:
             self._check_scores_shape(tuple(input_shape))
-        self._table(format_of(self.compute_dtype, "the layer's compute dtype"))
+        self._tables.get(format_of(self.compute_dtype, "the layer's compute dtype"))
         self.built = True
 
-    def _new_table(self, fmt: str, length: int) -> Any:
+    def _derive(self, length: int, fmt: str) -> tuple[np.ndarray]:
         """``(num_heads, 2·length - 1)``: column ``r + length - 1`` holds the bias of ``key -
-        query = r``, a concrete backend tensor (:class:`_TableTooLarge` past the limit)."""
+        query = r``; a ValueError of the layer's own past the memory limit."""
         nbytes = self.num_heads * (2 * length - 1) * _ITEMSIZE[fmt]
         if nbytes > DEFAULT_MAX_BYTES:
-            raise _TableTooLarge(
+            raise ValueError(
                 f"{type(self).__name__}: a table covering {length} positions for "
                 f"{self.num_heads} heads in {fmt} would need about {format_bytes(nbytes)}, "
                 f"more than the layer's limit of {format_bytes(DEFAULT_MAX_BYTES)}; build the "
                 "layer with a smaller max_length"
             )
         # One query at position length - 1 and keys 0 .. 2·length - 2 see every r in
-        # ±(length - 1).
-        values = alibi_bias_values(
-            1,
-            2 * length - 1,
-            num_heads=self.num_heads,
-            mode=self.mode,
-            offset=length - 1,
-            fmt=fmt,
-            max_bytes=None,  # checked above, with the layer's own message
-        )[:, 0, :]  # (H, 2·length - 1)
-        with outside_traces():
-            return to_backend(np.ascontiguousarray(values), fmt)
-
-    def _table(self, fmt: str) -> Any:
-        """The ``(num_heads, 2L - 1)`` table in ``fmt`` for the current ``L``, cached."""
-        table = self._tables.get(fmt)
-        if table is None:
-            table = self._new_table(fmt, self._length)
-            if cacheable(table):
-                self._tables[fmt] = table
-        return table
-
-    def _cover(self, end: int, q: int, k: int) -> bool:
-        """Make the tables cover positions ``0 .. end-1``; whether they do now.
-
-        They grow (doubling to amortise growth, else to ``end`` exactly) only when ``end``
-        is at most twice the current length or the call's longer length: a start far past
-        both is better served by the core directly than by a table indexed from 0. A
-        refused size (the memory limit) leaves the layer as it was: the new tables are
-        built into locals and assigned only once all of them exist.
-        """
-        if end <= self._length:
-            return True
-        if end > 2 * max(self._length, q, k):
-            return False
-        formats = list(self._tables) or [format_of(self.compute_dtype, "the compute dtype")]
-        for length in (max(end, 2 * self._length), end):
-            try:
-                tables = {fmt: self._new_table(fmt, length) for fmt in formats}
-            except _TableTooLarge:
-                continue
-            self._tables = {fmt: table for fmt, table in tables.items() if cacheable(table)}
-            self._length = length
-            return True
-        return False
+        # ±(length - 1); the size was checked above, with the layer's own message.
+        values = self.spec.bias(1, 2 * length - 1, offset=length - 1, fmt=fmt, max_bytes=None)
+        return (values[:, 0, :],)  # (H, 2·length - 1)
 
     def _direct(self, q: int, k: int, start: int, fmt: str) -> Any:
         """The ``(num_heads, q, k)`` bias of one call from the core, without any table."""
@@ -344,25 +300,23 @@ class ALiBiBias(_ScoreBias):
                 f"{format_bytes(nbytes)}, more than the layer's limit of "
                 f"{format_bytes(DEFAULT_MAX_BYTES)}; pass fewer queries or keys per call"
             )
-        values = alibi_bias_values(
-            q, k, num_heads=self.num_heads, mode=self.mode, offset=start, fmt=fmt, max_bytes=None
-        )  # (H, q, k)
-        return to_backend(values, fmt)
+        values = self.spec.bias(q, k, offset=start, fmt=fmt, max_bytes=None)  # (H, q, k)
+        return to_tensor(values, fmt)
 
     def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
         if _all_ints(q, k, start):  # every position known: exact, no NaN possible
-            if not self._cover(max(start + q, k), q, k):
-                return self._direct(q, k, start, fmt)
+            if not self._tables.cover(max(start + q, k), fmt):
+                return self._direct(q, k, start, fmt)  # a table that long is refused
             try:
-                table = self._table(fmt)  # (H, 2L - 1)
-            except _TableTooLarge:  # a wider format than the tables grown so far
+                (table,) = self._tables.get(fmt)  # (H, 2L - 1)
+            except ValueError:  # a wider format than the tables grown so far: refused
                 return self._direct(q, k, start, fmt)
-            index = _relative_positions(q, k, start) + (self._length - 1)  # (q, k)
+            index = _relative_positions(q, k, start) + (self._tables.length - 1)  # (q, k)
             return ops.take(table, index, axis=1)  # (H, q, k)
-        if isinstance(k, int):  # static keys (a traced start): cover them if reasonable
-            self._cover(k, 0, k)
-        table = self._table(fmt)  # (H, 2L - 1)
-        length = self._length
+        if isinstance(k, int):  # static keys (a traced start): cover them if possible
+            self._tables.cover(k, fmt)
+        (table,) = self._tables.get(fmt)  # (H, 2L - 1)
+        length = self._tables.length
         keys = ops.arange(k, dtype="int32")  # (k,)
         valid = ops.logical_and(
             ops.expand_dims(_query_rows(q, start, length), 1),  # (q, 1)
@@ -388,7 +342,7 @@ _FAR = 2**30  # starts past this give the same (saturated) buckets, see T5Relati
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class T5RelativeBias(_ScoreBias):
+class T5RelativeBias(_ScoreBias, FromSpec):
     """Adds T5's learned relative position bias to attention scores: one weight per
     (distance bucket, head).
 
@@ -451,6 +405,8 @@ class T5RelativeBias(_ScoreBias):
         ``transformers.models.t5.modeling_t5.T5Attention.compute_bias``.
     """
 
+    spec_class = T5Spec
+
     def __init__(
         self,
         num_heads: int,
@@ -462,13 +418,16 @@ class T5RelativeBias(_ScoreBias):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.num_heads = check_int(num_heads, "num_heads", minimum=1)
-        (
-            self.bidirectional,
-            self.num_buckets,
-            self.max_distance,
-            self.compat,
-        ) = check_bucket_options(bidirectional, num_buckets, max_distance, compat)
+        self.spec = T5Spec(
+            num_heads=num_heads,
+            bidirectional=bidirectional,
+            num_buckets=num_buckets,
+            max_distance=max_distance,
+            compat=compat,
+        )
+        self.num_heads, self.bidirectional = self.spec.num_heads, self.spec.bidirectional
+        self.num_buckets, self.max_distance = self.spec.num_buckets, self.spec.max_distance
+        self.compat = self.spec.compat
         try:
             self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         except (TypeError, ValueError) as exc:
@@ -476,14 +435,8 @@ class T5RelativeBias(_ScoreBias):
                 "embeddings_initializer must be a Keras initializer, its name or its config, "
                 f"got {describe(embeddings_initializer)}"
             ) from exc
-        distances = np.arange(-self.max_distance, self.max_distance + 1, dtype=np.int64)
-        self._bucket_values = relative_position_bucket(
-            distances,
-            bidirectional=self.bidirectional,
-            num_buckets=self.num_buckets,
-            max_distance=self.max_distance,
-            compat=self.compat,
-        ).astype(np.int32)  # (2·max_distance + 1,) in [0, num_buckets)
+        # The bucket of every distance -max_distance .. max_distance, in [0, num_buckets).
+        self._bucket_values = self.spec.bucket_table().astype(np.int32)
         self._buckets: Any = None  # the same as a backend tensor, created on first use
 
     def build(self, input_shape: Any = None) -> None:

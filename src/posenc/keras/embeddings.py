@@ -14,22 +14,17 @@ from typing import Any
 import keras
 from keras import ops
 
-from .._checks import (
-    DEFAULT_MAX_BYTES,
-    check_base,
-    check_choice,
-    check_int,
-    check_probability,
-    describe,
-)
-from ..core.nd import ND_LAYOUTS, check_channels, check_shape, nd_values
+from .._checks import check_int, check_probability, describe
+from ..core.nd import check_channels, check_shape
+from ..specs import SinusoidalNDSpec
 from ._backend import (
     cacheable,
+    check_float,
     format_of,
     outside_traces,
     start_position,
     table_rows,
-    to_backend,
+    to_tensor,
 )
 
 __all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncodingND"]
@@ -38,15 +33,7 @@ _CACHE_SIZE = 16  # N-D tables kept per layer (one per grid shape and format in 
 
 
 # ---------------------------------------------------------------------------------------
-# Helpers shared with posenc.keras.bias
-
-
-def _check_float(dtype: Any, owner: str, what: str, hint: str = "") -> str:
-    """The standard name of a floating ``dtype``; TypeError naming it otherwise."""
-    name = keras.backend.standardize_dtype(dtype)
-    if not keras.backend.is_float_dtype(name):
-        raise TypeError(f"{owner} expects {what} of a floating dtype, got dtype {name}{hint}")
-    return name
+# Helpers
 
 
 def _dropout_layer(rate: float, policy: Any) -> keras.layers.Dropout | None:
@@ -161,7 +148,7 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
     def call(self, inputs: Any, start_index: Any = 0, training: Any = None) -> Any:
         name = type(self).__name__
         _check_sequence(inputs, self.d_model, name)
-        dtype = _check_float(inputs.dtype, name, "inputs", _EMBED_HINT)
+        dtype = check_float(inputs.dtype, name, "inputs", _EMBED_HINT)
         seq = ops.shape(inputs)[1]  # an int, or a scalar tensor in a graph with seq None
         start = start_position(start_index, name)
         table = ops.convert_to_tensor(self.embeddings)  # (max_length, d)
@@ -292,8 +279,11 @@ class SinusoidalPositionalEncodingND(keras.layers.Layer):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.layout = check_choice(layout, "layout", ND_LAYOUTS)
-        self.base = check_base(base)
+        # The channel count comes from the input at build(); the options are checked now
+        # by a spec of one channel (they do not depend on the count).
+        options = SinusoidalNDSpec(channels=1, base=base, layout=layout)
+        self.layout, self.base = options.layout, options.base
+        self.spec: SinusoidalNDSpec | None = None
         self.dropout = check_probability(dropout, "dropout")
         self._dropout_layer = _dropout_layer(self.dropout, self.dtype_policy)
         self.channels: int | None = None
@@ -309,6 +299,7 @@ class SinusoidalPositionalEncodingND(keras.layers.Layer):
                 f"input shape {shape}"
             )
         self.channels = check_channels(shape[-1], len(spatial), self.layout)
+        self.spec = SinusoidalNDSpec(channels=self.channels, base=self.base, layout=self.layout)
         self._tables = {}
         self._table(spatial, format_of(self.compute_dtype, "the layer's compute dtype"))
         if self._dropout_layer is not None:
@@ -336,17 +327,10 @@ class SinusoidalPositionalEncodingND(keras.layers.Layer):
         key = (shape, fmt)
         table = self._tables.get(key)
         if table is None:
-            check_channels(self.channels, len(shape), self.layout)
-            values = nd_values(
-                shape,
-                self.channels,
-                base=self.base,
-                layout=self.layout,
-                fmt=fmt,
-                max_bytes=DEFAULT_MAX_BYTES,
-            )
+            assert self.spec is not None  # made in build()
+            values = self.spec.table(shape, fmt=fmt)  # (*shape, channels)
             with outside_traces():
-                table = to_backend(values, fmt)
+                table = to_tensor(values, fmt)
             if not cacheable(table):
                 return table
             if len(self._tables) >= _CACHE_SIZE:
@@ -385,7 +369,7 @@ class SinusoidalPositionalEncodingND(keras.layers.Layer):
                 f"channels={self.channels} (input shape {shape}); inputs must be "
                 "channels-last, and each width needs its own layer"
             )
-        dtype = _check_float(inputs.dtype, name, "features")
+        dtype = check_float(inputs.dtype, name, "features")
         table = self._table(spatial, format_of(dtype, "the input dtype"))  # (*spatial, C)
         outputs = ops.add(inputs, table)  # (batch, *spatial, C), broadcast over batch
         if self._dropout_layer is not None:

@@ -13,24 +13,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from .._checks import (
-    DEFAULT_MAX_BYTES,
-    FORMULAS,
-    LAYOUTS,
-    check_base,
-    check_choice,
-    check_int,
-    check_probability,
-)
-from ..core.sinusoidal import table_values
-from ._backend import (
-    cacheable,
-    format_of,
-    outside_traces,
-    start_position,
-    table_rows,
-    to_backend,
-)
+from .._checks import check_int, check_probability
+from ..specs import FromSpec, SinusoidalSpec
+from ._backend import PositionTables, format_of, span_rows, start_position, to_tensor
 
 __all__ = ["SinusoidalPositionalEncoding", "generate_positional_encoding"]
 
@@ -73,28 +58,19 @@ def generate_positional_encoding(
     """
     seq_length = check_int(seq_length, "seq_length", minimum=0)
     embed_dim = check_int(embed_dim, "embed_dim", minimum=1)
-    base = check_base(base)
+    spec = SinusoidalSpec(d_model=embed_dim, base=base)
     fmt = format_of(dtype)
-    values = table_values(
-        seq_length,
-        embed_dim,
-        base=base,
-        layout="interleaved",
-        formula="paper",
-        fmt=fmt,
-        max_bytes=DEFAULT_MAX_BYTES,
-    )
-    return to_backend(values[np.newaxis], fmt)  # (1, seq_length, embed_dim)
+    return to_tensor(spec.table(seq_length, fmt=fmt)[np.newaxis], fmt)  # (1, L, embed_dim)
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class SinusoidalPositionalEncoding(keras.layers.Layer):
+class SinusoidalPositionalEncoding(keras.layers.Layer, FromSpec):
     """Adds the sinusoidal positional encoding of "Attention Is All You Need" to its input.
 
     ``output = inputs + P[start_index : start_index + seq]`` with
     ``P(k, 2i) = sin(k ω_i)`` and ``P(k, 2i+1) = cos(k ω_i)`` (interleaved layout), then
-    dropout. The table ``P`` for ``max_length`` positions is built once, in ``build()``,
-    by :mod:`posenc.core`: in float64 with exact angle reduction, then correctly rounded
+    dropout. The table ``P`` for ``max_length`` positions is built in ``build()`` by
+    :mod:`posenc.core`: in float64 with exact angle reduction, then correctly rounded
     to the layer's compute dtype (float16, bfloat16, float32 or float64). Under a mixed
     policy such as ``"mixed_bfloat16"`` the table therefore holds the bfloat16 values
     nearest to the exact encoding, not an encoding computed in bfloat16 (whose angles
@@ -105,9 +81,15 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
 
     The layer uses only ``keras.ops`` and runs on the TensorFlow, JAX and torch backends.
 
+    Positions past the table follow posenc's one policy (:mod:`posenc.core.positions`):
+    positions known when the call runs get the exact rows (the table grows, or the
+    core computes the call's rows when a table that long would pass the memory limit);
+    positions known only inside a trace give NaN rows past the table. Call
+    :meth:`extend` before tracing to cover longer sequences (the config saves the
+    extended length).
+
     Args:
-        max_length: Number of positions the table covers (int >= 1);
-            ``start_index + seq`` may not exceed it.
+        max_length: Number of positions the table covers initially (int >= 1).
         base: The ``n`` of ``sin(k / n^(2i/d))``; 10000 in the paper.
         layout: ``"interleaved"`` (sin on even features, cos on odd ones, as in the
             paper) or ``"split"`` (all sines then all cosines, as in tensor2tensor and
@@ -115,6 +97,8 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         formula: ``"paper"`` (``ω_i = base^(-2i/d)``) or ``"tensor2tensor"``
             (``ω_i = exp(-i ln(base) / (d//2 - 1))``).
         dropout: Dropout rate applied to the sum, a float in ``[0, 1)``.
+        d_model: The width the input must have; ``None`` (default) takes it from the
+            input's last axis when the layer is built.
         **kwargs: Standard layer arguments (``name``, ``dtype``, ...).
 
     Call arguments:
@@ -126,14 +110,14 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         start_index: Position of the first token, a Python int or an integer scalar
             tensor (default 0); for decoding one token at a time with a cache. A value
             known when the call runs (a Python int, or an eager tensor of any integer
-            dtype) must lie in ``0 .. 2**31 - 1``, and with a statically known ``seq``
-            ``start_index + seq > max_length`` raises ``ValueError``, on every backend.
-            When the value or ``seq`` is known only inside a trace (``tf.function``,
-            ``jax.jit``, ``torch.compile``, a symbolic model input), the rows are
-            gathered instead of sliced and every position outside ``0 .. max_length-1``
-            gives a row of NaN, on every backend (never an error at run time, never a
-            clamped or wrapped row). A traced tensor is read as int32: wider integers
-            outside the int32 range saturate, so they give NaN rows too.
+            dtype) must lie in ``0 .. 2**31 - 1``; with a statically known ``seq`` the
+            rows are exact at any such position, on every backend. When the value or
+            ``seq`` is known only inside a trace (``tf.function``, ``jax.jit``,
+            ``torch.compile``, a symbolic model input), the rows are gathered instead
+            of sliced and every position outside the table gives a row of NaN, on
+            every backend (never an error at run time, never a clamped or wrapped
+            row). A traced tensor is read as int32: wider integers outside the int32
+            range saturate, so they give NaN rows too.
         training: Whether dropout is active (Keras sets it during ``fit``).
 
     Returns:
@@ -154,6 +138,8 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         keras-hub ``SinePositionEncoding`` (the Keras conventions followed here).
     """
 
+    spec_class = SinusoidalSpec
+
     def __init__(
         self,
         max_length: int = 5000,
@@ -161,20 +147,24 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         layout: str = "interleaved",
         formula: str = "paper",
         dropout: float = 0.0,
+        d_model: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.max_length = check_int(max_length, "max_length", minimum=1)
-        self.base = check_base(base)
-        self.layout = check_choice(layout, "layout", LAYOUTS)
-        self.formula = check_choice(formula, "formula", FORMULAS)
+        # The spec's width is the input's last axis, known at build(); the options are
+        # checked now by a spec of any width (they do not depend on it).
+        options = SinusoidalSpec(d_model=d_model or 1, base=base, layout=layout, formula=formula)
+        self.base, self.layout, self.formula = options.base, options.layout, options.formula
+        self._d_model_arg = None if d_model is None else options.d_model
         self.dropout = check_probability(dropout, "dropout")
         # No sublayer (and so no seed-generator state) unless dropout is on.
         self._dropout_layer = (
             keras.layers.Dropout(self.dropout, dtype=self.dtype_policy) if self.dropout else None
         )
         self.d_model: int | None = None
-        self._tables: dict[str, Any] = {}  # format → (max_length, d_model) backend tensor
+        self.spec: SinusoidalSpec | None = None
+        self._tables: PositionTables | None = None
 
     def build(self, input_shape: Any) -> None:
         shape = tuple(input_shape)
@@ -186,30 +176,38 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
                 f"its table, got input shape {shape}"
             )
         self.d_model = check_int(shape[-1], "the last axis of the input (d_model)", minimum=1)
-        self._tables = {}
-        self._table(format_of(self.compute_dtype, "the layer's compute dtype"))
+        if self._d_model_arg not in (None, self.d_model):
+            raise ValueError(
+                f"SinusoidalPositionalEncoding was made for d_model={self._d_model_arg}, but "
+                f"the input's last axis is {self.d_model} (input shape {shape})"
+            )
+        self.spec = SinusoidalSpec(
+            d_model=self.d_model, base=self.base, layout=self.layout, formula=self.formula
+        )
+        spec = self.spec
+        self._tables = PositionTables(
+            lambda length, fmt: (spec.table(length, fmt=fmt),), self.max_length
+        )
+        self._tables.get(format_of(self.compute_dtype, "the layer's compute dtype"))
         if self._dropout_layer is not None:
             self._dropout_layer.build(shape)
         self.built = True
 
-    def _table(self, fmt: str) -> Any:
-        """The ``(max_length, d_model)`` table in ``fmt``, built by the core on first use."""
-        table = self._tables.get(fmt)
-        if table is None:
-            values = table_values(
-                self.max_length,
-                self.d_model,
-                base=self.base,
-                layout=self.layout,
-                formula=self.formula,
-                fmt=fmt,
-                max_bytes=DEFAULT_MAX_BYTES,
-            )
-            with outside_traces():
-                table = to_backend(values, fmt)
-            if cacheable(table):
-                self._tables[fmt] = table
-        return table
+    @property
+    def table_length(self) -> int:
+        """Positions the table holds now (``max_length`` until it grows)."""
+        return self.max_length if self._tables is None else self._tables.length
+
+    def extend(self, length: int) -> None:
+        """Make the table hold at least ``length`` positions (it never shrinks).
+
+        Call it before tracing when traced positions may reach past the table (inside a
+        trace they would give NaN); the config saves the extended length.
+        """
+        length = check_int(length, "length", minimum=1)
+        if self._tables is None:
+            raise ValueError("build the layer (or call it once) before extending its table")
+        self._tables.extend(length, (format_of(self.compute_dtype, "the compute dtype"),))
 
     def call(self, inputs: Any, start_index: Any = 0, training: Any = None) -> Any:
         shape = tuple(inputs.shape)
@@ -226,18 +224,20 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
                 f"the last axis of the input is {shape[-1]} but the layer was built for "
                 f"d_model={self.d_model} (input shape {shape}); use a new layer per width"
             )
-        table = self._table(format_of(dtype, "the input dtype"))  # (max_length, d)
+        fmt = format_of(dtype, "the input dtype")
         seq = ops.shape(inputs)[1]  # an int, or a scalar tensor in a graph with seq None
         start = start_position(start_index, type(self).__name__)
-        rows = table_rows(
-            table,
-            start,
-            seq,
-            lambda end: (
-                f"start_index ({start}) + sequence length ({seq}) = {end} exceeds "
-                f"max_length={self.max_length}; build the layer with max_length >= {end}"
-            ),
-        )  # (seq, d)
+        assert self.spec is not None  # built by Keras before the first call
+        assert self._tables is not None
+        if (
+            isinstance(start, int)
+            and isinstance(seq, int)
+            and not self._tables.cover(start + seq, fmt)
+        ):  # a table that long is refused: the rows of this call, from the core
+            rows = to_tensor(self.spec.table(seq, fmt=fmt, start=start), fmt)
+        else:
+            (table,) = self._tables.get(fmt)  # (rows, d)
+            rows = span_rows(table, start, seq)  # (seq, d), NaN past the table if traced
         outputs = ops.add(inputs, rows)  # (batch, seq, d), rows broadcast over batch
         if self._dropout_layer is not None:
             outputs = self._dropout_layer(outputs, training=training)
@@ -250,11 +250,14 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         config = super().get_config()
         config.update(
             {
-                "max_length": self.max_length,
+                # The table's current length: a restored layer keeps what extend() (or
+                # growth for known positions) gave this one.
+                "max_length": self.table_length,
                 "base": self.base,
                 "layout": self.layout,
                 "formula": self.formula,
                 "dropout": self.dropout,
+                "d_model": self._d_model_arg,
             }
         )
         return config

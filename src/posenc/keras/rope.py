@@ -1,17 +1,12 @@
 """Rotary position embedding (RoPE) as a Keras 3 layer, for the TensorFlow, JAX and torch backends.
 
-:class:`RotaryEmbedding` rotates the feature pairs of one tensor (queries or keys) by
-position, with every scaling of :data:`posenc.core.rope.ROPE_SCALINGS`. It re-derives no
-formula: the inverse frequencies and attention factor come from
-:func:`posenc.core.rope.rope_scaling`, the cos/sin tables from
-:func:`posenc.core.rope.rope_table_values` (float64, exact angle reduction, the attention
-factor folded in, rounded once to float32 or float64); the layer only moves them onto the
-backend, gathers rows and multiplies.
+The layer parses no option and derives no number: :func:`posenc.core.rope.as_rope_scaling`
+makes the scaling's spec, a :class:`posenc.RopeSpec` the tables (exact, rounded once), and
+:class:`~posenc.keras._backend.PositionTables` keeps them; the layer gathers and multiplies.
 """
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,33 +14,39 @@ import keras
 import numpy as np
 from keras import ops
 
-from .._checks import check_base, check_choice, check_int, describe
-from ..core.rope import ROPE_LAYOUTS, ROPE_SCALINGS, rope_scaling, rope_table_values
+from .._checks import check_base, check_choice, check_int
+from ..core.rope import ROPE_LAYOUTS, as_rope_scaling
+from ..specs import FromSpec, RopeSpec
 from ._backend import (
-    INT32_END,
-    cacheable,
+    PositionTables,
     format_of,
     gather_rows,
-    index_in_range,
     known_value,
-    offset_rows,
     outside_traces,
     saturate_int32,
+    span_rows,
     start_position,
-    to_backend,
+    to_tensor,
+)
+from ._rope_inputs import (
+    check_axis,
+    check_known_positions,
+    check_positions,
+    dynamic_message,
+    is_default_start,
+    place_rows,
+    rank_message,
+    resolve_axis,
+    select,
+    short,
+    turn_index,
 )
 
 __all__ = ["RotaryEmbedding"]
 
-# Scalings whose frequencies depend on the sequence length of each call.
-_LENGTH_DEPENDENT = ("dynamic_ntk", "longrope")
-
-# Names other libraries use for a scaling registered under another name in the core.
-_ALIASES = {"dynamic": "dynamic_ntk", "ntk-aware": "ntk", "ntk_aware": "ntk"}
-
 
 @keras.saving.register_keras_serializable(package="posenc")
-class RotaryEmbedding(keras.layers.Layer):
+class RotaryEmbedding(keras.layers.Layer, FromSpec):
     """Rotary position embedding: turns each feature pair of its input by ``position × θ_i``.
 
     One tensor per call, as keras-hub's ``RotaryEmbedding``: apply the layer to the
@@ -55,53 +56,37 @@ class RotaryEmbedding(keras.layers.Layer):
     one (``2i`` with ``2i + 1``), the maths of :func:`posenc.core.rope.apply_rope`. Only
     the first ``rotary_dim`` features rotate; the rest pass through unchanged.
 
-    * The cos/sin tables hold ``max_length`` positions and are built in ``build()`` by
-      the core: in float64 with exact angle reduction, times the scaling's attention
-      factor, correctly rounded once to float32 (float64 when the layer computes in
-      float64). Peers form ``position × θ`` in float32, off by about
-      ``position · 2^-24`` radians.
-    * Under ``"mixed_float16"`` and ``"mixed_bfloat16"`` the tables stay float32: the
-      float16/bfloat16 input is rotated in float32 and the result cast back, as Hugging
-      Face and :class:`posenc.torch.RotaryEmbedding` do. A table computed in bfloat16
-      would put whole positions in the wrong place.
-    * The tables are constant tensors, not weights: ``layer.weights`` is empty and
-      nothing derived goes into checkpoints or ``.keras`` files.
-    * When a call's positions are known while it runs (a Python int or eager tensor
-      ``start_index`` with a static sequence length, or concrete positions), they are
-      checked (``0 .. 2**31 - 1``, ``ValueError`` otherwise) and tables too short for
-      them grow. Positions known only inside a trace (tensor ``start_index`` or
-      ``positions`` under ``tf.function``, ``jax.jit``, ``torch.compile`` or a compiled
-      ``fit``) cannot grow the tables: a position that is negative or
-      ``>= table_length`` rotates its features into NaN, on every backend (never a
-      wrapped, clamped or zero row). Integer tensors wider than int32 saturate to the
-      int32 range there, so their out-of-range values give NaN too. Build the layer
-      with a large enough ``max_length`` or call :meth:`extend` before tracing (the
-      extended length is saved in the config).
-    * The layer uses only ``keras.ops`` for its computation and runs unchanged on the
-      TensorFlow, JAX and torch backends.
+    * The cos/sin tables (``max_length`` rows at first) are built in ``build()`` by the
+      core: float64 with exact angle reduction, times the scaling's attention factor,
+      rounded once to float32 (float64 when the layer computes in float64); peers form
+      ``position × θ`` in float32, off by about ``position · 2^-24`` radians. They are
+      constants, not weights (``layer.weights`` is empty).
+    * Under ``"mixed_float16"``/``"mixed_bfloat16"`` the tables stay float32: the input
+      is rotated in float32 and cast back, as in Hugging Face and
+      :class:`posenc.torch.RotaryEmbedding`.
+    * Positions follow posenc's one policy (:mod:`posenc.core.positions`). Known when the
+      call runs (a Python int or eager tensor ``start_index`` with a static sequence
+      length, or concrete positions): checked (``0 .. 2**31 - 1``) and exact, the tables
+      growing (or, past the memory limit, the core computing the call's rows). Known
+      only inside a trace (``tf.function``, ``jax.jit``, ``torch.compile``, a compiled
+      ``fit``): a position outside the tables rotates its features into NaN on every
+      backend (never a wrapped, clamped or zero row; wider integers saturate to int32
+      first). Call :meth:`extend` before tracing for longer sequences (the config saves
+      the extended length).
 
-    Length-dependent scalings. The length of a call is ``L = start_index + seq``, or
-    ``max(positions) + 1``, as Hugging Face's ``dynamic_rope_update`` takes it.
-
-    ``"longrope"`` uses ``long_factor`` while ``L > original_max_position_embeddings``
-    and ``short_factor`` otherwise. Both tables are built, and the choice is made in
-    Python when ``L`` is known and with ``keras.ops.where`` when it is a tensor, so it
-    works inside traces and with a symbolic ``start_index``.
-
-    ``"dynamic_ntk"`` (Hugging Face ``"dynamic"``) changes the frequencies continuously
-    with ``L``, so ``L`` must be known when the call runs: with ``L`` up to
-    ``original_max_position_embeddings`` the construction-time tables are used, beyond
-    it the rows of the call are computed by the core from
-    ``dynamic_ntk_rope(..., seq_len=L)``. A ``start_index`` or ``positions`` known only at
-    run time (a symbolic model input, a tensor inside ``tf.function``/``jax.jit``) or an
-    unknown sequence length raises ``ValueError``; use a fixed scaling (``"ntk"``,
-    ``"yarn"``, ...) there. The layer is stateless: every call uses the frequencies of
-    its own ``L``. :class:`posenc.torch.RotaryEmbedding` and Hugging Face keep the
-    frequencies of the longest length seen until ``L`` falls back under the original
-    length; the two agree whenever ``L`` never decreases while above it (prefill, then
-    one token at a time). As with every implementation of this method, decoding one token
-    at a time past the original length does not equal the full-sequence call: the cached
-    keys were rotated with earlier frequencies.
+    Length-dependent scalings, with the call's length ``L = start_index + seq`` (or
+    ``max(positions) + 1``, as Hugging Face's ``dynamic_rope_update``): ``"longrope"``
+    uses ``long_factor`` while ``L > original_max_position_embeddings`` and
+    ``short_factor`` otherwise; both tables are built and the choice works inside traces
+    (``keras.ops.where``). ``"dynamic_ntk"`` (Hugging Face ``"dynamic"``) changes the
+    frequencies with ``L``, so ``L`` must be known when the call runs (a ``ValueError``
+    otherwise: use a fixed scaling in traced code); past the original length the core
+    computes the call's rows at ``seq_len=L``. The layer is stateless; the PyTorch
+    module and Hugging Face keep the frequencies of the longest length seen until ``L``
+    falls back under the original, which agrees whenever ``L`` does not decrease above
+    it (prefill, then one token at a time). With this method, decoding one token at a
+    time past the original length differs from the full-sequence call in every
+    implementation: the cached keys were rotated with earlier frequencies.
 
     Args:
         base: The RoPE base (``rope_theta``): 10000 (RoFormer, Llama 2), 500000
@@ -112,20 +97,24 @@ class RotaryEmbedding(keras.layers.Layer):
         layout: ``"half"`` (Hugging Face, GPT-NeoX, keras-hub) or ``"interleaved"``
             (Meta Llama, GPT-J). :func:`posenc.core.rope.rope_permutation` converts
             projection weights between them.
-        scaling: ``None`` (or ``"default"``) or a key of
-            :data:`posenc.core.rope.ROPE_SCALINGS`: ``"linear"`` (keras-hub's
+        scaling: ``None`` (or ``"default"``), a registered name
+            (:data:`posenc.ROPE_SCALING_SPECS`: ``"linear"`` (keras-hub's
             ``scaling_factor``), ``"ntk"``, ``"dynamic_ntk"``, ``"yarn"``, ``"llama3"``,
-            ``"longrope"``.
-        scaling_params: The method's parameters (see its function in
-            :mod:`posenc.core.rope`), e.g. ``{"factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}`` for
-            ``"llama3"``. ``seq_len`` is not accepted: the layer takes it from each call.
-            Checked when the layer is created (against ``rotary_dim``, or a trial width
-            when that is left to the input) and again when it is built.
+            ``"longrope"``, or one added with :func:`posenc.register_rope_scaling`), a
+            spec such as ``posenc.YarnScaling(...)`` or its dict form.
+        scaling_params: With a name, the method's parameters (the fields of its spec),
+            e.g. ``{"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}`` for ``"llama3"``. ``seq_len`` is
+            not accepted: the layer takes it from each call. The spec checks them when
+            the layer is created, and the width-dependent ones (LongRoPE's factor count,
+            NTK's ``d > 2``) as soon as the width is known: ``rotary_dim``, or the input
+            when the layer is built.
         max_length: Number of positions the tables hold initially (int >= 1).
         sequence_axis: Axis of the input that indexes positions (default 1, as in
             ``(batch, seq, heads, head_dim)``); not the batch axis 0.
         feature_axis: Axis of the input holding the head features (default -1).
+        head_dim: The width the feature axis must have; ``None`` (default): read from
+            the input when the layer is built.
         **kwargs: Standard layer arguments (``name``, ``dtype``, ...).
 
     Call arguments:
@@ -140,10 +129,6 @@ class RotaryEmbedding(keras.layers.Layer):
 
     Returns:
         A tensor of the input's shape and dtype.
-
-    Shapes:
-        Input and output ``(batch, ..., seq, ..., head_dim)``, any rank >= 3 with the two
-        axes given; the tables are ``(rows, rotary_dim)``, ``rows >= max_length``.
 
     Attributes:
         head_dim, rotary_dim: The feature width and the rotated width (``None`` until the
@@ -162,12 +147,11 @@ class RotaryEmbedding(keras.layers.Layer):
         >>> last = rope(q[:, 9:], start_index=9)  # decoding with a cache
         >>> bool(np.array_equal(ops.convert_to_numpy(last), ops.convert_to_numpy(q_rot)[:, 9:]))
         True
-        >>> llama3 = RotaryEmbedding(
-        ...     base=500000.0, scaling="llama3", scaling_params={"factor": 8.0,
-        ...     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        ...     "original_max_position_embeddings": 8192})
-        >>> tuple(llama3(q).shape), llama3.inv_freq.shape
-        ((2, 10, 4, 16), (8,))
+        >>> import posenc
+        >>> yarn = RotaryEmbedding(scaling=posenc.YarnScaling(
+        ...     factor=4.0, original_max_position_embeddings=2048))
+        >>> tuple(yarn(q).shape), round(yarn.attention_factor, 6)
+        ((2, 10, 4, 16), 1.138629)
 
     References:
         Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding", 2021.
@@ -176,45 +160,50 @@ class RotaryEmbedding(keras.layers.Layer):
         keras-hub ``RotaryEmbedding`` (the Keras conventions followed here).
     """
 
+    spec_class = RopeSpec
+
     def __init__(
         self,
         base: float = 10000.0,
         rotary_dim: int | None = None,
         layout: str = "half",
-        scaling: str | None = None,
+        scaling: Any = None,
         scaling_params: Mapping[str, Any] | None = None,
         max_length: int = 4096,
         sequence_axis: int = 1,
         feature_axis: int = -1,
+        head_dim: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.base = check_base(base)
-        if rotary_dim is not None:
-            rotary_dim = check_int(rotary_dim, "rotary_dim", minimum=2)
-            if rotary_dim % 2:
-                raise ValueError(
-                    f"rotary_dim must be even (RoPE rotates pairs of features), got {rotary_dim}"
-                )
-        self._rotary_dim_arg = rotary_dim
         self.layout = check_choice(layout, "layout", ROPE_LAYOUTS)
         self.max_length = check_int(max_length, "max_length", minimum=1)
-        self.sequence_axis = _check_axis(sequence_axis, "sequence_axis")
-        self.feature_axis = _check_axis(feature_axis, "feature_axis")
+        self.sequence_axis = check_axis(sequence_axis, "sequence_axis")
+        self.feature_axis = check_axis(feature_axis, "feature_axis")
         if self.sequence_axis == self.feature_axis:
             raise ValueError(
                 f"sequence_axis and feature_axis must differ, got {sequence_axis} for both"
             )
-        self.scaling, self.scaling_params = _check_scaling(scaling, scaling_params)
-        # Check the parameters now, with the rotary width if given, else with a trial
-        # width (the one longrope's factor lists imply, or 64); build() checks them
-        # again against the real width.
-        rope_scaling(
-            self.scaling,
-            _trial_width(self.scaling, self.scaling_params, rotary_dim),
-            self.base,
-            **self.scaling_params,
+        # The core parses the scaling and checks its parameters; with a known width, the
+        # width-dependent checks run now too.
+        self._scaling, _ = as_rope_scaling(scaling, scaling_params, seq_len_owner="layer")
+        if rotary_dim is not None:
+            rotary_dim = check_int(rotary_dim, "rotary_dim", minimum=2)
+            RopeSpec(
+                head_dim=head_dim or rotary_dim,
+                base=self.base,
+                rotary_dim=rotary_dim,
+                layout=self.layout,
+                scaling=self._scaling,
+            )
+        self._rotary_dim_arg = rotary_dim
+        self._head_dim_arg = (
+            None if head_dim is None else check_int(head_dim, "head_dim", minimum=1)
         )
+        self.scaling: str = self._scaling.name
+        self.scaling_params: dict[str, Any] = self._scaling.params()
+        self.spec: RopeSpec | None = None
         self.head_dim: int | None = None
         self.rotary_dim: int | None = rotary_dim
         self.inv_freq: np.ndarray | None = None
@@ -222,8 +211,7 @@ class RotaryEmbedding(keras.layers.Layer):
         self._rank: int | None = None
         self._axes: tuple[int, int] | None = None  # (sequence, feature), non-negative
         self._frequencies: dict[str, np.ndarray] = {}  # variant → inverse frequencies
-        self._rows = 0  # positions the tables hold
-        self._tables: dict[str, dict[str, tuple[Any, Any]]] = {}  # fmt → variant → tables
+        self._tables: PositionTables | None = None  # (cos, sign·sin) per variant
         self._turn: Any = None  # partner index of each rotated feature, int32 tensor
         self._sign: np.ndarray | None = None  # the partner's sign: turn(x) = sign·x[turn]
 
@@ -233,11 +221,9 @@ class RotaryEmbedding(keras.layers.Layer):
         shape = tuple(input_shape)
         rank = len(shape)
         if rank < 3:
-            raise ValueError(_rank_message(shape))
-        sequence, feature = (
-            _resolve_axis(self.sequence_axis, rank, "sequence_axis", shape),
-            _resolve_axis(self.feature_axis, rank, "feature_axis", shape),
-        )
+            raise ValueError(rank_message(shape))
+        sequence = resolve_axis(self.sequence_axis, rank, "sequence_axis", shape)
+        feature = resolve_axis(self.feature_axis, rank, "feature_axis", shape)
         if sequence == feature:
             raise ValueError(
                 f"sequence_axis={self.sequence_axis} and feature_axis={self.feature_axis} "
@@ -250,76 +236,76 @@ class RotaryEmbedding(keras.layers.Layer):
                 f"{self.feature_axis}) to build its tables, got input shape {shape}"
             )
         head_dim = check_int(head_dim, "the feature axis of the input (head_dim)", minimum=1)
-        # The core validates head_dim, rotary_dim and the parameters against this width.
-        inv_freq, attention_factor = rope_scaling(
-            self.scaling,
-            head_dim,
-            self.base,
+        if self._head_dim_arg not in (None, head_dim):
+            raise ValueError(
+                f"RotaryEmbedding was made for head_dim={self._head_dim_arg}, but the feature "
+                f"axis of the input is {head_dim} (input shape {shape})"
+            )
+        # The spec validates head_dim, rotary_dim and the scaling against this width.
+        self.spec = RopeSpec(
+            head_dim=head_dim,
+            base=self.base,
             rotary_dim=self._rotary_dim_arg,
-            **self.scaling_params,
+            layout=self.layout,
+            scaling=self._scaling,
         )
+        inv_freq, attention_factor = self.spec.frequencies()
         self._rank, self._axes = rank, (sequence, feature)
-        self.head_dim, self.rotary_dim = head_dim, 2 * inv_freq.size
-        self.inv_freq, self.attention_factor = inv_freq, float(attention_factor)
+        self.head_dim, self.rotary_dim = head_dim, self.spec.rotary_dim
+        self.inv_freq, self.attention_factor = inv_freq, attention_factor
         self._frequencies = {"base": inv_freq}
-        if self.scaling == "longrope":
-            original = int(self.scaling_params["original_max_position_embeddings"])
+        if self._scaling.name == "longrope":
+            original = self._original()
             self._frequencies = {"short": inv_freq, "long": self._scaled(original + 1)}
-        turn, self._sign = _turn(self.rotary_dim, self.layout)
+        turn, self._sign = turn_index(self.rotary_dim, self.layout)
         with outside_traces():
             self._turn = ops.convert_to_tensor(turn, dtype="int32")
-        self._tables, self._rows = {}, self.max_length
-        self._table_set(self._format(self.compute_dtype))
+        self._tables = PositionTables(self._derive, self.max_length)
+        self._tables.get(self._format(self.compute_dtype))
         self.built = True
+
+    def _original(self) -> int:
+        return int(self._scaling.original_length or 0)
 
     def _scaled(self, length: int) -> np.ndarray:
         """The inverse frequencies of a length-dependent scaling at sequence length ``length``."""
-        inv_freq, _ = rope_scaling(
-            self.scaling,
-            self.head_dim,
-            self.base,
-            rotary_dim=self.rotary_dim,
-            seq_len=length,
-            **self.scaling_params,
-        )
-        return inv_freq
+        assert self.spec is not None  # built
+        return self.spec.frequencies(length)[0]
 
     @staticmethod
     def _format(dtype: Any) -> str:
         """The tables' format for a compute or input dtype: float64 stays, else float32."""
         return "float64" if format_of(dtype, "the compute dtype") == "float64" else "float32"
 
+    def _numpy_rows(
+        self, positions: Any, inv_freq: np.ndarray, fmt: str, start: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(cos, sign·sin)`` for ``positions`` (a length or an array), from the core."""
+        assert self.spec is not None and self._sign is not None  # noqa: PT018  (built)
+        cos, sin = self.spec.tables(positions, fmt=fmt, start=start, inv_freq=inv_freq)
+        # The sign of rotate_half's partner, folded in here: negation is exact.
+        return cos, sin * self._sign
+
+    def _derive(self, length: int, fmt: str) -> tuple[np.ndarray, ...]:
+        """Every variant's ``(cos, sign·sin)`` of ``length`` rows, flattened."""
+        return tuple(
+            table
+            for inv_freq in self._frequencies.values()
+            for table in self._numpy_rows(length, inv_freq, fmt)
+        )
+
     def _values(
         self, positions: Any, inv_freq: np.ndarray, fmt: str, start: int = 0
     ) -> tuple[Any, Any]:
-        """Backend ``(cos, sign·sin)`` for ``positions`` (a length or an array), from the core."""
-        cos, sin = rope_table_values(
-            positions,
-            inv_freq,
-            fmt=fmt,
-            layout=self.layout,
-            scale=self.attention_factor,
-            start=start,
-        )  # (..., rotary_dim) each
-        # The sign of rotate_half's partner, folded in here: negation is exact.
-        return to_backend(cos, fmt), to_backend(sin * self._sign, fmt)
+        """Backend ``(cos, sign·sin)`` of one call's positions, computed by the core."""
+        cos, sin = self._numpy_rows(positions, inv_freq, fmt, start)
+        return to_tensor(cos, fmt), to_tensor(sin, fmt)
 
     def _table_set(self, fmt: str) -> dict[str, tuple[Any, Any]]:
-        """The ``(rows, rotary_dim)`` tables of every variant in ``fmt``, built on first use."""
-        tables = self._tables.get(fmt)
-        if tables is None:
-            tables = self._new_tables(fmt, self._rows)
-            if all(cacheable(table) for pair in tables.values() for table in pair):
-                self._tables[fmt] = tables
-        return tables
-
-    def _new_tables(self, fmt: str, rows: int) -> dict[str, tuple[Any, Any]]:
-        """Concrete backend tables of ``rows`` positions for every variant, in ``fmt``."""
-        with outside_traces():
-            return {
-                variant: self._values(rows, inv_freq, fmt)
-                for variant, inv_freq in self._frequencies.items()
-            }
+        """The ``(rows, rotary_dim)`` tables of every variant in ``fmt``."""
+        assert self._tables is not None  # built
+        flat = self._tables.get(fmt)
+        return {v: (flat[2 * i], flat[2 * i + 1]) for i, v in enumerate(self._frequencies)}
 
     def extend(self, length: int) -> None:
         """Make the tables hold at least ``length`` positions (they never shrink).
@@ -338,18 +324,14 @@ class RotaryEmbedding(keras.layers.Layer):
             100
         """
         length = check_int(length, "length", minimum=1)
-        if not self.built:
+        if self._tables is None:
             raise ValueError("build the layer (or call it once) before extending its tables")
-        if length > self._rows:
-            formats = list(self._tables) or [self._format(self.compute_dtype)]
-            # All new tables first: a refused size (memory limit) leaves the old ones.
-            tables = {fmt: self._new_tables(fmt, length) for fmt in formats}
-            self._tables, self._rows = tables, length
+        self._tables.extend(length, (self._format(self.compute_dtype),))
 
     @property
     def table_length(self) -> int:
         """Positions the tables currently hold (``max_length`` until they grow)."""
-        return max(self._rows, self.max_length)
+        return self.max_length if self._tables is None else self._tables.length
 
     @property
     def cos(self) -> Any:
@@ -375,16 +357,6 @@ class RotaryEmbedding(keras.layers.Layer):
             table = ops.multiply(table, ops.cast(self._sign, table.dtype))
         return table
 
-    def _grow(self, end: int) -> None:
-        """Grow the tables to hold rows ``0 .. end-1``, doubling to amortise repeated growth
-        unless the doubled tables would be refused (their memory limit) where ``end`` fits."""
-        if end <= self._rows:
-            return
-        try:
-            self.extend(max(end, 2 * self._rows))
-        except ValueError:
-            self.extend(end)
-
     # -- call --------------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -395,11 +367,12 @@ class RotaryEmbedding(keras.layers.Layer):
         if isinstance(positions, (list, tuple, np.ndarray)):
             array = np.asarray(positions)
             if array.dtype.kind in "iu":
-                _check_known_positions(array)
+                check_known_positions(array)
         return super().__call__(*args, **kwargs)
 
     def call(self, inputs: Any, start_index: Any = 0, positions: Any = None) -> Any:
         shape, dtype = self._check_inputs(inputs)
+        assert self._axes is not None and self._rank is not None  # noqa: PT018  (built)
         sequence, feature = self._axes
         x = inputs
         if feature != self._rank - 1:
@@ -410,23 +383,24 @@ class RotaryEmbedding(keras.layers.Layer):
         if positions is None:
             cos, sin = self._contiguous_rows(start_index, seq, fmt)  # (seq, r)
         else:
-            if not _is_default(start_index):
+            if not is_default_start(start_index):
                 raise ValueError(
                     f"pass either start_index or positions, not both (got start_index="
-                    f"{_short(start_index)} with positions)"
+                    f"{short(start_index)} with positions)"
                 )
             batch = shape[0]
             cos, sin = self._gathered_rows(positions, batch, shape[self._axes[0]], fmt)
-        cos = _place(cos, self._rank, sequence)  # broadcasts over x[..., :r]
-        sin = _place(sin, self._rank, sequence)
+        cos = place_rows(cos, self._rank, sequence)  # broadcasts over x[..., :r]
+        sin = place_rows(sin, self._rank, sequence)
 
         r = self.rotary_dim
+        assert r is not None  # built
         rotated = x if r == self.head_dim else x[..., :r]
         rotated = ops.cast(rotated, fmt)  # float16/bfloat16 → float32; exact
         partner = ops.take(rotated, self._turn, axis=-1)  # x[turn]; sign is in sin
         out = ops.add(ops.multiply(rotated, cos), ops.multiply(partner, sin))
         out = ops.cast(out, dtype)
-        if r < self.head_dim:
+        if self.head_dim is not None and r < self.head_dim:
             out = ops.concatenate([out, x[..., r:]], axis=-1)
         if feature != self._rank - 1:
             out = ops.moveaxis(out, -1, feature)
@@ -444,6 +418,7 @@ class RotaryEmbedding(keras.layers.Layer):
             raise TypeError(
                 f"RotaryEmbedding rotates floating queries or keys, got inputs of dtype {dtype}"
             )
+        assert self._axes is not None  # built
         width = shape[self._axes[1]]
         if width is not None and width != self.head_dim:
             raise ValueError(
@@ -452,81 +427,62 @@ class RotaryEmbedding(keras.layers.Layer):
             )
         return shape, dtype
 
+    def _select(
+        self, fmt: str, end: int | None, exact: tuple[Any, int], where: Any, start: Any, seq: Any
+    ) -> tuple[Any, Any]:
+        """The rows of one call, by posenc's out-of-range policy and the scaling's variant.
+
+        ``end`` is one past the largest position when known (else ``None``: traced);
+        ``exact`` is ``(positions, start)`` for the core when it must compute the rows;
+        the table rows are ``start .. start+seq-1`` (``where`` None) or at ``where``.
+        """
+        assert self._tables is not None  # built
+        original = self._original()
+        if self.scaling == "dynamic_ntk" and end is not None and end > original:
+            return self._values(exact[0], self._scaled(end), fmt, start=exact[1])
+        if self.scaling != "longrope":
+            variant = "base"
+        else:  # long factors past the original length; a traced length selects in-graph
+            variant = "" if end is None else "long" if end > original else "short"
+        if end is not None and not self._tables.cover(end, fmt):  # refused: from the core
+            return self._values(exact[0], self._frequencies[variant], fmt, start=exact[1])
+
+        def rows(name: str) -> tuple[Any, Any]:
+            cos, sin = self._table_set(fmt)[name]
+            if where is None:
+                return span_rows(cos, start, seq), span_rows(sin, start, seq)
+            return gather_rows(cos, where), gather_rows(sin, where)
+
+        if variant:
+            return rows(variant)
+        if where is None:
+            long = ops.greater(start, ops.subtract(original, seq))  # start + seq > original
+        else:
+            long = ops.greater_equal(ops.max(where), original)  # max + 1 > original
+        return select(long, rows("long"), rows("short"))
+
     def _contiguous_rows(self, start_index: Any, seq: Any, fmt: str) -> tuple[Any, Any]:
         """Rows ``start_index .. start_index+seq-1`` of the tables: ``(seq, r)`` each."""
         start = start_position(start_index, "RotaryEmbedding")  # an int when known
-        static = isinstance(start, int) and isinstance(seq, int)
-        end = start + seq if static else None
-        if self.scaling == "dynamic_ntk":
-            if end is None:
-                what = "the sequence length" if isinstance(start, int) else "start_index"
-                raise ValueError(_dynamic_message(f"{what} is known only at run time"))
-            original = int(self.scaling_params["original_max_position_embeddings"])
-            if end > original:  # the rows of this call, from the core
-                return self._values(seq, self._scaled(end), fmt, start=start)
-        if end is not None:
-            self._grow(end)
-        tables = self._table_set(fmt)
-        if end is None:  # known only inside a trace: NaN rows outside the tables
-            index, valid = offset_rows(start, seq, self._rows)  # (seq,) each
-
-            def rows(variant: str) -> tuple[Any, Any]:
-                cos, sin = tables[variant]
-                return gather_rows(cos, index, valid), gather_rows(sin, index, valid)
-
-        else:
-            begin, size = [start, 0], [seq, self.rotary_dim]
-
-            def rows(variant: str) -> tuple[Any, Any]:
-                cos, sin = tables[variant]
-                return ops.slice(cos, begin, size), ops.slice(sin, begin, size)
-
-        if self.scaling != "longrope":
-            return rows("base")
-        original = int(self.scaling_params["original_max_position_embeddings"])
-        if end is not None:
-            return rows("long" if end > original else "short")
-        long = ops.greater(start, ops.subtract(original, seq))  # start + seq > original
-        return _select(long, rows("long"), rows("short"))
+        end = start + seq if isinstance(start, int) and isinstance(seq, int) else None
+        if self.scaling == "dynamic_ntk" and end is None:
+            what = "the sequence length" if isinstance(start, int) else "start_index"
+            raise ValueError(dynamic_message(f"{what} is known only at run time"))
+        return self._select(fmt, end, (seq, start if end is not None else 0), None, start, seq)
 
     def _gathered_rows(self, positions: Any, batch: Any, seq: Any, fmt: str) -> tuple[Any, Any]:
         """Rows at ``positions``: ``(seq, r)`` or ``(batch, seq, r)`` each."""
-        positions = _check_positions(positions, batch, seq)
+        positions = check_positions(positions, batch, seq)
         known = known_value(positions)  # read before any cast: int64 values stay whole
         end = None
         if known is not None:
-            _check_known_positions(known)
+            check_known_positions(known)
             end = int(known.max()) + 1 if known.size else 0
-        if self.scaling == "dynamic_ntk":
-            if end is None:
-                raise ValueError(_dynamic_message("positions are known only at run time"))
-            original = int(self.scaling_params["original_max_position_embeddings"])
-            if end > original:
-                return self._values(known.astype(np.int64), self._scaled(end), fmt)
-        if end is not None:
-            self._grow(end)
-        tables = self._table_set(fmt)
+        if self.scaling == "dynamic_ntk" and end is None:
+            raise ValueError(dynamic_message("positions are known only at run time"))
+        exact = (None if known is None else known.astype(np.int64), 0)
         index = saturate_int32(positions)  # (seq,) or (batch, seq)
-        if end is None:  # known only inside a trace: NaN rows outside the tables
-            safe, valid = index_in_range(index, self._rows)
-
-            def rows(variant: str) -> tuple[Any, Any]:
-                cos, sin = tables[variant]
-                return gather_rows(cos, safe, valid), gather_rows(sin, safe, valid)
-
-        else:
-
-            def rows(variant: str) -> tuple[Any, Any]:
-                cos, sin = tables[variant]
-                return ops.take(cos, index, axis=0), ops.take(sin, index, axis=0)
-
-        if self.scaling != "longrope":
-            return rows("base")
-        original = int(self.scaling_params["original_max_position_embeddings"])
-        if end is not None:
-            return rows("long" if end > original else "short")
-        long = ops.greater_equal(ops.max(index), original)  # max + 1 > original, no overflow
-        return _select(long, rows("long"), rows("short"))
+        return self._select(fmt, end, exact, index, None, None)
 
     # -- symbolic use and serialization ----------------------------------------------------
 
@@ -539,16 +495,17 @@ class RotaryEmbedding(keras.layers.Layer):
         if positions is None:
             start = start_position(start_index, "RotaryEmbedding")
             if self.scaling == "dynamic_ntk" and not isinstance(start, int):
-                raise ValueError(_dynamic_message("start_index is a symbolic input"))
+                raise ValueError(dynamic_message("start_index is a symbolic input"))
         else:
-            if not _is_default(start_index):
+            if not is_default_start(start_index):
                 raise ValueError(
                     f"pass either start_index or positions, not both (got start_index="
-                    f"{_short(start_index)} with positions)"
+                    f"{short(start_index)} with positions)"
                 )
-            positions = _check_positions(positions, shape[0], shape[self._axes[0]])
+            assert self._axes is not None  # built
+            positions = check_positions(positions, shape[0], shape[self._axes[0]])
             if self.scaling == "dynamic_ntk" and known_value(positions) is None:
-                raise ValueError(_dynamic_message("positions are a symbolic input"))
+                raise ValueError(dynamic_message("positions are a symbolic input"))
         return keras.KerasTensor(shape, dtype=dtype)
 
     def get_config(self) -> dict[str, Any]:
@@ -565,193 +522,7 @@ class RotaryEmbedding(keras.layers.Layer):
                 "max_length": self.table_length,
                 "sequence_axis": self.sequence_axis,
                 "feature_axis": self.feature_axis,
+                "head_dim": self._head_dim_arg,
             }
         )
         return config
-
-
-# ---------------------------------------------------------------------------------------
-# Helpers
-
-
-def _check_axis(value: Any, name: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int (an axis of the input), got {describe(value)}")
-    return int(value)
-
-
-def _resolve_axis(axis: int, rank: int, name: str, shape: tuple[Any, ...]) -> int:
-    """``axis`` as a non-negative index of a rank-``rank`` input; not the batch axis 0."""
-    if not -rank <= axis < rank:
-        raise ValueError(
-            f"{name}={axis} is out of range for inputs of rank {rank} (shape {shape}); "
-            f"valid: 1 .. {rank - 1} or -{rank - 1} .. -1"
-        )
-    resolved = axis % rank
-    if resolved == 0:
-        raise ValueError(
-            f"{name}={axis} names the batch axis 0 of inputs of shape {shape}; valid: "
-            f"1 .. {rank - 1} or -{rank - 1} .. -1"
-        )
-    return resolved
-
-
-def _check_scaling(scaling: Any, params: Any) -> tuple[str, dict[str, Any]]:
-    """The scaling name (``"default"`` for ``None``) and its parameters as plain values."""
-    if scaling is not None and not isinstance(scaling, str):
-        raise TypeError(
-            f"scaling must be None or one of {list(ROPE_SCALINGS)}, got {describe(scaling)}"
-        )
-    name = "default" if scaling is None else scaling
-    if name not in ROPE_SCALINGS:
-        hint = f" ({name!r} is called {_ALIASES[name]!r} here)" if name in _ALIASES else ""
-        raise ValueError(f"unknown RoPE scaling {name!r}{hint}; valid: {list(ROPE_SCALINGS)}")
-    if params is None:
-        params = {}
-    elif not isinstance(params, Mapping):
-        raise TypeError(
-            f"scaling_params must be a dict of the scaling method's parameters or None, "
-            f"got {describe(params)}"
-        )
-    if scaling is None and params:
-        raise ValueError(
-            f"scaling_params {sorted(params)} given without a scaling method; pass scaling= as well"
-        )
-    if name in _LENGTH_DEPENDENT and "seq_len" in params:
-        raise TypeError(
-            f"scaling {name!r}: seq_len is not a parameter of the layer, which takes it from "
-            "each call (start_index + seq, or max(positions) + 1)"
-        )
-    return name, {str(key): _plain(value) for key, value in params.items()}
-
-
-def _plain(value: Any) -> Any:
-    """NumPy scalars and arrays, and tuples, as Python numbers and lists (for the config)."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _trial_width(name: str, params: Mapping[str, Any], rotary_dim: int | None) -> int:
-    """A rotary width to check ``params`` with before the input fixes the real one."""
-    if rotary_dim is not None:
-        return rotary_dim
-    if name == "longrope":
-        factors = params.get("short_factor")
-        if isinstance(factors, list) and factors:
-            return 2 * len(factors)
-    return 64
-
-
-def _turn(rotary_dim: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(index, sign)`` with ``turn(x) = sign · x[..., index]`` (the pair partner turned 90°).
-
-    ``"half"``: ``rotate_half(x) = [-x₂, x₁]``; ``"interleaved"``: ``(a, b) → (-b, a)``.
-    """
-    h = rotary_dim // 2
-    if layout == "half":
-        index = np.concatenate([np.arange(h, rotary_dim), np.arange(h)])
-        sign = np.concatenate([-np.ones(h), np.ones(h)])
-    else:
-        index = np.arange(rotary_dim) ^ 1  # 1, 0, 3, 2, ...
-        sign = np.tile([-1.0, 1.0], h)
-    return index.astype(np.int32), sign
-
-
-def _is_default(start_index: Any) -> bool:
-    return (
-        isinstance(start_index, numbers.Integral)
-        and not isinstance(start_index, (bool, np.bool_))
-        and start_index == 0
-    )
-
-
-def _short(value: Any) -> str:
-    return describe(value) if hasattr(value, "shape") else repr(value)
-
-
-def _is_tensor(value: Any) -> bool:
-    return ops.is_tensor(value) or keras.backend.is_keras_tensor(value)
-
-
-def _check_positions(positions: Any, batch: Any, seq: Any) -> Any:
-    """An integer tensor ``(seq,)`` or ``(batch, seq)`` (batch 1 broadcasts)."""
-    if isinstance(positions, (list, tuple, np.ndarray)):
-        array = np.asarray(positions)
-        if array.dtype.kind in "iu":  # before conversion: a backend may wrap int64 values
-            _check_known_positions(array)
-        positions = ops.convert_to_tensor(array)
-    elif not _is_tensor(positions):
-        raise TypeError(
-            f"positions must be an integer tensor of shape (seq,) or (batch, seq), got "
-            f"{describe(positions)}"
-        )
-    dtype = keras.backend.standardize_dtype(positions.dtype)
-    if "int" not in dtype:
-        raise TypeError(
-            f"positions must be an integer tensor, got dtype {dtype} "
-            "(fractional positions: posenc.core.rope.rope_tables)"
-        )
-    shape = tuple(positions.shape)
-    if len(shape) not in (1, 2) or (None not in (shape[-1], seq) and shape[-1] != seq):
-        raise ValueError(
-            f"positions must have shape (seq,) or (batch, seq) with seq={seq}, got shape {shape}"
-        )
-    if len(shape) == 2 and None not in (shape[0], batch) and shape[0] not in (1, batch):
-        raise ValueError(
-            f"positions has batch size {shape[0]} but the input has {batch} (shape {shape})"
-        )
-    return positions
-
-
-def _check_known_positions(known: np.ndarray) -> None:
-    """ValueError unless every integer position is in ``0 .. 2**31 - 1`` (int32)."""
-    if known.size and int(known.min()) < 0:
-        raise ValueError(f"positions must be >= 0, got {int(known.min())}")
-    if known.size and int(known.max()) >= INT32_END:
-        raise ValueError(
-            f"positions must be below 2**31 = {INT32_END} (positions are int32 in the Keras "
-            f"layers), got {int(known.max())}"
-        )
-
-
-def _select(condition: Any, first: tuple[Any, Any], second: tuple[Any, Any]) -> tuple[Any, Any]:
-    """``first`` where the scalar ``condition`` holds, else ``second`` (both computed)."""
-    return (
-        ops.where(condition, first[0], second[0]),
-        ops.where(condition, first[1], second[1]),
-    )
-
-
-def _place(rows: Any, rank: int, sequence: int) -> Any:
-    """``(seq, r)`` or ``(batch, seq, r)`` rows → broadcastable over features-last inputs.
-
-    Adds unit axes so that seq lands on ``sequence``, features on the last axis and a
-    batch axis (if any) on axis 0; the axes present are already in that order.
-    """
-    present = {sequence, rank - 1} | ({0} if len(rows.shape) == 3 else set())
-    for axis in range(rank):
-        if axis not in present:
-            rows = ops.expand_dims(rows, axis)
-    return rows
-
-
-def _dynamic_message(problem: str) -> str:
-    return (
-        f"scaling='dynamic_ntk' recomputes the frequencies from the sequence length L = "
-        f"start_index + seq (or max(positions) + 1) of each call, so L must be known when "
-        f"the call runs, but {problem}; pass start_index as a Python int with a statically "
-        "shaped input, or use a fixed scaling such as 'ntk' or 'yarn'"
-    )
-
-
-def _rank_message(shape: tuple[Any, ...]) -> str:
-    return (
-        f"RotaryEmbedding expects inputs of rank >= 3 with batch axis 0, e.g. (batch, seq, "
-        f"heads, head_dim), got shape {shape} (rank {len(shape)}); add a batch axis with "
-        "keras.ops.expand_dims(x, 0)"
-    )

@@ -27,6 +27,8 @@ def check_rotary_dim(head_dim: Any, rotary_dim: Any) -> int:
                 f"features rotate), got {rotary_dim}"
             )
     if rotary_dim < 2 or rotary_dim % 2:
+        if what.startswith("rotary_dim"):
+            what += f"; rotary_dim must be even ({rotary_dim} is odd)"
         raise ValueError(
             f"RoPE rotates pairs of features, so the rotary width must be an even int >= 2: "
             f"{what}; pass an even rotary_dim to rotate only the first features"

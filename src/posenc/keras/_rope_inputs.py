@@ -1,0 +1,163 @@
+"""Checks and shape plumbing of the Keras :class:`~posenc.keras.rope.RotaryEmbedding`.
+
+Axis resolution, position and start checks (int32 in every Keras layer), the partner
+index of the rotation, and where the ``(seq, r)`` rows go in an input of any rank.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+from .._checks import describe
+from ._backend import INT32_END
+
+__all__ = [
+    "check_axis",
+    "check_known_positions",
+    "check_positions",
+    "dynamic_message",
+    "is_default_start",
+    "place_rows",
+    "rank_message",
+    "resolve_axis",
+    "select",
+    "short",
+    "turn_index",
+]
+
+
+def check_axis(value: Any, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int (an axis of the input), got {describe(value)}")
+    return int(value)
+
+
+def resolve_axis(axis: int, rank: int, name: str, shape: tuple[Any, ...]) -> int:
+    """``axis`` as a non-negative index of a rank-``rank`` input; not the batch axis 0."""
+    if not -rank <= axis < rank:
+        raise ValueError(
+            f"{name}={axis} is out of range for inputs of rank {rank} (shape {shape}); "
+            f"valid: 1 .. {rank - 1} or -{rank - 1} .. -1"
+        )
+    resolved = axis % rank
+    if resolved == 0:
+        raise ValueError(
+            f"{name}={axis} names the batch axis 0 of inputs of shape {shape}; valid: "
+            f"1 .. {rank - 1} or -{rank - 1} .. -1"
+        )
+    return resolved
+
+
+def turn_index(rotary_dim: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(index, sign)`` with ``turn(x) = sign · x[..., index]`` (the pair partner turned 90°).
+
+    ``"half"``: ``rotate_half(x) = [-x₂, x₁]``; ``"interleaved"``: ``(a, b) → (-b, a)``.
+    """
+    h = rotary_dim // 2
+    if layout == "half":
+        index = np.concatenate([np.arange(h, rotary_dim), np.arange(h)])
+        sign = np.concatenate([-np.ones(h), np.ones(h)])
+    else:
+        index = np.arange(rotary_dim) ^ 1  # 1, 0, 3, 2, ...
+        sign = np.tile([-1.0, 1.0], h)
+    return index.astype(np.int32), sign
+
+
+def is_default_start(start_index: Any) -> bool:
+    return (
+        isinstance(start_index, numbers.Integral)
+        and not isinstance(start_index, (bool, np.bool_))
+        and start_index == 0
+    )
+
+
+def short(value: Any) -> str:
+    return describe(value) if hasattr(value, "shape") else repr(value)
+
+
+def is_tensor(value: Any) -> bool:
+    return ops.is_tensor(value) or keras.backend.is_keras_tensor(value)
+
+
+def check_positions(positions: Any, batch: Any, seq: Any) -> Any:
+    """An integer tensor ``(seq,)`` or ``(batch, seq)`` (batch 1 broadcasts)."""
+    if isinstance(positions, (list, tuple, np.ndarray)):
+        array = np.asarray(positions)
+        if array.dtype.kind in "iu":  # before conversion: a backend may wrap int64 values
+            check_known_positions(array)
+        positions = ops.convert_to_tensor(array)
+    elif not is_tensor(positions):
+        raise TypeError(
+            f"positions must be an integer tensor of shape (seq,) or (batch, seq), got "
+            f"{describe(positions)}"
+        )
+    dtype = keras.backend.standardize_dtype(positions.dtype)
+    if "int" not in dtype:
+        raise TypeError(
+            f"positions must be an integer tensor, got dtype {dtype} "
+            "(fractional positions: posenc.core.rope.rope_tables)"
+        )
+    shape = tuple(positions.shape)
+    if len(shape) not in (1, 2) or (None not in (shape[-1], seq) and shape[-1] != seq):
+        raise ValueError(
+            f"positions must have shape (seq,) or (batch, seq) with seq={seq}, got shape {shape}"
+        )
+    if len(shape) == 2 and None not in (shape[0], batch) and shape[0] not in (1, batch):
+        raise ValueError(
+            f"positions has batch size {shape[0]} but the input has {batch} (shape {shape})"
+        )
+    return positions
+
+
+def check_known_positions(known: np.ndarray) -> None:
+    """ValueError unless every integer position is in ``0 .. 2**31 - 1`` (int32)."""
+    if known.size and int(known.min()) < 0:
+        raise ValueError(f"positions must be >= 0, got {int(known.min())}")
+    if known.size and int(known.max()) >= INT32_END:
+        raise ValueError(
+            f"positions must be below 2**31 = {INT32_END} (positions are int32 in the Keras "
+            f"layers), got {int(known.max())}"
+        )
+
+
+def select(condition: Any, first: tuple[Any, Any], second: tuple[Any, Any]) -> tuple[Any, Any]:
+    """``first`` where the scalar ``condition`` holds, else ``second`` (both computed)."""
+    return (
+        ops.where(condition, first[0], second[0]),
+        ops.where(condition, first[1], second[1]),
+    )
+
+
+def place_rows(rows: Any, rank: int, sequence: int) -> Any:
+    """``(seq, r)`` or ``(batch, seq, r)`` rows → broadcastable over features-last inputs.
+
+    Adds unit axes so that seq lands on ``sequence``, features on the last axis and a
+    batch axis (if any) on axis 0; the axes present are already in that order.
+    """
+    present = {sequence, rank - 1} | ({0} if len(rows.shape) == 3 else set())
+    for axis in range(rank):
+        if axis not in present:
+            rows = ops.expand_dims(rows, axis)
+    return rows
+
+
+def dynamic_message(problem: str) -> str:
+    return (
+        f"scaling='dynamic_ntk' recomputes the frequencies from the sequence length L = "
+        f"start_index + seq (or max(positions) + 1) of each call, so L must be known when "
+        f"the call runs, but {problem}; pass start_index as a Python int with a statically "
+        "shaped input, or use a fixed scaling such as 'ntk' or 'yarn'"
+    )
+
+
+def rank_message(shape: tuple[Any, ...]) -> str:
+    return (
+        f"RotaryEmbedding expects inputs of rank >= 3 with batch axis 0, e.g. (batch, seq, "
+        f"heads, head_dim), got shape {shape} (rank {len(shape)}); add a batch axis with "
+        "keras.ops.expand_dims(x, 0)"
+    )
