@@ -8,6 +8,16 @@ asserts that they agree: exactly for tables and biases (the front ends only move
 correctly rounded values), and to float32 rounding where a front end does float32
 arithmetic of its own (the RoPE rotation, ``x + table``).
 
+Out of range. Each scheme with positions also has cases past the table a front end
+builds (``"table"`` rows; posenc's one policy, :mod:`posenc.core.positions`): called with
+positions known when the call runs, every front end gives the exact values (the learned
+embedding, which has no rows there, raises ``ValueError`` in every front end); called
+with traced positions (``traced=True``: ``torch.compile``, ``tf.function``/``jax.jit``
+around the Keras layer, ``jax.jit``), every front end gives NaN rows at the positions
+outside its table and the exact values inside it. A front end that needs no table for a
+scheme is exact everywhere, traced or not: PyTorch's ALiBi (slope × distance in float64
+on the device), T5 (its buckets saturate) and NoPE.
+
 Keras picks its backend once per process, so for the backends other than the test
 process's own, ``test_conformance.py`` runs this file as a script::
 
@@ -45,6 +55,13 @@ FRONTENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 # Keras has no NoPE layer (a Keras model without position information simply has no
 # such layer); "nd" under jit is the same constant as eagerly (static shapes only).
 
+# The front ends that run the traced cases (positions unknown while the code is traced);
+# "jax" runs them under "jax-jit", NumPy has no tracing.
+TRACING = ("torch", "keras-tensorflow", "keras-jax", "keras-torch", "jax-jit", "flax")
+
+# (front end, scheme) pairs computed without a table: exact at every position, traced too.
+TABLELESS = {("torch", "alibi")} | {(f, s) for f in FRONTENDS for s in ("t5", "nope")}
+
 
 def missing_packages(frontend: str) -> list[str]:
     """The packages ``frontend`` needs that cannot be imported here."""
@@ -57,10 +74,17 @@ class Case:
     name: str
     params: dict[str, Any] = field(default_factory=dict)
     fmt: str = "float32"
+    traced: bool = False  # positions unknown while traced: run by TRACING front ends
+    raises: str | None = None  # the exception every front end raises instead
 
     @property
     def id(self) -> str:
         return f"{self.scheme}-{self.name}"
+
+    @property
+    def table(self) -> int:
+        """Rows of the table a front end builds for this case (its max_length)."""
+        return int(self.params.get("table", 64))
 
     def rng(self) -> np.random.Generator:
         seed = int.from_bytes(hashlib.sha256(self.id.encode()).digest()[:4], "little")
@@ -167,7 +191,27 @@ CASES: list[Case] = [
     ),
     Case("t5", "beyond-max", {"heads": 2, "buckets": 8, "max_distance": 12, "q": 30, "k": 30}),
     Case("nope", "plain", {"length": 5, "d": 8}),
-]
+    # Out of range: positions 2 .. 5 of a 4-row table (ALiBi: queries 3, 4 of 4 keys).
+    *[
+        case
+        for traced in (False, True)
+        for suffix in (["past-table-traced"] if traced else ["past-table"])
+        for case in (
+            Case("sinusoidal", suffix, {"length": 4, "d": 8, "start": 2, "table": 4},
+                 traced=traced),
+            Case("learned", suffix, {"max_length": 4, "d": 3, "length": 4, "start": 2,
+                                     "table": 4}, traced=traced,
+                 raises=None if traced else "ValueError"),
+            Case("rope", suffix, _rope(suffix, seq=4, start=2, table=4).params, traced=traced),
+            Case("alibi", suffix, {"heads": 4, "q": 2, "k": 4, "offset": 3, "table": 4},
+                 traced=traced),
+            Case("t5", suffix, {"heads": 2, "buckets": 8, "max_distance": 12, "q": 2, "k": 3,
+                                "offset": 1000, "table": 4}, traced=traced),
+            Case("nope", suffix, {"length": 3, "d": 4, "start": 10**6, "table": 4},
+                 traced=traced),
+        )
+    ],
+]  # fmt: skip
 
 
 # --- inputs and the reference ----------------------------------------------------------
@@ -240,8 +284,11 @@ def reference(case: Case) -> np.ndarray:
             layout=p.get("layout", "positional-encodings"),
             fmt=case.fmt,
         )
-    if case.scheme == "learned":
-        return data["x"] + data["weight"][p["start"] : p["start"] + p["length"]]
+    if case.scheme == "learned":  # rows past the weight: NaN (only traced cases get there)
+        rows = np.full((p["length"], p["d"]), np.nan, np.float32)
+        kept = data["weight"][p["start"] : p["start"] + p["length"]]
+        rows[: len(kept)] = kept
+        return data["x"] + rows
     if case.scheme == "nope":
         return data["x"]
     if case.scheme == "rope":
@@ -271,6 +318,24 @@ def reference(case: Case) -> np.ndarray:
             compat=p.get("compat", "hf"),
         )
     raise AssertionError(case.scheme)
+
+
+def row_positions(case: Case) -> np.ndarray:
+    """The positions of the output's rows (axis 1): tokens, or the biases' queries."""
+    if case.scheme in ("alibi", "t5"):
+        return case.params.get("offset", 0) + np.arange(case.params["q"])
+    return positions(case)
+
+
+def expected(frontend: str, case: Case) -> np.ndarray:
+    """What ``frontend`` must give for ``case``: the reference, with NaN rows at the
+    positions outside its table when the case is traced and the front end has one."""
+    values = reference(case).astype(np.float32)
+    if case.traced and (frontend, case.scheme) not in TABLELESS:
+        where = row_positions(case)
+        outside = (where < 0) | (where >= case.table)
+        values[:, outside] = np.nan
+    return values
 
 
 def tolerance(case: Case) -> float:
@@ -351,16 +416,26 @@ def run_torch(case: Case) -> np.ndarray:
     def out(tensor: torch.Tensor) -> np.ndarray:
         return tensor.detach().float().numpy()
 
+    # Traced cases: the call compiled whole, its positions a tensor unknown while traced.
+    where = torch.from_numpy(row_positions(case))
+
+    def call(function: Any, *args: Any) -> Any:
+        if case.traced:
+            return torch.compile(function, backend="eager", fullgraph=True)(*args)
+        return function(*args)
+
     if case.scheme == "sinusoidal":
         module = pt.SinusoidalPositionalEncoding(
             p["d"],
             dropout=0.0,
-            max_length=64,
+            max_length=case.table,
             base=p.get("base", 10000.0),
             layout=p.get("layout", "interleaved"),
             formula=p.get("formula", "paper"),
         )
         x = torch.from_numpy(data["x"]).to(dtype)
+        if case.traced:
+            return out(call(lambda x, pos: module(x, positions=pos), x, where))
         return out(module(x, offset=p.get("start", 0)))
     if case.scheme == "nd":
         module = pt.SinusoidalPositionalEncodingND(
@@ -371,9 +446,14 @@ def run_torch(case: Case) -> np.ndarray:
         module = pt.LearnedPositionalEmbedding(p["max_length"], p["d"])
         with torch.no_grad():
             module.weight.copy_(torch.from_numpy(data["weight"]))
-        return out(module(torch.from_numpy(data["x"]), offset=p["start"]))
+        x = torch.from_numpy(data["x"])
+        if case.traced:
+            return out(call(lambda x, pos: module(x, positions=pos), x, where))
+        return out(module(x, offset=p["start"]))
     if case.scheme == "nope":
-        return out(pt.NoPositionalEncoding(p["d"])(torch.from_numpy(data["x"])))
+        module = pt.NoPositionalEncoding(p["d"])
+        x = torch.from_numpy(data["x"])
+        return out(call(lambda x, pos: module(x, positions=pos), x, where))
     if case.scheme == "rope":
         module = pt.RotaryEmbedding(
             p["head_dim"],
@@ -382,14 +462,18 @@ def run_torch(case: Case) -> np.ndarray:
             layout=p["layout"],
             scaling=p.get("scaling"),
             scaling_params=p.get("scaling_params"),
-            max_length=64,
+            max_length=case.table,
             qk_layout="bshd",
         )
         x = torch.from_numpy(data["x"])
+        if case.traced:
+            return out(call(lambda x, pos: module(x, x, positions=pos)[0], x, where))
         q_rot, _ = module(x, x, offset=p["start"])
         return out(q_rot)
     if case.scheme == "alibi":
         module = pt.ALiBiBias(p["heads"], mode=p.get("mode", "causal"))
+        if case.traced:
+            return out(call(lambda pos: module(p["q"], p["k"], positions=pos, dtype=dtype), where))
         return out(module(p["q"], p["k"], offset=p.get("offset", 0), dtype=dtype))
     if case.scheme == "t5":
         module = pt.T5RelativeBias(
@@ -401,6 +485,8 @@ def run_torch(case: Case) -> np.ndarray:
         )
         with torch.no_grad():
             module.relative_attention_bias.weight.copy_(torch.from_numpy(data["weight"]))
+        if case.traced:
+            return out(call(lambda pos: module(p["q"], p["k"], positions=pos), where))
         return out(module(p["q"], p["k"], offset=p.get("offset", 0)))
     raise AssertionError(case.scheme)
 
@@ -416,16 +502,25 @@ def run_keras(case: Case) -> np.ndarray:
     def out(tensor: Any) -> np.ndarray:
         return keras.ops.convert_to_numpy(keras.ops.cast(tensor, "float32"))
 
+    def start(name: str) -> Any:
+        """The case's first position: a Python int, or a tensor traced by ``call``."""
+        value = p.get(name, 0)
+        return keras.ops.convert_to_tensor(np.int32(value)) if case.traced else value
+
+    def call(function: Any, *args: Any) -> Any:
+        return keras_traced(function)(*args) if case.traced else function(*args)
+
     if case.scheme == "sinusoidal":
         layer = pk.SinusoidalPositionalEncoding(
-            max_length=int(positions(case)[-1]) + 1,
+            max_length=case.table if "table" in p else int(positions(case)[-1]) + 1,
             base=p.get("base", 10000.0),
             layout=p.get("layout", "interleaved"),
             formula=p.get("formula", "paper"),
             dtype=case.fmt,
         )
         x = keras.ops.cast(keras.ops.convert_to_tensor(data["x"]), case.fmt)
-        return out(layer(x, start_index=p.get("start", 0)))
+        layer.build(tuple(x.shape))
+        return out(call(lambda x, s: layer(x, start_index=s), x, start("start")))
     if case.scheme == "nd":
         layer = pk.SinusoidalPositionalEncodingND(layout=p.get("layout", "positional-encodings"))
         x = keras.ops.zeros((1, *p["shape"], p["channels"]), dtype=case.fmt)
@@ -435,7 +530,8 @@ def run_keras(case: Case) -> np.ndarray:
         layer = pk.LearnedPositionalEmbedding(max_length=p["max_length"])
         layer.build(data["x"].shape)
         layer.set_weights([data["weight"]])
-        return out(layer(data["x"], start_index=p["start"]))
+        x = keras.ops.convert_to_tensor(data["x"])
+        return out(call(lambda x, s: layer(x, start_index=s), x, start("start")))
     if case.scheme == "rope":
         layer = pk.RotaryEmbedding(
             base=p["base"],
@@ -443,13 +539,18 @@ def run_keras(case: Case) -> np.ndarray:
             layout=p["layout"],
             scaling=p.get("scaling"),
             scaling_params=p.get("scaling_params"),
-            max_length=64,
+            max_length=case.table,
         )
-        return out(layer(data["x"], start_index=p["start"]))
+        x = keras.ops.convert_to_tensor(data["x"])
+        layer.build(tuple(x.shape))
+        return out(call(lambda x, s: layer(x, start_index=s), x, start("start")))
     if case.scheme == "alibi":
-        layer = pk.ALiBiBias(p["heads"], mode=p.get("mode", "causal"))
-        bias = layer.compute_bias(p["q"], p["k"], start_index=p.get("offset", 0), dtype=case.fmt)
-        return out(bias)
+        layer = pk.ALiBiBias(p["heads"], mode=p.get("mode", "causal"), max_length=case.table)
+
+        def alibi(s: Any) -> Any:
+            return layer.compute_bias(p["q"], p["k"], start_index=s, dtype=case.fmt)
+
+        return out(call(alibi, start("offset")))
     if case.scheme == "t5":
         layer = pk.T5RelativeBias(
             p["heads"],
@@ -460,8 +561,35 @@ def run_keras(case: Case) -> np.ndarray:
         )
         layer.build((1, p["heads"], p["q"], p["k"]))
         layer.set_weights([data["weight"]])
-        return out(layer.compute_bias(p["q"], p["k"], start_index=p.get("offset", 0)))
+        return out(call(lambda s: layer.compute_bias(p["q"], p["k"], start_index=s),
+                        start("offset")))  # fmt: skip
     raise AssertionError(case.scheme)
+
+
+def keras_traced(function: Any) -> Any:
+    """``function`` traced by the Keras backend: ``tf.function`` on TensorFlow, ``jax.jit``
+    on JAX; on torch it runs with ``torch.compiler.is_compiling()`` reporting True, which is
+    how the layers learn that they are inside ``torch.compile`` (tensor values unknown)."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(function)
+    if backend == "jax":
+        import jax
+
+        return jax.jit(function)
+    from unittest import mock
+
+    import torch
+
+    def compiling(*args: Any) -> Any:
+        with mock.patch.object(torch.compiler, "is_compiling", return_value=True):
+            return function(*args)
+
+    return compiling
 
 
 def run_jax(case: Case, *, jit: bool = False) -> np.ndarray:
@@ -490,7 +618,7 @@ def run_jax(case: Case, *, jit: bool = False) -> np.ndarray:
                 layout=p.get("layout", "interleaved"),
                 formula=p.get("formula", "paper"),
                 dtype=case.fmt,
-                max_length=8192 if jit else None,
+                max_length=(case.table if case.traced else 8192) if jit else None,
             )
 
         pos = jnp.asarray(positions(case)) if jit else positions(case)
@@ -516,8 +644,9 @@ def run_jax(case: Case, *, jit: bool = False) -> np.ndarray:
             inv_scaling["scaling_params"]["seq_len"] = int(positions(case)[-1]) + 1
 
         def rotate(x: Any, pos: Any) -> Any:
+            rows = case.table if case.traced else 200_000
             cos, sin = pj.rope_tables(
-                pos, p["head_dim"], max_length=200_000 if jit else None, **inv_scaling
+                pos, p["head_dim"], max_length=rows if jit else None, **inv_scaling
             )  # (seq, rotary_dim)
             return pj.apply_rope(x, cos[:, None, :], sin[:, None, :], layout=p["layout"])
 
@@ -533,7 +662,7 @@ def run_jax(case: Case, *, jit: bool = False) -> np.ndarray:
                 mode=p.get("mode", "causal"),
                 offset=offset,
                 dtype=case.fmt,
-                max_length=64 if jit else None,
+                max_length=case.table if jit else None,
             )
 
         offset = p.get("offset", 0)
@@ -570,20 +699,29 @@ def run_flax(case: Case) -> np.ndarray:
         return np.asarray(jnp.asarray(array, dtype=jnp.float32))
 
     key = jax.random.PRNGKey(0)
+
+    def start(name: str) -> Any:
+        """The case's first position: an int, or a traced scalar under ``call``."""
+        return jnp.int32(p.get(name, 0)) if case.traced else p.get(name, 0)
+
+    def call(function: Any, *args: Any) -> Any:
+        return jax.jit(function)(*args) if case.traced else function(*args)
+
     if case.scheme == "sinusoidal":
         module = linen.SinusoidalPositionalEncoding(
-            max_length=64,
+            max_length=case.table,
             base=p.get("base", 10000.0),
             layout=p.get("layout", "interleaved"),
             formula=p.get("formula", "paper"),
         )
         x = jnp.asarray(data["x"], dtype=dtype)
         variables = module.init(key, x)
-        return out(module.apply(variables, x, start_index=p.get("start", 0)))
+        return out(call(lambda x, s: module.apply(variables, x, start_index=s), x, start("start")))
     if case.scheme == "learned":
         module = linen.LearnedPositionalEmbedding(max_length=p["max_length"])
         variables = {"params": {"embedding": jnp.asarray(data["weight"])}}
-        return out(module.apply(variables, jnp.asarray(data["x"]), start_index=p["start"]))
+        x = jnp.asarray(data["x"])
+        return out(call(lambda x, s: module.apply(variables, x, start_index=s), x, start("start")))
     if case.scheme == "rope":
         scaling_params = dict(p.get("scaling_params", {}))
         if p.get("scaling") in ("dynamic_ntk", "longrope"):
@@ -595,18 +733,19 @@ def run_flax(case: Case) -> np.ndarray:
             layout=p["layout"],
             scaling=p.get("scaling"),
             scaling_params=scaling_params or None,
-            max_length=64,
+            max_length=case.table,
         )
         x = jnp.asarray(data["x"])
         variables = module.init(key, x)
-        return out(module.apply(variables, x, start_index=p["start"]))
+        return out(call(lambda x, s: module.apply(variables, x, start_index=s), x, start("start")))
     if case.scheme == "alibi":
         module = linen.ALiBiBias(
-            p["heads"], mode=p.get("mode", "causal"), max_length=64, dtype=case.fmt
+            p["heads"], mode=p.get("mode", "causal"), max_length=case.table, dtype=case.fmt
         )
         variables = module.init(key, p["q"], p["k"])
-        bias = module.apply(variables, p["q"], p["k"], offset=p.get("offset", 0))
-        return out(bias)
+        return out(
+            call(lambda o: module.apply(variables, p["q"], p["k"], offset=o), start("offset"))
+        )
     if case.scheme == "t5":
         module = linen.T5RelativeBias(
             p["heads"],
@@ -616,7 +755,8 @@ def run_flax(case: Case) -> np.ndarray:
             compat=p.get("compat", "hf"),
         )
         variables = {"params": {"relative_attention_bias": jnp.asarray(data["weight"])}}
-        return out(module.apply(variables, p["q"], p["k"], offset=p.get("offset", 0)))
+        return out(call(lambda o: module.apply(variables, p["q"], p["k"], offset=o),
+                        start("offset")))  # fmt: skip
     raise AssertionError(case.scheme)
 
 
@@ -639,7 +779,11 @@ def run(frontend: str, case: Case) -> np.ndarray:
 
 def cases_for(frontend: str) -> list[Case]:
     schemes = FRONTENDS[frontend][1]
-    return [case for case in CASES if case.scheme in schemes]
+    return [
+        case
+        for case in CASES
+        if case.scheme in schemes and (not case.traced or frontend in TRACING)
+    ]
 
 
 def keras_worker(path: str) -> None:

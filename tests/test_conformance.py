@@ -103,7 +103,16 @@ PARAMS = [
 @pytest.mark.parametrize(("frontend", "case"), PARAMS)
 def test_front_end_matches_core(frontend: str, case: Case, keras_subprocess):
     _require(frontend)
-    expected = conformance.reference(case)
+    if case.raises:  # every front end refuses this case the same way
+        error = {"ValueError": ValueError, "TypeError": TypeError}[case.raises]
+        if frontend.startswith("keras-") and frontend[6:] != _in_process_keras_backend():
+            _, errors = keras_subprocess(frontend[6:])
+            assert errors.get(case.id, "").startswith(f"{case.raises}:"), errors.get(case.id)
+            return
+        with pytest.raises(error):
+            conformance.run(frontend, case)
+        return
+    expected = conformance.expected(frontend, case)
     got = _output(frontend, case, keras_subprocess)
     assert got.shape == expected.shape, f"{frontend}: shape {got.shape} != {expected.shape}"
     assert got.dtype == np.float32
@@ -117,6 +126,13 @@ def test_front_end_matches_core(frontend: str, case: Case, keras_subprocess):
 def test_every_scheme_has_cases_and_every_front_end_is_listed():
     schemes = {case.scheme for case in CASES}
     assert schemes == set(conformance.SCHEMES)
+    # Every scheme that takes positions has an out-of-range case, known and traced; the
+    # N-D encoding takes no positions (a grid's shape), so it has none.
+    for traced in (False, True):
+        past = {case.scheme for case in CASES if "table" in case.params and case.traced == traced}
+        assert past == set(conformance.SCHEMES) - {"nd"}, (traced, past)
+    for frontend in conformance.TRACING:
+        assert any(case.traced for case in conformance.cases_for(frontend)), frontend
     assert len({case.id for case in CASES}) == len(CASES)
     assert {"numpy", "torch", "keras-tensorflow", "keras-jax", "keras-torch", "jax"} <= set(
         FRONTENDS

@@ -30,6 +30,7 @@ from ._backend import (
     check_offset,
     check_position_tensor,
     format_of,
+    gather_rows,
     positions_end,
     to_tensor,
 )
@@ -249,7 +250,7 @@ class LearnedPositionalEmbedding(nn.Module, FromSpec):
             end = positions_end(positions, 0, type(self).__name__)
             if end > self.max_length:
                 raise self._too_long(end - 1)
-            pe = nn.functional.embedding(positions.to(x.device), self.weight)
+            pe = gather_rows(self.weight, positions)  # traced: NaN rows past the table
         return apply_dropout(self.dropout, x + pe.to(x.dtype))
 
     def encode(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
