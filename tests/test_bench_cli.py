@@ -738,7 +738,9 @@ def test_python_m_posenc_bench_is_posenc_bench():
     ]
 
 
-@pytest.mark.parametrize("name", ["posenc.bench", "posenc.bench.runner", "posenc.bench.report"])
+@pytest.mark.parametrize(
+    "name", ["posenc.bench", "posenc.bench.runner", "posenc.bench.report", "posenc.bench.records"]
+)
 def test_docstring_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)

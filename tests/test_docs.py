@@ -12,7 +12,13 @@ MODULES = {
     "posenc": None,
     "posenc.core.frequencies": None,
     "posenc.core.sinusoidal": None,
-    "posenc.core.rope": None,
+    "posenc.core.rope.frequencies": None,
+    "posenc.core.rope.scaling": None,
+    "posenc.core.rope.scalings": None,
+    "posenc.core.rope.registry": None,
+    "posenc.core.rope.functions": None,
+    "posenc.core.rope.tables": None,
+    "posenc.core.rope.rotation": None,
     "posenc.core.alibi": None,
     "posenc.core.t5": None,
     "posenc.core.nope": None,
@@ -29,6 +35,10 @@ MODULES = {
     "posenc.torch.nd": "torch",
     "posenc.torch.rope_nd": "torch",
     "posenc.plot": "matplotlib",
+    "posenc.plot.sinusoidal": "matplotlib",
+    "posenc.plot.frequencies": "matplotlib",
+    "posenc.plot.rope": "matplotlib",
+    "posenc.plot.bias": "matplotlib",
 }
 
 

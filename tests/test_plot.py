@@ -153,8 +153,8 @@ def test_long_range_bins_equal_a_direct_reduction(length, pixels):
 
 
 def test_long_range_chunks_agree_across_chunk_boundaries(monkeypatch):
-    monkeypatch.setattr(plot, "_CHUNK_ELEMENTS", 50 * 37)  # 37-row chunks, bins of 100
-    edges, mean, low, high = plot._binned_table(1000, 50, 10000.0, 10)
+    monkeypatch.setattr(plot.sinusoidal, "_CHUNK_ELEMENTS", 50 * 37)  # 37-row chunks, bins of 100
+    edges, mean, low, high = plot.sinusoidal._binned_table(1000, 50, 10000.0, 10)
     table = _table(1000, 50).reshape(10, 100, 50)
     np.testing.assert_array_equal(edges, np.arange(0, 1001, 100))
     np.testing.assert_allclose(mean, table.mean(axis=1), rtol=0, atol=1e-13)

@@ -18,7 +18,10 @@ beyond the training lengths, averaged over seeds.
 * :mod:`posenc.bench.report` aggregates the records over seeds into Markdown tables,
   ``summary.json`` and a plot.
 
-``posenc bench`` is the command line of all this (docs/bench.md). The names above are
+``posenc bench`` is the command line of all this (:mod:`posenc.bench.cli`,
+docs/bench.md). The other modules: :mod:`~posenc.bench.records` (the results files),
+:mod:`~posenc.bench.workers` (the worker pool and the progress bars),
+:mod:`~posenc.bench.tasks` and :mod:`~posenc.bench.model`. The names above are
 imported on first use: ``import posenc.bench`` imports neither PyTorch nor matplotlib.
 
 Example:

@@ -28,6 +28,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -43,7 +44,8 @@ from posenc.torch import (
 )
 
 from .._checks import check_choice, check_int, describe
-from .spec import ROPE_EVAL_SCALINGS, SCHEMES
+from ..core.rope import ROPE_SCALING_SPECS
+from .spec import SCHEMES, check_rope_eval_scaling
 
 
 @dataclass(frozen=True)
@@ -94,13 +96,22 @@ class GPTConfig:
         return self.d_model // self.n_heads
 
 
-def rope_scaling_params(name: str, factor: float, original: int) -> dict[str, float | int]:
+def rope_scaling_params(
+    name: str, factor: float, original: int, *, head_dim: int | None = None
+) -> dict[str, Any]:
     """The ``scaling_params`` of :class:`RotaryEmbedding` for an evaluation-time scaling.
 
+    The parameters of the scaling's spec class's ``example`` for this context extension
+    (:meth:`posenc.RopeScaling.example`), those that differ from their defaults.
+
     Args:
-        name: One of :data:`posenc.bench.spec.ROPE_EVAL_SCALINGS`.
+        name: One of :func:`posenc.bench.spec.rope_eval_choices` (the
+            :data:`~posenc.bench.spec.ROPE_EVAL_SCALINGS` and any registered scaling
+            whose parameters the bench can choose).
         factor: The context extension (>= 1), e.g. positions needed / positions trained.
         original: The number of positions trained on (``original_max_position_embeddings``).
+        head_dim: The rotary width, for a method whose example depends on it (``None``:
+            the smallest, 2; none of the methods the bench evaluates by default uses it).
 
     Returns:
         ``{"factor": f}`` for ``"linear"`` and ``"ntk"``; ``{"factor": f,
@@ -111,11 +122,13 @@ def rope_scaling_params(name: str, factor: float, original: int) -> dict[str, fl
         >>> rope_scaling_params("yarn", 2.0, 35)
         {'factor': 2.0, 'original_max_position_embeddings': 35}
     """
-    check_choice(name, "scaling", ROPE_EVAL_SCALINGS)
-    params: dict[str, float | int] = {"factor": float(factor)}
-    if name in ("yarn", "dynamic_ntk"):
-        params["original_max_position_embeddings"] = check_int(original, "original", minimum=1)
-    return params
+    check_rope_eval_scaling(name, "scaling")
+    original = check_int(original, "original", minimum=1)
+    rotary_dim = 2 if head_dim is None else check_int(head_dim, "head_dim", minimum=2)
+    spec = ROPE_SCALING_SPECS[name].example(
+        factor=factor, original_max_position_embeddings=original, rotary_dim=rotary_dim
+    )
+    return spec.params()
 
 
 class MLP(nn.Module):
@@ -202,7 +215,7 @@ class GPT(nn.Module):
         # copy task in about half the steps that GPT-2's N(0, 0.02) needs.
         self.head = nn.Linear(C, config.vocab_size, bias=False)
 
-    def _attention_position(self, scaling: str | None = None, **params: float) -> nn.Module | None:
+    def _attention_position(self, scaling: str | None = None, **params: Any) -> nn.Module | None:
         """A fresh module for one attention layer (None for the absolute schemes)."""
         config = self.config
         if config.scheme == "rope":
@@ -244,7 +257,7 @@ class GPT(nn.Module):
 
         Args:
             scaling: ``None`` (plain RoPE) or one of
-                :data:`posenc.bench.spec.ROPE_EVAL_SCALINGS`.
+                :func:`posenc.bench.spec.rope_eval_choices`.
             factor: The context extension (>= 1).
             original: The number of positions trained on (yarn, dynamic_ntk).
 
@@ -259,7 +272,11 @@ class GPT(nn.Module):
                 f"rope_scaling needs a model with scheme 'rope', this one has "
                 f"{self.config.scheme!r}"
             )
-        params = {} if scaling is None else rope_scaling_params(scaling, factor, original)
+        params = (
+            {}
+            if scaling is None
+            else rope_scaling_params(scaling, factor, original, head_dim=self.config.head_dim)
+        )
         device = self.head.weight.device
         saved = [block.attn.position for block in self.blocks]
         try:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .._checks import check_choice, describe
-from .runner import RESULTS_FILE, _finite, load_records
+from .records import RESULTS_FILE, finite, load_records
 from .spec import ROPE_EVAL_SCALINGS, SCHEMES, TASKS
 
 __all__ = [
@@ -306,7 +306,7 @@ def summary(records: Iterable[dict]) -> dict:
         {'runs': 0, 'rows': []}
     """
     records = list(records)
-    return _finite({"runs": len({r.get("key") for r in records}), "rows": aggregate(records)})
+    return finite({"runs": len({r.get("key") for r in records}), "rows": aggregate(records)})
 
 
 def plot(

@@ -14,30 +14,40 @@ are rewritten from the whole results file.
 The presets :data:`QUICK` and :data:`FULL` are the configurations of
 ``posenc bench --preset quick`` and ``--preset full``.
 
-Nothing here imports PyTorch: the training function (:func:`posenc.bench.train.run`) is
-imported when the first run starts.
+The results files are read and written by :mod:`posenc.bench.records`, and the runs
+are carried out (here or in worker processes, with progress bars) by
+:mod:`posenc.bench.workers`. Nothing here imports PyTorch: the training function
+(:func:`posenc.bench.train.run`) is imported when the first run starts.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import json
-import math
-import multiprocessing
 import os
-import sys
-import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from .._checks import check_choice, check_int, describe
+from .records import FAILURES_FILE, RESULTS_FILE, append_line, json_line, load_records
+from .report import write_reports
 from .spec import SCHEMES, TASKS, RunSpec
+from .workers import (
+    RunFn,
+    checked,
+    default_run,
+    label,
+    load_tqdm,
+    run_here,
+    run_pool,
+    step_callback,
+)
 
+# RESULTS_FILE, FAILURES_FILE and load_records live in .records; they stay importable
+# from here, where the runner's users have always found them.
 __all__ = [
     "FAILURES_FILE",
     "FULL",
@@ -52,9 +62,6 @@ __all__ = [
     "pending",
     "run_one",
 ]
-
-RESULTS_FILE = "results.jsonl"
-FAILURES_FILE = "failures.jsonl"
 
 #: The quick bench: every scheme on the copy task, one seed, the default small model
 #: (``RunSpec``'s defaults). About 1.5 minutes with ``jobs=2`` on two CPU cores.
@@ -83,8 +90,6 @@ _SHARED = tuple(
     f.name for f in dataclasses.fields(RunSpec) if f.name not in ("task", "scheme", "seed")
 )
 _CONFIG_KEYS = ("tasks", "schemes", "seeds", *_SHARED)
-
-RunFn = Callable[..., dict]
 
 
 # --------------------------------------------------------------------------------------
@@ -198,67 +203,7 @@ def _seeds(value: Any) -> tuple[int, ...]:
 
 
 # --------------------------------------------------------------------------------------
-# The results file
-
-
-def load_records(path: str | os.PathLike[str], *, repair: bool = False) -> list[dict]:
-    """The records of a results file, in file order.
-
-    Args:
-        path: The output folder or its ``results.jsonl``. A missing file has no records.
-        repair: Cut off a last line that lacks its newline (a run killed while its line
-            was written); without it, such a line is an error.
-
-    Returns:
-        One dict per line (blank lines are skipped).
-
-    Raises:
-        ValueError: A line is not a JSON object with a ``"key"`` (the message names the
-            file and the line number).
-
-    Example:
-        >>> import tempfile
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     _ = Path(tmp, "results.jsonl").write_text('{"key": "a"}\\n{"key": "b"}\\n')
-        ...     [r["key"] for r in load_records(tmp)]
-        ['a', 'b']
-    """
-    file = _results_path(path)
-    if not file.exists():
-        return []
-    data = file.read_bytes()
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        if not repair:
-            raise ValueError(
-                f"{file}: the last line is incomplete (a run was interrupted while it was "
-                "written); resume=True (posenc bench --resume) removes it"
-            )
-        with open(file, "r+b") as handle:
-            handle.truncate(cut)
-        print(f"{file}: removed an incomplete last line", file=sys.stderr)
-        data = data[:cut]
-    records = []
-    for number, line in enumerate(data.decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{file}: line {number} is not JSON ({exc})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("key"), str):
-            raise ValueError(
-                f"{file}: line {number} is not a run record (a JSON object with a key)"
-            )
-        records.append(record)
-    return records
-
-
-def _results_path(path: str | os.PathLike[str]) -> Path:
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike, got {describe(path)}")
-    path = Path(path)
-    return path if path.suffix == ".jsonl" else path / RESULTS_FILE
+# What is left to run
 
 
 def pending(specs: Sequence[RunSpec], out_dir: str | os.PathLike[str]) -> list[RunSpec]:
@@ -293,34 +238,6 @@ def _check_specs(specs: Any) -> list[RunSpec]:
                 "each run must be given once"
             )
     return specs
-
-
-def _json_line(value: Any) -> str:
-    """One line of strict JSON; NaN and ±inf (a diverged run) are written as null."""
-    return json.dumps(_finite(value), allow_nan=False, ensure_ascii=False) + "\n"
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
-
-
-def _append(path: Path, line: str) -> None:
-    """Append one line with one write call, and make it durable before returning."""
-    data = line.encode("utf-8")
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        written = os.write(descriptor, data)
-        while written < len(data):  # a regular file takes it all at once; just in case
-            written += os.write(descriptor, data[written:])
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 # --------------------------------------------------------------------------------------
@@ -389,12 +306,12 @@ def run_one(spec: RunSpec, *, run_fn: RunFn | None = None, progress: bool = Fals
     """
     if not isinstance(spec, RunSpec):
         raise TypeError(f"spec must be a RunSpec, got {describe(spec)}")
-    function = run_fn if run_fn is not None else _default_run()
+    function = run_fn if run_fn is not None else default_run()
     if not progress:
-        return _checked(function(spec, progress=None), spec)
-    tqdm = _tqdm()
-    with tqdm(total=spec.steps, desc=_label(spec), unit="step", leave=False) as bar:
-        return _checked(function(spec, progress=_step_callback(bar)), spec)
+        return checked(function(spec, progress=None), spec)
+    tqdm = load_tqdm()
+    with tqdm(total=spec.steps, desc=label(spec), unit="step", leave=False) as bar:
+        return checked(function(spec, progress=step_callback(bar)), spec)
 
 
 def execute(
@@ -479,22 +396,20 @@ def execute(
 
     def finished(spec: RunSpec, record: dict) -> None:
         nonlocal ran
-        _append(results, _json_line(record))
+        append_line(results, json_line(record))
         ran += 1
 
     def failed(spec: RunSpec, error: str, trace: str, write: Callable[[str], None]) -> None:
         failures.append(Failure(spec, error, trace))
         entry = {"key": spec.key(), "spec": spec.to_dict(), "error": error, "traceback": trace}
-        _append(failures_path, _json_line(entry))
-        write(f"run failed: {_label(spec)}: {error}\n  spec: {json.dumps(spec.to_dict())}")
-
-    from .report import write_reports
+        append_line(failures_path, json_line(entry))
+        write(f"run failed: {label(spec)}: {error}\n  spec: {json.dumps(spec.to_dict())}")
 
     try:
         if todo and jobs == 1:
-            _run_here(todo, run_fn, progress, finished, failed)
+            run_here(todo, run_fn, progress, finished, failed)
         elif todo:
-            _run_pool(todo, run_fn, progress, jobs, finished, failed)
+            run_pool(todo, run_fn, progress, jobs, finished, failed)
     except BaseException:  # interrupted: the reports still show the runs finished so far
         with contextlib.suppress(Exception):
             write_reports(out)
@@ -504,191 +419,3 @@ def execute(
     by_key = {r["key"]: r for r in load_records(results) if r["key"] in keys}
     records = [by_key[spec.key()] for spec in specs if spec.key() in by_key]
     return Outcome(out, records, ran, len(specs) - len(todo), failures, reports)
-
-
-def _run_here(
-    todo: list[RunSpec],
-    run_fn: RunFn | None,
-    progress: bool,
-    finished: Callable[[RunSpec, dict], None],
-    failed: Callable[..., None],
-) -> None:
-    """Run the specs one after the other in this process."""
-    function = run_fn if run_fn is not None else _default_run()
-    with _bars(progress, len(todo)) as (runs, write, tqdm):
-        for spec in todo:
-            if runs is not None:
-                runs.set_postfix_str(_label(spec))
-            steps = None
-            if tqdm is not None:
-                steps = tqdm(total=spec.steps, desc="  steps", unit="step", leave=False, position=1)
-            try:
-                record = _checked(
-                    function(spec, progress=None if steps is None else _step_callback(steps)),
-                    spec,
-                )
-            except Exception as exc:
-                failed(spec, _one_line(exc), traceback.format_exc(), write)
-            else:
-                finished(spec, record)
-            finally:
-                if steps is not None:
-                    steps.close()
-            if runs is not None:
-                runs.update(1)
-
-
-def _run_pool(
-    todo: list[RunSpec],
-    run_fn: RunFn | None,
-    progress: bool,
-    jobs: int,
-    finished: Callable[[RunSpec, dict], None],
-    failed: Callable[..., None],
-) -> None:
-    """Run the specs in ``jobs`` spawned worker processes, recording them as they finish."""
-    threads = max(1, _cpu_count() // jobs)
-    pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=min(jobs, len(todo)),
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=_init_worker,
-        initargs=(threads, run_fn is None),
-    )
-    try:
-        with _bars(progress, len(todo)) as (runs, write, _):
-            futures = {pool.submit(_worker_run, run_fn, spec): spec for spec in todo}
-            for future in concurrent.futures.as_completed(futures):
-                spec = futures[future]
-                try:
-                    outcome = future.result()
-                except BrokenProcessPool as exc:
-                    outcome = (False, f"the worker process died ({_one_line(exc)})", "")
-                except Exception as exc:  # the record or the error could not be pickled
-                    outcome = (False, _one_line(exc), traceback.format_exc())
-                if outcome[0]:
-                    try:
-                        finished(spec, _checked(outcome[1], spec))
-                    except (TypeError, ValueError) as exc:
-                        failed(spec, _one_line(exc), traceback.format_exc(), write)
-                else:
-                    failed(spec, outcome[1], outcome[2], write)
-                if runs is not None:
-                    runs.update(1)
-    except BaseException:  # interrupted: stop the runs under way too, and return at once
-        _stop(pool)
-        raise
-    pool.shutdown(wait=True)
-
-
-def _stop(pool: concurrent.futures.ProcessPoolExecutor) -> None:
-    """Cancel the queued runs and end the workers' current ones."""
-    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
-    if terminate is not None:
-        terminate()
-        return
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
-        process.terminate()
-    pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _init_worker(threads: int, import_torch: bool) -> None:
-    """Worker start: limit the threads so that the workers share the cores."""
-    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[variable] = str(threads)
-    if import_torch:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
-def _worker_run(run_fn: RunFn | None, spec: RunSpec) -> tuple[bool, Any, str]:
-    """In a worker: ``(True, record, "")`` or ``(False, error, traceback)``."""
-    try:
-        function = run_fn if run_fn is not None else _default_run()
-        return True, function(spec, progress=None), ""
-    except Exception as exc:
-        return False, _one_line(exc), traceback.format_exc()
-
-
-def _checked(record: Any, spec: RunSpec) -> dict:
-    """The record as it will be written (strict JSON), after checking that it is this run's."""
-    if not isinstance(record, dict):
-        raise TypeError(f"the run function must return a dict record, got {describe(record)}")
-    if record.get("key") != spec.key():
-        raise ValueError(
-            f"the record's key {record.get('key')!r} is not the spec's key {spec.key()!r}"
-        )
-    try:
-        return json.loads(_json_line(record))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"the record is not JSON-serialisable: {exc}") from None
-
-
-def _default_run() -> RunFn:
-    from .train import run
-
-    return run
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
-
-
-def _label(spec: RunSpec) -> str:
-    return f"{spec.task}/{spec.scheme} seed {spec.seed}"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _tqdm() -> Any:
-    try:
-        from tqdm import tqdm
-    except ImportError as exc:
-        raise ImportError(
-            "the bench's progress bars need tqdm: pip install 'posenc[bench]', or turn "
-            "them off (progress=False, posenc bench --no-progress)"
-        ) from exc
-    return tqdm
-
-
-def _step_callback(bar: Any) -> Callable[[int, int], None]:
-    def progress(step: int, total: int) -> None:
-        if bar.total != total:
-            bar.total = total
-        bar.update(step - bar.n)
-
-    return progress
-
-
-class _bars:
-    """Context manager: the bar over the runs, a line writer that keeps it intact, tqdm."""
-
-    def __init__(self, progress: bool, total: int) -> None:
-        self.tqdm = _tqdm() if progress else None
-        self.total = total
-        self.bar: Any = None
-
-    def __enter__(self) -> tuple[Any, Callable[[str], None], Any]:
-        if self.tqdm is None:
-            return None, _stderr_line, None
-        self.bar = self.tqdm(total=self.total, desc="bench", unit="run", position=0)
-        write = self.tqdm.write
-
-        def line(text: str) -> None:
-            write(text, file=sys.stderr)
-
-        return self.bar, line, self.tqdm
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def _stderr_line(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)

@@ -17,12 +17,69 @@ from dataclasses import dataclass
 from typing import Any
 
 from posenc._checks import check_choice, check_int, check_positive, describe
+from posenc.core.rope import ROPE_SCALING_SPECS, RopeScaling
+from posenc.schemes import scheme_names
 
-SCHEMES = ("nope", "learned", "sinusoidal", "rope", "alibi", "t5")
+SCHEMES = scheme_names(bench=True)
 TASKS = ("copy", "reverse", "sort", "add", "lm")
 ROPE_EVAL_SCALINGS = ("linear", "ntk", "yarn", "dynamic_ntk")  # applied at evaluation only
 
+# The bench chooses an evaluation scaling's parameters from two numbers: the context
+# extension (positions needed / positions trained) and the positions trained on.
+_EVAL_PARAMETERS = ("factor", "original_max_position_embeddings")
+
 _DEVICE = re.compile(r"(cpu|cuda|cuda:\d+|mps|auto)")
+
+
+def rope_eval_choices() -> tuple[str, ...]:
+    """The RoPE scalings a rope run can also be evaluated with, read from the registry.
+
+    :data:`ROPE_EVAL_SCALINGS`, then every other registered method (but ``"default"``)
+    whose required parameters are at most ``factor`` and
+    ``original_max_position_embeddings``: the bench derives those from the evaluation
+    length and the training lengths. A method that needs more (``llama3``'s frequency
+    bands, ``longrope``'s searched divisors) would need values the bench cannot choose.
+
+    Example:
+        >>> rope_eval_choices()
+        ('linear', 'ntk', 'yarn', 'dynamic_ntk')
+    """
+    others = tuple(
+        name
+        for name, cls in ROPE_SCALING_SPECS.items()
+        if name != "default" and name not in ROPE_EVAL_SCALINGS and not _other_parameters(cls)
+    )
+    return (*ROPE_EVAL_SCALINGS, *others)
+
+
+def _other_parameters(cls: type[RopeScaling]) -> list[str]:
+    """The required parameters of a scaling that the bench cannot choose."""
+    return [
+        name
+        for name, required in cls.parameters().items()
+        if required and name not in _EVAL_PARAMETERS
+    ]
+
+
+def check_rope_eval_scaling(name: Any, label: str) -> str:
+    """``name`` if it is one of :func:`rope_eval_choices`, else an error naming the valid ones.
+
+    Example:
+        >>> check_rope_eval_scaling("yarn", "scaling")
+        'yarn'
+        >>> check_rope_eval_scaling("llama3", "scaling")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: scaling must be one of [...], got 'llama3' (it needs ['low_freq_factor', ...
+    """
+    valid = rope_eval_choices()
+    if isinstance(name, str) and name != "default" and name in ROPE_SCALING_SPECS:
+        other = _other_parameters(ROPE_SCALING_SPECS[name])
+        if other:
+            raise ValueError(
+                f"{label} must be one of {list(valid)}, got {name!r} (it needs {other} besides "
+                "factor and original_max_position_embeddings, which the bench cannot choose)"
+            )
+    return check_choice(name, label, valid)
 
 
 def _int_tuple(value: Any, name: str, *, minimum: int) -> tuple[int, ...]:
@@ -61,9 +118,10 @@ class RunSpec:
         eval_lengths: Distinct problem lengths (>= 1) to evaluate at, in and beyond
             ``train_lengths``.
         eval_samples: Sequences (lm: windows) per evaluation length (>= 1).
-        rope_eval_scalings: Names from :data:`ROPE_EVAL_SCALINGS`, distinct; only with
-            ``scheme="rope"``. Each adds an evaluation of the same trained model with that
-            RoPE scaling.
+        rope_eval_scalings: Names from :func:`rope_eval_choices` (:data:`ROPE_EVAL_SCALINGS`
+            and any other registered RoPE scaling whose parameters the bench can choose),
+            distinct; only with ``scheme="rope"``. Each adds an evaluation of the same
+            trained model with that RoPE scaling.
         text: ``"lm"`` only: path of a UTF-8 text file; ``None`` uses a synthetic text
             from a small probabilistic grammar.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:<n>"``, ``"mps"`` or ``"auto"`` (the first
@@ -146,12 +204,11 @@ class RunSpec:
         scalings = self.rope_eval_scalings
         if isinstance(scalings, (str, bytes)) or not isinstance(scalings, (tuple, list)):
             raise TypeError(
-                f"rope_eval_scalings must be a tuple of names from {list(ROPE_EVAL_SCALINGS)}, "
+                f"rope_eval_scalings must be a tuple of names from {list(rope_eval_choices())}, "
                 f"got {describe(scalings)}"
             )
         scalings = tuple(
-            check_choice(s, f"rope_eval_scalings[{i}]", ROPE_EVAL_SCALINGS)
-            for i, s in enumerate(scalings)
+            check_rope_eval_scaling(s, f"rope_eval_scalings[{i}]") for i, s in enumerate(scalings)
         )
         if len(set(scalings)) != len(scalings):
             raise ValueError(f"rope_eval_scalings must be distinct, got {scalings!r}")
@@ -160,14 +217,7 @@ class RunSpec:
                 f"rope_eval_scalings={scalings!r} applies to scheme 'rope' only, got scheme "
                 f"{self.scheme!r}"
             )
-        head_dim = self.d_model // self.n_heads
-        needs_ntk = [s for s in scalings if s in ("ntk", "dynamic_ntk")]
-        if needs_ntk and head_dim <= 2:
-            raise ValueError(
-                f"rope_eval_scalings {needs_ntk} change the base by factor^(d/(d-2)), which "
-                f"needs a head width d > 2, got d_model={self.d_model}, n_heads={self.n_heads} "
-                f"(head width {head_dim})"
-            )
+        _check_head_width(scalings, self.d_model, self.n_heads, train[1])
         put("rope_eval_scalings", scalings)
 
         text = self.text
@@ -257,3 +307,23 @@ class RunSpec:
         del fields["device"]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return hashlib.sha1(canonical.encode("utf-8")).hexdigest()
+
+
+def _check_head_width(scalings: tuple[str, ...], d_model: int, n_heads: int, original: int) -> None:
+    """Each scaling works at the head width (NTK's base exponent d/(d-2) needs d > 2)."""
+    head_dim = d_model // n_heads
+    failing, reason = [], ""
+    for name in scalings:
+        try:
+            spec = ROPE_SCALING_SPECS[name].example(
+                factor=2.0, original_max_position_embeddings=original, rotary_dim=head_dim
+            )
+            spec.frequencies(head_dim)
+        except (TypeError, ValueError) as exc:
+            failing.append(name)
+            reason = reason or str(exc)
+    if failing:
+        raise ValueError(
+            f"rope_eval_scalings {failing} cannot scale a head width of {head_dim} "
+            f"(d_model={d_model}, n_heads={n_heads}): {reason}"
+        )

@@ -1,0 +1,231 @@
+"""Running the bench's specs: in this process or in a pool of workers, with progress bars.
+
+:func:`run_here` runs specs one after the other in this process, :func:`run_pool` in
+``jobs`` spawned worker processes (each limited to its share of the cores); both call
+back ``finished(spec, record)`` or ``failed(spec, error, traceback, write)`` for each
+run, as it ends, so that the runner (:func:`posenc.bench.runner.execute`) records it at
+once. The tqdm progress bars (a bar over the runs, one over the current run's steps)
+are drawn on stderr; tqdm is imported only when they are asked for.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from .._checks import describe
+from .records import json_line
+from .spec import RunSpec
+
+__all__ = [
+    "RunFn",
+    "checked",
+    "default_run",
+    "label",
+    "load_tqdm",
+    "run_here",
+    "run_pool",
+    "step_callback",
+]
+
+RunFn = Callable[..., dict]
+
+
+def run_here(
+    todo: list[RunSpec],
+    run_fn: RunFn | None,
+    progress: bool,
+    finished: Callable[[RunSpec, dict], None],
+    failed: Callable[..., None],
+) -> None:
+    """Run the specs one after the other in this process."""
+    function = run_fn if run_fn is not None else default_run()
+    with _bars(progress, len(todo)) as (runs, write, tqdm):
+        for spec in todo:
+            if runs is not None:
+                runs.set_postfix_str(label(spec))
+            steps = None
+            if tqdm is not None:
+                steps = tqdm(total=spec.steps, desc="  steps", unit="step", leave=False, position=1)
+            try:
+                record = checked(
+                    function(spec, progress=None if steps is None else step_callback(steps)),
+                    spec,
+                )
+            except Exception as exc:
+                failed(spec, _one_line(exc), traceback.format_exc(), write)
+            else:
+                finished(spec, record)
+            finally:
+                if steps is not None:
+                    steps.close()
+            if runs is not None:
+                runs.update(1)
+
+
+def run_pool(
+    todo: list[RunSpec],
+    run_fn: RunFn | None,
+    progress: bool,
+    jobs: int,
+    finished: Callable[[RunSpec, dict], None],
+    failed: Callable[..., None],
+) -> None:
+    """Run the specs in ``jobs`` spawned worker processes, recording them as they finish."""
+    threads = max(1, _cpu_count() // jobs)
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=min(jobs, len(todo)),
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(threads, run_fn is None),
+    )
+    try:
+        with _bars(progress, len(todo)) as (runs, write, _):
+            futures = {pool.submit(_worker_run, run_fn, spec): spec for spec in todo}
+            for future in concurrent.futures.as_completed(futures):
+                spec = futures[future]
+                try:
+                    outcome = future.result()
+                except BrokenProcessPool as exc:
+                    outcome = (False, f"the worker process died ({_one_line(exc)})", "")
+                except Exception as exc:  # the record or the error could not be pickled
+                    outcome = (False, _one_line(exc), traceback.format_exc())
+                if outcome[0]:
+                    try:
+                        finished(spec, checked(outcome[1], spec))
+                    except (TypeError, ValueError) as exc:
+                        failed(spec, _one_line(exc), traceback.format_exc(), write)
+                else:
+                    failed(spec, outcome[1], outcome[2], write)
+                if runs is not None:
+                    runs.update(1)
+    except BaseException:  # interrupted: stop the runs under way too, and return at once
+        _stop(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _stop(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Cancel the queued runs and end the workers' current ones."""
+    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _init_worker(threads: int, import_torch: bool) -> None:
+    """Worker start: limit the threads so that the workers share the cores."""
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = str(threads)
+    if import_torch:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _worker_run(run_fn: RunFn | None, spec: RunSpec) -> tuple[bool, Any, str]:
+    """In a worker: ``(True, record, "")`` or ``(False, error, traceback)``."""
+    try:
+        function = run_fn if run_fn is not None else default_run()
+        return True, function(spec, progress=None), ""
+    except Exception as exc:
+        return False, _one_line(exc), traceback.format_exc()
+
+
+def checked(record: Any, spec: RunSpec) -> dict:
+    """The record as it will be written (strict JSON), after checking that it is this run's."""
+    if not isinstance(record, dict):
+        raise TypeError(f"the run function must return a dict record, got {describe(record)}")
+    if record.get("key") != spec.key():
+        raise ValueError(
+            f"the record's key {record.get('key')!r} is not the spec's key {spec.key()!r}"
+        )
+    try:
+        return json.loads(json_line(record))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"the record is not JSON-serialisable: {exc}") from None
+
+
+def default_run() -> RunFn:
+    """The training function, :func:`posenc.bench.train.run` (imports PyTorch)."""
+    from .train import run
+
+    return run
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def label(spec: RunSpec) -> str:
+    """A run in a few words, for progress bars and messages: ``copy/rope seed 0``."""
+    return f"{spec.task}/{spec.scheme} seed {spec.seed}"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def load_tqdm() -> Any:
+    """The ``tqdm`` class, or an ``ImportError`` that says how to install or avoid it."""
+    try:
+        from tqdm import tqdm
+    except ImportError as exc:
+        raise ImportError(
+            "the bench's progress bars need tqdm: pip install 'posenc[bench]', or turn "
+            "them off (progress=False, posenc bench --no-progress)"
+        ) from exc
+    return tqdm
+
+
+def step_callback(bar: Any) -> Callable[[int, int], None]:
+    """A training ``progress(step, total)`` callback that moves ``bar``."""
+
+    def progress(step: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+        bar.update(step - bar.n)
+
+    return progress
+
+
+class _bars:
+    """Context manager: the bar over the runs, a line writer that keeps it intact, tqdm."""
+
+    def __init__(self, progress: bool, total: int) -> None:
+        self.tqdm = load_tqdm() if progress else None
+        self.total = total
+        self.bar: Any = None
+
+    def __enter__(self) -> tuple[Any, Callable[[str], None], Any]:
+        if self.tqdm is None:
+            return None, _stderr_line, None
+        self.bar = self.tqdm(total=self.total, desc="bench", unit="run", position=0)
+        write = self.tqdm.write
+
+        def line(text: str) -> None:
+            write(text, file=sys.stderr)
+
+        return self.bar, line, self.tqdm
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _stderr_line(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

@@ -1,0 +1,142 @@
+"""Pictures of the positional encodings, as :class:`matplotlib.figure.Figure` objects.
+
+Every function validates its arguments, computes the numbers with the float64 core of
+posenc and returns a new ``Figure`` built without :mod:`matplotlib.pyplot`: no global
+state, nothing is shown. Save one with :func:`save` (or ``fig.savefig``); show one in a
+notebook by leaving it as the cell's value.
+
+matplotlib is an optional dependency (``pip install 'posenc[plot]'``) and is imported
+only when a figure is built, so ``import posenc`` and ``import posenc.plot`` never
+import it.
+
+The pictures, by the name the ``posenc plot`` command knows them by (:data:`PLOTS`):
+
+``heatmap``
+    The ``(positions, d_model)`` table as a heat map (seed text 000).
+``sinusoids``
+    ``sin(k / n^(2i/d))`` against the pair index ``i``, one panel per position ``k``
+    (seed text 000, ``plotSinusoid``).
+``dimensions``
+    Chosen columns against position for several ``d_model`` (seed text 002, figure 3).
+``first-positions``
+    The first 20 positions of a 50-wide table (seed text 002, figure 4).
+``long-range``
+    Tens of thousands of positions, reduced per pixel row so that nothing aliases
+    (seed text 002, figure 6 and its warning).
+``wavelengths``
+    The geometric ladder of wavelengths from ``2π`` towards ``2πn``.
+``similarity``
+    ``PE · PEᵀ`` and the dot product against the offset ``k``.
+``grid``
+    The first 16 tokens of a 64-wide encoding (seed text 004).
+``rope-spectrum``
+    RoPE wavelengths of each scaling method (default, linear, ntk, yarn, llama3,
+    longrope, or any registered one) for a Llama-3.1-like head, against the original
+    context length.
+``rope-score``
+    RoPE's score ``q_rot(m) · k_rot(n)`` of all-ones vectors against ``m - n``: the
+    long-term decay, unscaled and scaled.
+``alibi``
+    ALiBi bias matrices of a few heads, with their slopes.
+``t5``
+    T5's bucket matrix and the bucket against the relative distance.
+
+The families live in submodules: :mod:`.sinusoidal` (the table as images),
+:mod:`.frequencies` (the sinusoids' frequencies), :mod:`.rope` (RoPE and its scalings)
+and :mod:`.bias` (ALiBi and T5); every picture is importable from here.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .._checks import describe
+from ._figure import figure_class
+from .bias import alibi, t5
+from .frequencies import dimensions, similarity, sinusoids, wavelength_spectrum
+from .rope import rope_score, rope_spectrum, scaling_examples
+from .sinusoidal import first_positions, grid, heatmap, long_range
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "PLOTS",
+    "alibi",
+    "dimensions",
+    "first_positions",
+    "grid",
+    "heatmap",
+    "long_range",
+    "rope_score",
+    "rope_spectrum",
+    "save",
+    "scaling_examples",
+    "similarity",
+    "sinusoids",
+    "t5",
+    "wavelength_spectrum",
+]
+
+#: The figures by the name ``posenc plot KIND`` uses for them.
+PLOTS: dict[str, Callable[..., Figure]] = {
+    "heatmap": heatmap,
+    "sinusoids": sinusoids,
+    "dimensions": dimensions,
+    "first-positions": first_positions,
+    "long-range": long_range,
+    "wavelengths": wavelength_spectrum,
+    "similarity": similarity,
+    "grid": grid,
+    "rope-spectrum": rope_spectrum,
+    "rope-score": rope_score,
+    "alibi": alibi,
+    "t5": t5,
+}
+
+
+def save(fig: Figure, path: str | os.PathLike[str], dpi: float = 100) -> Path:
+    """Write ``fig`` to ``path``; the format follows the extension (png, svg, pdf, ...).
+
+    The image is ``fig.get_size_inches() * dpi`` pixels (no tight bounding box).
+
+    Args:
+        fig: A figure from this module (any ``matplotlib.figure.Figure``).
+        path: Where to write; its extension picks the format.
+        dpi: Resolution in dots per inch, a finite number > 0.
+
+    Returns:
+        ``path`` as a :class:`pathlib.Path`.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     out = save(grid(), pathlib.Path(tmp) / "grid.png")
+        ...     out.read_bytes()[:4]
+        b'\\x89PNG'
+    """
+    if not isinstance(fig, figure_class()):
+        raise TypeError(f"fig must be a matplotlib Figure, got {describe(fig)}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {describe(path)}")
+    if isinstance(dpi, (bool, np.bool_)) or not isinstance(dpi, numbers.Real):
+        raise TypeError(f"dpi must be a finite number > 0, got {describe(dpi)}")
+    if not math.isfinite(dpi) or dpi <= 0:
+        raise ValueError(f"dpi must be a finite number > 0, got {dpi!r}")
+    path = Path(path)
+    suffix = path.suffix.lower().lstrip(".")
+    supported = fig.canvas.get_supported_filetypes()
+    if suffix not in supported:
+        raise ValueError(
+            f"path must end in one of {sorted('.' + s for s in supported)} to pick the "
+            f"format, got {str(path)!r}"
+        )
+    fig.savefig(path, dpi=dpi, format=suffix)
+    return path

@@ -1,0 +1,293 @@
+"""Pictures of the sinusoidal table itself: heat maps, cell grids, long ranges.
+
+``heatmap`` (seed text 000's ``matshow``), ``first_positions`` (seed text 002, figure
+4), ``grid`` (seed text 004) and ``long_range`` (seed text 002, figure 6, reduced per
+pixel row so that nothing aliases). Each returns a new ``Figure`` built without pyplot.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .._checks import LAYOUTS, check_base, check_choice, check_d_model, check_int
+from ..core.frequencies import wavelengths
+from ..core.sinusoidal import sinusoidal
+from ._figure import DIVERGING, SEQUENTIAL, fmt, new_figure, table_image
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["first_positions", "grid", "heatmap", "long_range"]
+
+_CHUNK_ELEMENTS = 1 << 20  # float64 table elements per chunk in long_range (8 MiB)
+
+
+def heatmap(
+    length: int = 100,
+    d_model: int = 512,
+    base: float = 10000.0,
+    layout: str = "interleaved",
+) -> Figure:
+    """The positional-encoding table as a heat map: seed text 000's ``matshow(P)``.
+
+    Rows are positions ``0 .. length-1``, columns the ``d_model`` encoding dimensions;
+    the colour range is fixed to ``[-1, 1]`` (diverging map: red -1, white 0, blue +1)
+    so pictures of different tables compare. The image holds the float64 table.
+
+    Args:
+        length: Number of positions (rows), an int >= 1.
+        d_model: Width of the encoding (columns), an int >= 1.
+        base: The ``n`` of ``sin(k / n^(2i/d))``: finite, > 0 and not 1.
+        layout: ``"interleaved"`` (sin, cos, sin, ... as in the paper) or ``"split"``
+            (all sines, then all cosines); see :func:`posenc.sinusoidal`.
+
+    Returns:
+        A new ``Figure`` with one image axes and its colour bar.
+
+    Example:
+        >>> fig = heatmap(100, 512)
+        >>> fig.axes[0].images[0].get_array().shape
+        (100, 512)
+    """
+    length = check_int(length, "length", minimum=1)
+    d_model = check_d_model(d_model)
+    base = check_base(base)
+    layout = check_choice(layout, "layout", LAYOUTS)
+    table = sinusoidal(length, d_model, base=base, layout=layout, dtype="float64")
+    fig = new_figure((9.0, 5.0))
+    ax = fig.add_subplot()
+    table_image(
+        fig,
+        ax,
+        table,
+        colorbar_label="P(k, j)",
+        interpolation="nearest" if length * d_model <= 128 * 128 else "antialiased",
+    )
+    ax.set_title(
+        f"Sinusoidal positional encoding: {length} positions × d_model = {d_model}, "
+        f"n = {fmt(base)}, {layout} layout"
+    )
+    return fig
+
+
+def first_positions(length: int = 20, d_model: int = 50, base: float = 10000.0) -> Figure:
+    """The first positions as a heat map: seed text 002, figure 4.
+
+    Over 20 positions the first columns go through several periods while the high
+    columns barely change colour. A dashed line marks the first column pair whose
+    wavelength exceeds ``length``: from there on not even one period is visible.
+
+    Args:
+        length: Number of positions (rows), an int >= 1.
+        d_model: Width of the encoding (columns), an int >= 1.
+        base: The ``n`` of ``sin(k / n^(2i/d))``: finite, > 0 and not 1.
+
+    Returns:
+        A new ``Figure`` with one image axes and its colour bar.
+
+    Example:
+        >>> fig = first_positions()
+        >>> fig.axes[0].images[0].get_array().shape
+        (20, 50)
+    """
+    length = check_int(length, "length", minimum=1)
+    d_model = check_d_model(d_model)
+    base = check_base(base)
+    table = sinusoidal(length, d_model, base=base, dtype="float64")
+    fig = new_figure((8.0, 5.0))
+    from matplotlib.ticker import MaxNLocator
+
+    ax = fig.add_subplot()
+    table_image(fig, ax, table, colorbar_label="P(k, j)", interpolation="nearest")
+    long = np.flatnonzero(wavelengths(d_model, base) > length)
+    if long.size and long[0] > 0:
+        x = 2 * long[0] - 0.5
+        ax.axvline(x, color="black", linestyle="--", linewidth=1)
+        ax.annotate(
+            f"wavelength > {length} positions →",
+            (x, 0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, 6),
+            textcoords="offset points",
+            fontsize="small",
+            bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.85},
+        )
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(f"First {length} positions, d_model = {d_model}, n = {fmt(base)}")
+    return fig
+
+
+def _bin_edges(length: int, bins: int) -> np.ndarray:
+    """``bins + 1`` increasing edges; bin ``b`` holds positions ``edges[b] .. edges[b+1]-1``."""
+    return (np.arange(bins + 1, dtype=np.int64) * length) // bins
+
+
+def _binned_table(
+    length: int, d_model: int, base: float, bins: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(edges, mean, min, max)`` of the table over bins of positions, in chunks.
+
+    Memory is ``O(bins · d_model + _CHUNK_ELEMENTS)`` whatever ``length``.
+    """
+    edges = _bin_edges(length, bins)
+    total = np.zeros((bins, d_model))
+    low = np.full((bins, d_model), np.inf)
+    high = np.full((bins, d_model), -np.inf)
+    rows = max(1, _CHUNK_ELEMENTS // d_model)
+    for start in range(0, length, rows):
+        stop = min(start + rows, length)
+        table = sinusoidal(np.arange(start, stop), d_model, base=base, dtype="float64")
+        # Bins that meet [start, stop), and where each begins inside the chunk.
+        first = int(np.searchsorted(edges, start, side="right")) - 1
+        last = int(np.searchsorted(edges, stop - 1, side="right")) - 1
+        cuts = np.concatenate(([start], edges[first + 1 : last + 1])) - start
+        ids = slice(first, last + 1)
+        total[ids] += np.add.reduceat(table, cuts, axis=0)
+        np.minimum(low[ids], np.minimum.reduceat(table, cuts, axis=0), out=low[ids])
+        np.maximum(high[ids], np.maximum.reduceat(table, cuts, axis=0), out=high[ids])
+    mean = total / np.diff(edges)[:, None]
+    return edges, mean, low, high
+
+
+def long_range(
+    length: int = 50000,
+    d_model: int = 50,
+    base: float = 10000.0,
+    pixels: int = 400,
+) -> Figure:
+    """Tens of thousands of positions without aliasing: seed text 002, figure 6.
+
+    Seed text 002 warns that drawing 40,000 rows on 670 pixels "cannot show the correct
+    value of anything with a wavelength smaller than 1px": each pixel row shows one
+    sampled position, so fast columns come out as false slow patterns. Here the
+    positions are split into ``pixels`` bins of consecutive positions (one image row
+    each) and every bin is reduced over all its positions:
+
+    * left panel: the **mean** of each column over the bin. A column whose wavelength
+      is shorter than a bin averages to about 0 (white): it is not constant, it
+      oscillates within the row.
+    * right panel: the **range** (max - min) of each column within the bin. About 2
+      means the column runs through a whole period inside one row; near 0 means the
+      row's colour on the left is the column's true value there.
+
+    Columns whose wavelength spans fewer than two bins cannot be read as a wave even
+    from bin means (they alias from row to row); a dashed line marks the first column
+    pair with at least two rows per wavelength. The table is computed in chunks, so
+    memory does not grow with ``length``.
+
+    Args:
+        length: Number of positions ``0 .. length-1``, an int >= 1 (1e6 is fine).
+        d_model: Width of the encoding, an int >= 1.
+        base: The ``n`` of ``sin(k / n^(2i/d))``: finite, > 0 and not 1.
+        pixels: Number of bins (image rows), an int >= 1; keep it at or below the
+            image's height in pixels. Capped at ``length``.
+
+    Returns:
+        A new ``Figure`` with two image axes and their colour bars.
+
+    Example:
+        >>> fig = long_range(1000, 50, pixels=10)
+        >>> fig.axes[0].images[0].get_array().shape
+        (10, 50)
+    """
+    length = check_int(length, "length", minimum=1)
+    d_model = check_d_model(d_model)
+    base = check_base(base)
+    pixels = check_int(pixels, "pixels", minimum=1)
+    bins = min(pixels, length)
+    edges, mean, low, high = _binned_table(length, d_model, base, bins)
+    sizes = np.diff(edges)
+    smallest, largest = int(sizes.min()), int(sizes.max())
+    per_bin = f"{largest:,}" if smallest == largest else f"{smallest:,}–{largest:,}"
+    extent = (-0.5, d_model - 0.5, length - 0.5, -0.5)  # y axis in positions
+    fig = new_figure((13.0, 7.0))
+    left, right = fig.subplots(1, 2, sharey=True)
+    image = left.imshow(
+        mean,
+        cmap=DIVERGING,
+        vmin=-1.0,
+        vmax=1.0,
+        aspect="auto",
+        extent=extent,
+        interpolation="antialiased",
+    )
+    fig.colorbar(image, ax=left, label="mean of P(k, j) over the bin")
+    spread = right.imshow(
+        high - low,
+        cmap=SEQUENTIAL,
+        vmin=0.0,
+        vmax=2.0,
+        aspect="auto",
+        extent=extent,
+        interpolation="antialiased",
+    )
+    fig.colorbar(spread, ax=right, label="max − min of P(k, j) within the bin")
+    left.set_title(
+        f"Mean of each column over each bin of {per_bin} positions\n"
+        "(left of the dashed line: < 2 rows per wavelength, not a readable wave)"
+    )
+    right.set_title("Range (max − min) within each bin\n(≈ 2: a whole period fits in one row)")
+    left.set_ylabel("position k (one row = one bin)")
+    for ax in (left, right):
+        ax.set_xlabel("encoding dimension j (column)")
+    readable = np.flatnonzero(wavelengths(d_model, base) >= 2 * largest)
+    if readable.size and readable[0] > 0:
+        x = 2 * readable[0] - 0.5
+        for ax in (left, right):
+            ax.axvline(x, color="black", linestyle="--", linewidth=1)
+        right.annotate(
+            f"wavelength ≥ 2 rows ({2 * largest:,} positions) →",
+            (x, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -14),
+            textcoords="offset points",
+            fontsize="small",
+            bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.85},
+        )
+    fig.suptitle(
+        f"{length:,} positions, d_model = {d_model}, n = {fmt(base)}: each image row "
+        f"summarises {per_bin} consecutive positions ({bins} rows)"
+    )
+    return fig
+
+
+def grid(length: int = 16, d_model: int = 64, base: float = 10000.0) -> Figure:
+    """The first tokens' encodings cell by cell: seed text 004 (16 tokens × 64 dims).
+
+    Each cell is one value, square and unsmoothed, with the colour range fixed to
+    ``[-1, 1]``: as the position grows the first columns run through more sine and
+    cosine cycles.
+
+    Args:
+        length: Number of tokens (rows), an int >= 1.
+        d_model: Width of the embedding (columns), an int >= 1.
+        base: The ``n`` of ``sin(k / n^(2i/d))``: finite, > 0 and not 1.
+
+    Returns:
+        A new ``Figure`` with one image axes and its colour bar.
+
+    Example:
+        >>> fig = grid()
+        >>> fig.axes[0].images[0].get_array().shape
+        (16, 64)
+    """
+    length = check_int(length, "length", minimum=1)
+    d_model = check_d_model(d_model)
+    base = check_base(base)
+    table = sinusoidal(length, d_model, base=base, dtype="float64")
+    # Square cells: about 10 inches of image width, height to match (within limits).
+    fig = new_figure((12.0, min(10.0, max(2.5, 10.0 * length / d_model + 1.2))))
+    ax = fig.add_subplot()
+    table_image(fig, ax, table, colorbar_label="P(k, j)", interpolation="nearest", aspect="equal")
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(nbins=16, integer=True))
+    ax.set_ylabel("token position k")
+    ax.set_xlabel("embedding dimension j")
+    ax.set_title(
+        f"Positional encoding of the first {length} tokens, {d_model}-dimensional (n = {fmt(base)})"
+    )
+    return fig
