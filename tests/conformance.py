@@ -662,7 +662,7 @@ def run_jax(case: Case, *, jit: bool = False) -> np.ndarray:
                 mode=p.get("mode", "causal"),
                 offset=offset,
                 dtype=case.fmt,
-                max_length=case.table if jit else None,
+                max_length=(case.table if case.traced else 64) if jit else None,
             )
 
         offset = p.get("offset", 0)

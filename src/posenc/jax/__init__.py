@@ -1,16 +1,19 @@
 """JAX front end of posenc: pure functions (jit/vmap-safe) and Flax linen modules.
 
 Importing this package imports JAX (``import posenc`` alone does not). The pure
-functions live in :mod:`posenc.jax.functions` and are re-exported here; the Flax linen
-modules live in :mod:`posenc.jax.linen`, the only module that imports Flax. It is
-loaded on first access (``posenc.jax.linen``, or ``from posenc.jax import linen``), so
-this package works without Flax installed (that access then raises an ``ImportError``
-that names Flax).
+functions live by family in :mod:`posenc.jax.encodings` (sinusoidal, 1-D and N-D),
+:mod:`posenc.jax.rope` and :mod:`posenc.jax.bias` (ALiBi, T5), all in
+:mod:`posenc.jax.functions` too, and are re-exported here; the Flax linen modules live
+in :mod:`posenc.jax.linen`, the only package that imports Flax. It is loaded on first
+access (``posenc.jax.linen``, or ``from posenc.jax import linen``), so this package
+works without Flax installed (that access then raises an ``ImportError`` that names
+Flax).
 
 Every value comes from :mod:`posenc.core` (float64 with exact angle reduction, rounded
-once to the target format); JAX only converts, gathers and slices the tables and does
-the RoPE rotation arithmetic. See :mod:`posenc.jax.functions` for the rules on traced
-positions and offsets (NaN rows out of range, never a wrong row).
+once to the target format), its options validated by :mod:`posenc.specs`; JAX only
+converts, gathers and slices the tables and does the RoPE rotation arithmetic.
+:mod:`posenc.jax._backend` holds the adapter contract and the rules on traced positions
+and offsets (NaN rows out of range, never a wrong row).
 
 Example:
     >>> import posenc.jax
@@ -25,15 +28,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .functions import (
-    alibi_bias,
-    alibi_slopes,
-    apply_rope,
-    rope_tables,
-    sinusoidal,
-    sinusoidal_nd,
-    t5_bias,
-)
+from .bias import alibi_bias, alibi_slopes, t5_bias
+from .encodings import sinusoidal, sinusoidal_nd
+from .rope import apply_rope, rope_tables
 
 __all__ = [
     "alibi_bias",

@@ -1,0 +1,153 @@
+"""The Flax modules of the attention-score biases: ALiBi and T5's relative position bias."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from ..._checks import check_int
+from ...specs import AlibiSpec, T5Spec
+from .._backend import format_of
+from ..bias import alibi_bias, t5_bias
+
+__all__ = ["ALiBiBias", "T5RelativeBias"]
+
+
+class ALiBiBias(nn.Module):
+    """ALiBi: the bias ``-m_h · distance`` per head, ``(num_heads, q, k)``, no variables.
+
+    The values are the core's (:func:`posenc.alibi_bias`: slope × distance in float64,
+    rounded once to ``dtype``) through :func:`posenc.jax.alibi_bias`; a traced ``offset``
+    gathers them from a per-distance table (rows with query positions past ``max_length``
+    are NaN).
+
+    Args:
+        num_heads: Number of heads (slopes by Press et al.'s rule).
+        mode: ``"causal"`` (0 for future keys) or ``"symmetric"``.
+        max_length: Bound on the query positions for a traced ``offset``; ``None``: the
+            key length.
+        dtype: dtype of the bias: float32 (default), float16, bfloat16 or float64.
+
+    Call arguments:
+        query_length, key_length: Sizes of the score matrix, static ints
+            (``key_length`` defaults to ``offset + query_length``, static offsets only).
+        offset: Position of the first query, an int >= 0 or a traced integer scalar.
+
+    Shapes:
+        output: ``(num_heads, query_length, key_length)``.
+
+    Example:
+        >>> ALiBiBias(2).apply({}, 3).tolist()[1]  # head 1: slope 2**-8
+        [[0.0, 0.0, 0.0], [-0.00390625, 0.0, 0.0], [-0.0078125, -0.00390625, 0.0]]
+
+    References:
+        Press, Smith and Lewis, "Train Short, Test Long: Attention with Linear Biases
+        Enables Input Length Extrapolation", ICLR 2022.
+    """
+
+    num_heads: int
+    mode: str = "causal"
+    max_length: int | None = None
+    dtype: Any = "float32"
+
+    def __post_init__(self) -> None:
+        AlibiSpec(num_heads=self.num_heads, mode=self.mode)  # the scheme's checks
+        if self.max_length is not None:
+            check_int(self.max_length, "max_length", minimum=1)
+        format_of(self.dtype)
+        super().__post_init__()
+
+    def __call__(
+        self, query_length: int, key_length: int | None = None, *, offset: Any = 0
+    ) -> jax.Array:
+        return alibi_bias(
+            query_length,
+            key_length,
+            num_heads=self.num_heads,
+            mode=self.mode,
+            offset=offset,
+            dtype=self.dtype,
+            max_length=self.max_length,
+        )
+
+
+class T5RelativeBias(nn.Module):
+    """T5's learned relative position bias, param ``"relative_attention_bias"``.
+
+    The param has shape ``(num_buckets, num_heads)``, the layout of Hugging Face's
+    ``relative_attention_bias.weight`` (so its values load as they are); the bias is
+    :func:`posenc.jax.t5_bias` of it: the core's buckets, gathered, gradients flowing to
+    the weights.
+
+    Args:
+        num_heads: Number of heads.
+        bidirectional: Encoder (``True``) or causal decoder (``False``) buckets.
+        num_buckets: Number of buckets (32 in T5).
+        max_distance: Distance from which the buckets saturate (128 in T5).
+        compat: ``"hf"`` (Hugging Face's float32 bucket edges) or ``"exact"``.
+        embedding_init: Initialiser of the param (normal with stddev 1, as
+            ``torch.nn.Embedding``).
+        param_dtype: dtype of the param.
+
+    Call arguments:
+        query_length, key_length, offset: As for :class:`ALiBiBias` (a traced offset
+            needs ``key_length``; rows with negative query positions are NaN).
+
+    Shapes:
+        output: ``(num_heads, query_length, key_length)``.
+
+    Example:
+        >>> import jax
+        >>> bias = T5RelativeBias(4)
+        >>> variables = bias.init(jax.random.key(0), 5)
+        >>> jax.tree_util.tree_map(jax.numpy.shape, variables)
+        {'params': {'relative_attention_bias': (32, 4)}}
+        >>> bias.apply(variables, 5).shape
+        (4, 5, 5)
+
+    References:
+        Raffel et al., "Exploring the Limits of Transfer Learning with a Unified
+        Text-to-Text Transformer", JMLR 2020, §2.1.
+    """
+
+    num_heads: int
+    bidirectional: bool = True
+    num_buckets: int = 32
+    max_distance: int = 128
+    compat: str = "hf"
+    embedding_init: Callable[..., Any] = nn.initializers.normal(stddev=1.0)
+    param_dtype: Any = jnp.float32
+
+    def __post_init__(self) -> None:
+        T5Spec(
+            num_heads=self.num_heads,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+            compat=self.compat,
+        )  # the scheme's checks
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(
+        self, query_length: int, key_length: int | None = None, *, offset: Any = 0
+    ) -> jax.Array:
+        weights = self.param(
+            "relative_attention_bias",
+            self.embedding_init,
+            (self.num_buckets, self.num_heads),
+            self.param_dtype,
+        )  # (num_buckets, H)
+        return t5_bias(
+            weights,
+            query_length,
+            key_length,
+            bidirectional=self.bidirectional,
+            max_distance=self.max_distance,
+            offset=offset,
+            compat=self.compat,
+        )

@@ -1,0 +1,217 @@
+"""The Flax modules that add a position encoding to their input: sinusoidal, learned, N-D."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from ..._checks import (
+    FORMULAS,
+    LAYOUTS,
+    check_base,
+    check_choice,
+    check_int,
+    check_positive,
+    check_probability,
+)
+from ...core.nd import ND_LAYOUTS
+from ...specs import SinusoidalSpec
+from .._backend import check_offset, format_of, gather_rows, is_traced
+from ..encodings import SinusoidalTables, sinusoidal_nd
+from ._inputs import apply_dropout, float_input, sequence_input
+
+__all__ = [
+    "LearnedPositionalEmbedding",
+    "SinusoidalPositionalEncoding",
+    "SinusoidalPositionalEncodingND",
+]
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds the sinusoidal encoding of "Attention Is All You Need" §3.5, then dropout.
+
+    ``__call__(x) = dropout(x + PE[start : start + seq])`` with the table correctly
+    rounded in ``x``'s dtype (the core's float64 values with exact angles, rounded once;
+    never a cast of a float32 table). ``d_model`` is ``x.shape[-1]``. The table is a
+    constant, not a variable.
+
+    Args:
+        max_length: Rows of the table a traced ``start_index`` gathers from; a static
+            start past it still gets exact rows (computed for that call).
+        base: The ``n`` of ``sin(k / n^(2i/d))``.
+        layout: ``"interleaved"`` (paper) or ``"split"`` (tensor2tensor / fairseq).
+        formula: ``"paper"`` or ``"tensor2tensor"`` frequency spacing.
+        dropout_rate: Dropout probability after the addition (rng ``"dropout"``).
+
+    Call arguments:
+        x: ``(batch, seq, d_model)`` or ``(seq, d_model)``, float16, bfloat16, float32 or
+            float64.
+        start_index: Position of the first token: an int >= 0, or a traced integer
+            scalar (positions ``>= max_length`` then give NaN).
+        deterministic: ``False`` applies dropout (needs a ``"dropout"`` rng).
+
+    Shapes:
+        output: same shape and dtype as ``x``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from posenc.jax import sinusoidal
+        >>> pe = SinusoidalPositionalEncoding(max_length=16, base=100)
+        >>> out = pe.apply({}, jnp.zeros((1, 3, 4)), start_index=2)
+        >>> bool((out[0] == sinusoidal(jnp.arange(2, 5), 4, base=100)).all())
+        True
+
+    References:
+        Vaswani et al., "Attention Is All You Need", NeurIPS 2017, §3.5.
+    """
+
+    max_length: int = 5000
+    base: float = 10000.0
+    layout: str = "interleaved"
+    formula: str = "paper"
+    dropout_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_int(self.max_length, "max_length", minimum=1)
+        # The spec's checks that need no width (d_model is the input's last axis).
+        check_base(self.base)
+        check_choice(self.layout, "layout", LAYOUTS)
+        check_choice(self.formula, "formula", FORMULAS)
+        check_probability(self.dropout_rate, "dropout_rate")
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x: Any, *, start_index: Any = 0, deterministic: bool = True) -> jax.Array:
+        name = type(self).__name__
+        x = sequence_input(x, name)
+        seq, d_model = x.shape[-2], x.shape[-1]
+        spec = SinusoidalSpec(
+            d_model=d_model, base=self.base, layout=self.layout, formula=self.formula
+        )
+        tables = SinusoidalTables(spec, format_of(x.dtype, "x.dtype"))
+        start = check_offset(start_index, f"{name}: start_index")
+        (rows,) = tables.span(start, seq, max_length=self.max_length)  # (seq, d_model)
+        return apply_dropout(self.dropout_rate, x + rows, deterministic)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Adds a trained embedding per position (param ``"embedding"``), then dropout.
+
+    Learned embeddings cannot represent a position they were not trained with: a static
+    ``start_index`` that runs past ``max_length`` raises, and a traced one gives NaN rows
+    there (never a clamped or wrapped row).
+
+    Args:
+        max_length: Number of positions, ``0 .. max_length-1``.
+        init_std: Standard deviation of the normal initialisation (0.02, as GPT-2).
+        dropout_rate: Dropout probability after the addition (rng ``"dropout"``).
+        param_dtype: dtype of the ``"embedding"`` param ``(max_length, d_model)``.
+
+    Call arguments:
+        x, start_index, deterministic: As for :class:`SinusoidalPositionalEncoding`.
+
+    Shapes:
+        output: same shape and dtype as ``x`` (the embedding is cast to it).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> emb = LearnedPositionalEmbedding(max_length=16)
+        >>> variables = emb.init(jax.random.key(0), jnp.zeros((2, 5, 8)))
+        >>> jax.tree_util.tree_map(jnp.shape, variables)
+        {'params': {'embedding': (16, 8)}}
+    """
+
+    max_length: int
+    init_std: float = 0.02
+    dropout_rate: float = 0.0
+    param_dtype: Any = jnp.float32
+
+    def __post_init__(self) -> None:
+        check_int(self.max_length, "max_length", minimum=1)
+        check_positive(self.init_std, "init_std")
+        check_probability(self.dropout_rate, "dropout_rate")
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x: Any, *, start_index: Any = 0, deterministic: bool = True) -> jax.Array:
+        name = type(self).__name__
+        x = sequence_input(x, name)
+        seq, d_model = x.shape[-2], x.shape[-1]
+        embedding = self.param(
+            "embedding",
+            nn.initializers.normal(stddev=float(self.init_std)),
+            (self.max_length, d_model),
+            self.param_dtype,
+        )  # (max_length, d)
+        start = check_offset(start_index, f"{name}: start_index")
+        if is_traced(start):
+            rows = gather_rows(embedding, start + jnp.arange(seq))  # (seq, d)
+        else:
+            if start + seq > self.max_length:
+                raise ValueError(
+                    f"{name}: position {start + seq - 1} is beyond max_length="
+                    f"{self.max_length} (positions 0..{self.max_length - 1}); learned "
+                    "embeddings cannot extrapolate: build it with a larger max_length"
+                )
+            rows = embedding[start : start + seq]  # (seq, d)
+        return apply_dropout(self.dropout_rate, x + rows.astype(x.dtype), deterministic)
+
+
+class SinusoidalPositionalEncodingND(nn.Module):
+    """Adds an N-D sinusoidal encoding to channels-last input, then dropout.
+
+    ``__call__(x) = dropout(x + table)`` with ``table`` of shape ``(*spatial, channels)``
+    from :func:`posenc.jax.sinusoidal_nd` for the grid ``x.shape[1:-1]``, correctly
+    rounded in ``x``'s dtype; a constant, not a variable.
+
+    Args:
+        layout: ``"positional-encodings"`` (any number of spatial axes) or ``"mae"``
+            (MAE 2-D sin-cos; 1 or 2 spatial axes, channels a multiple of 2 per axis).
+        base: The ``n`` of ``sin(k / n^(2i/c))``.
+        dropout_rate: Dropout probability after the addition (rng ``"dropout"``).
+
+    Call arguments:
+        x: ``(batch, *spatial, channels)``, a float dtype.
+        deterministic: ``False`` applies dropout.
+
+    Shapes:
+        output: same shape and dtype as ``x``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from posenc.jax import sinusoidal_nd
+        >>> out = SinusoidalPositionalEncodingND().apply({}, jnp.zeros((2, 4, 5, 6)))
+        >>> bool((out[1] == sinusoidal_nd((4, 5), 6)).all())
+        True
+
+    References:
+        He et al., "Masked Autoencoders Are Scalable Vision Learners", CVPR 2022; the
+        ``positional-encodings`` package (tatp22/multidim-positional-encoding).
+    """
+
+    layout: str = "positional-encodings"
+    base: float = 10000.0
+    dropout_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_choice(self.layout, "layout", ND_LAYOUTS)
+        check_base(self.base)
+        check_probability(self.dropout_rate, "dropout_rate")
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x: Any, *, deterministic: bool = True) -> jax.Array:
+        name = type(self).__name__
+        x = float_input(x, name, "features")
+        if x.ndim < 3:
+            raise ValueError(
+                f"{name} expects channels-last x of shape (batch, *spatial, channels), rank "
+                f">= 3, got shape {x.shape}"
+            )
+        table = sinusoidal_nd(
+            x.shape[1:-1], x.shape[-1], base=self.base, layout=self.layout, dtype=x.dtype
+        )  # (*spatial, C)
+        return apply_dropout(self.dropout_rate, x + table, deterministic)

@@ -1,0 +1,148 @@
+"""The Flax module of rotary position embedding (RoPE): :class:`RotaryEmbedding`."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..._checks import check_base, check_choice, check_int, describe
+from ...core.rope import ROPE_LAYOUTS, RopeScaling, as_rope_scaling
+from ...specs import RopeSpec
+from .._backend import check_offset, check_traced_index, is_traced
+from ..rope import RopeTables, apply_rope
+from ._inputs import float_input
+
+__all__ = ["RotaryEmbedding"]
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding for ``(batch, seq, heads, head_dim)`` queries or keys.
+
+    Call it on the queries and on the keys (any head counts: grouped-query attention).
+    The cos/sin tables come from the core (frequencies and attention factor from
+    :func:`~posenc.core.rope.rope_scaling`, exact angles, one rounding to float32, or
+    float64 for float64 input) and are constants, not variables; the rotation is
+    :func:`posenc.jax.apply_rope` (float16/bfloat16 input rotated in float32 and cast
+    back). ``head_dim`` is ``x.shape[-1]``.
+
+    The frequencies are fixed by ``scaling`` and ``scaling_params``: the length-dependent
+    methods (``"dynamic_ntk"``, ``"longrope"``) use the ``seq_len`` given in
+    ``scaling_params`` (none: the original length) and are not re-derived per call as
+    Hugging Face's ``dynamic_rope_update`` does in eager PyTorch.
+
+    Args:
+        base: The RoPE base (``rope_theta``).
+        rotary_dim: The rotated width (even, ``<= head_dim``); ``None``: all of it.
+        layout: ``"half"`` (Hugging Face, GPT-NeoX) or ``"interleaved"`` (Meta, GPT-J).
+        scaling: ``None`` or a key of :data:`posenc.ROPE_SCALINGS`; or a
+            :class:`~posenc.core.rope.RopeScaling` spec, or its dict form, without
+            ``scaling_params`` (read by :func:`~posenc.core.rope.as_rope_scaling`).
+        scaling_params: The method's parameters (see :mod:`posenc.core.rope`).
+        max_length: Rows of the tables traced positions gather from; static positions
+            past it still get exact rows (computed for that call).
+
+    Call arguments:
+        x: ``(batch, seq, heads, head_dim)``, a float dtype.
+        start_index: Position of the first token (int >= 0 or traced integer scalar).
+        positions: Optional integer positions ``(seq,)`` or ``(batch, seq)`` instead of
+            ``start_index``; concrete ones must be >= 0, traced ones outside
+            ``0 .. max_length-1`` give NaN.
+
+    Shapes:
+        output: same shape and dtype as ``x``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> rope = RotaryEmbedding(max_length=32)
+        >>> q = jnp.cos(jnp.arange(2 * 6 * 4 * 16.0)).reshape(2, 6, 4, 16)
+        >>> full = rope.apply({}, q)
+        >>> last = rope.apply({}, q[:, 5:], start_index=5)  # KV-cache decoding
+        >>> bool((last == full[:, 5:]).all())
+        True
+
+    References:
+        Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding", 2021.
+    """
+
+    base: float = 10000.0
+    rotary_dim: int | None = None
+    layout: str = "half"
+    scaling: str | RopeScaling | Mapping[str, Any] | None = None
+    scaling_params: Mapping[str, Any] | None = None
+    max_length: int = 4096
+
+    def __post_init__(self) -> None:
+        check_base(self.base)
+        if self.rotary_dim is not None:
+            check_int(self.rotary_dim, "rotary_dim", minimum=2)
+        check_choice(self.layout, "layout", ROPE_LAYOUTS)
+        check_int(self.max_length, "max_length", minimum=1)
+        # The scaling's name and parameters, by the core's one parser; the checks that
+        # need the width run at the call, where head_dim is the input's last axis.
+        as_rope_scaling(self.scaling, self.scaling_params)
+        super().__post_init__()
+
+    def __call__(self, x: Any, *, start_index: Any = 0, positions: Any = None) -> jax.Array:
+        name = type(self).__name__
+        x = float_input(x, name, "queries or keys")
+        if x.ndim != 4:
+            raise ValueError(
+                f"{name} expects x of shape (batch, seq, heads, head_dim), got shape {x.shape}"
+            )
+        batch, seq, head_dim = x.shape[0], x.shape[1], x.shape[-1]
+        method, seq_len = as_rope_scaling(self.scaling, self.scaling_params)
+        spec = RopeSpec(
+            head_dim=head_dim,
+            base=self.base,
+            rotary_dim=self.rotary_dim,
+            layout=self.layout,
+            scaling=method,
+        )
+        # float32 tables for float16 and bfloat16 input too: apply_rope rotates in float32
+        fmt = "float64" if x.dtype == jnp.float64 else "float32"
+        tables = RopeTables(spec, fmt, seq_len)
+        if positions is None:
+            start = check_offset(start_index, f"{name}: start_index")
+            cos, sin = tables.span(start, seq, max_length=self.max_length)  # (seq, r)
+        else:
+            if not isinstance(start_index, numbers.Integral) or start_index != 0:
+                raise TypeError(f"{name}: pass either start_index= or positions=, not both")
+            positions = _rope_positions(positions, batch, seq, name)
+            cos, sin = tables.at(
+                positions, max_length=self.max_length, name=f"{name}: positions"
+            )  # (seq, r) or (batch, seq, r)
+        # a heads axis before the features
+        return apply_rope(x, cos[..., None, :], sin[..., None, :], layout=self.layout)
+
+
+def _rope_positions(positions: Any, batch: int, seq: int, name: str) -> Any:
+    """Integer positions ``(seq,)`` or ``(batch, seq)``: traced as is, concrete as NumPy."""
+    if not is_traced(positions):
+        if isinstance(positions, (np.bool_, numbers.Number)):
+            raise TypeError(
+                f"{name}: positions must be an integer array of shape (seq,) or (batch, seq), "
+                f"got {describe(positions)}"
+            )
+        positions = np.asarray(positions)
+        if positions.dtype.kind not in "iu":
+            raise TypeError(
+                f"{name}: positions must hold integers, got an array of dtype {positions.dtype}"
+            )
+    else:
+        check_traced_index(positions, f"{name}: positions")
+    if positions.ndim not in (1, 2) or positions.shape[-1] != seq:
+        raise ValueError(
+            f"{name}: positions must have shape (seq,) or (batch, seq) with seq={seq}, got "
+            f"shape {positions.shape}"
+        )
+    if positions.ndim == 2 and positions.shape[0] not in (1, batch):
+        raise ValueError(f"{name}: positions has batch size {positions.shape[0]} but x has {batch}")
+    if not is_traced(positions) and positions.size and int(positions.min()) < 0:
+        raise ValueError(f"{name}: positions must be >= 0, got {int(positions.min())}")
+    return positions
