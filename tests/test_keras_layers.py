@@ -803,7 +803,9 @@ def test_eager_tensor_start_index_is_checked_like_an_int(cls):
     full = every_row(layer, 8, 4)  # (8, 4)
     x = np.zeros((1, 4, 4), "float32")
     if cls is LearnedPositionalEmbedding:  # no rows past its table
-        with pytest.raises(ValueError, match=r"start_index \(6\) \+ sequence length \(4\) = 10 exc"):
+        with pytest.raises(
+            ValueError, match=r"start_index \(6\) \+ sequence length \(4\) = 10 exc"
+        ):
             layer(x, start_index=int_tensor(6))
     else:  # posenc's out-of-range policy: the exact rows, the table grows
         np.testing.assert_array_equal(

@@ -1,4 +1,4 @@
-"""Properties of the sinusoidal encoding that the seed texts claim, made measurable.
+"""Properties of the sinusoidal encoding that the paper and its tutorials claim, made measurable.
 
 * :func:`relative_map`: the linear map ``M_k`` with ``PE(pos + k) = M_k · PE(pos)``,
   the paper's stated reason for choosing sinusoids.

@@ -1,4 +1,4 @@
-"""A small word vocabulary, enough to run the seed texts' walk-through as written.
+"""A small word vocabulary, enough to run the "I am a robot" walk-through as written.
 
 tokens → vocabulary ids → embedding lookup → + positional encoding → dropout. Any
 integer ids work with the embedding modules; this class only makes the first step

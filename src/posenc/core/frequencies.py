@@ -3,8 +3,8 @@
 Two formulas are in use for the frequency of column pair ``i`` of a ``d``-wide encoding:
 
 ``"paper"``
-    ``ω_i = n^(-2i/d)``, Vaswani et al. (2017) §3.5 and every seed text; for ``d = 4``,
-    ``n = 100`` that is ``[1, 0.1]``.
+    ``ω_i = n^(-2i/d)``, Vaswani et al. (2017) §3.5 and the tutorials built on it; for
+    ``d = 4``, ``n = 100`` (Saeed's example) that is ``[1, 0.1]``.
 ``"tensor2tensor"``
     ``ω_i = exp(-i · ln(n) / (d//2 - 1))``: tensor2tensor's ``get_timing_signal_1d``,
     fairseq's ``SinusoidalPositionalEmbedding`` and Hugging Face's Speech2Text. The
@@ -12,8 +12,10 @@ Two formulas are in use for the frequency of column pair ``i`` of a ``d``-wide e
     ``d//2 == 1`` the single frequency is 1.
 
 Odd ``d``: there are ``(d + 1) // 2`` frequencies on the same ladder and the last
-column is the sine of the extra one (the seed loop of text 000 leaves it at 0, the
-vectorised seed code fails with a shape error, fairseq pads a column of zeros).
+column is the sine of the extra one (the loop of M. Saeed's "A Gentle Introduction to
+Positional Encoding in Transformer Models" leaves it at 0, the vectorised PyTorch module
+of H. Phillips' "Positional Encoding" fails with a shape error, fairseq pads a column of
+zeros).
 """
 
 from __future__ import annotations

@@ -71,10 +71,10 @@ def sinusoidal(
         positions: An int ``L`` (positions ``0 .. L-1``) or an array of any shape of
             integer or fractional positions (negative allowed, finite).
         d_model: Width of the encoding, any int >= 1 (odd: see below).
-        base: The ``n`` of ``sin(k / n^(2i/d))``; 10000 in the paper, 100 in the seed
-            texts' worked examples. Finite, > 0 and not 1.
+        base: The ``n`` of ``sin(k / n^(2i/d))``; 10000 in the paper, 100 in the worked
+            example of Saeed's tutorial. Finite, > 0 and not 1.
         layout: ``"interleaved"``: sin on even columns, cos on odd ones, as in the paper
-            and the seed texts. ``"split"``: all sines then all cosines
+            and the tutorials built on it. ``"split"``: all sines then all cosines
             (tensor2tensor, fairseq, Marian, Hugging Face Speech2Text).
         formula: ``"paper"`` (``ω_i = n^(-2i/d)``) or ``"tensor2tensor"``
             (``ω_i = exp(-i ln(n) / (d//2 - 1))``); see :func:`posenc.frequencies`.
@@ -106,6 +106,8 @@ def sinusoidal(
 
     References:
         Vaswani et al., "Attention Is All You Need", NeurIPS 2017, §3.5.
+        M. Saeed, "A Gentle Introduction to Positional Encoding in Transformer Models,
+        Part 1", Machine Learning Mastery, 2022 (the ``n = 100`` example above).
     """
     d_model = check_d_model(d_model)
     base = check_base(base)

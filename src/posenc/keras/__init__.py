@@ -7,8 +7,9 @@ dtype, and only move, slice and gather them with ``keras.ops``.
 Layers: :class:`SinusoidalPositionalEncoding` (1-D, added to the input),
 :class:`SinusoidalPositionalEncodingND` (images, video), :class:`LearnedPositionalEmbedding`,
 :class:`RotaryEmbedding` (every RoPE scaling; applied to queries and keys),
-:class:`ALiBiBias` and :class:`T5RelativeBias` (added to attention scores); and the seed
-tutorial's :func:`generate_positional_encoding`.
+:class:`ALiBiBias` and :class:`T5RelativeBias` (added to attention scores); and
+:func:`generate_positional_encoding`, the function of the TensorFlow example in
+GeeksforGeeks' "Positional Encoding in Transformers".
 
 Example:
     >>> from posenc.keras import SinusoidalPositionalEncoding

@@ -27,7 +27,7 @@ def generate_positional_encoding(
     base: float = 10000.0,
     dtype: Any = "float32",
 ) -> Any:
-    """The sinusoidal encoding with a batch axis, as a backend tensor (seed 001's function).
+    """The sinusoidal encoding with a batch axis, as a backend tensor (GeeksforGeeks' function).
 
     Same signature and output as the TensorFlow tutorial function it mirrors (paper
     frequencies ``base^(-2i/d)``, sin on even columns and cos on odd ones), but every

@@ -85,6 +85,7 @@ class MultiHeadAttention(nn.Module):
             True where a query may attend (e.g. block-diagonal for packed documents).
 
     Example:
+        >>> from posenc.torch import ALiBiBias
         >>> attention = MultiHeadAttention(32, 4, position=ALiBiBias(4))
         >>> attention(torch.randn(2, 10, 32)).shape
         torch.Size([2, 10, 32])

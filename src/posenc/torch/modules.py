@@ -9,8 +9,8 @@ shared by every module here:
   ``positions=`` (an integer tensor ``(seq,)`` or ``(batch, seq)``, for packed
   sequences); both default to ``0 .. seq-1``;
 * derived tables are non-persistent buffers: nothing derived goes into ``state_dict``,
-  and state dicts from other code that carry such a table (the seed module's ``pe``)
-  still load.
+  and state dicts from other code that carry such a table (the ``pe`` buffer of the
+  PyTorch tutorials' ``PositionalEncoding``) still load.
 """
 
 from __future__ import annotations
@@ -91,11 +91,12 @@ def _check_positions(positions: Any, x: Tensor, name: str) -> None:
 class SinusoidalPositionalEncoding(PositionTables, FromSpec):
     """Adds the sinusoidal encoding of "Attention Is All You Need" §3.5, then dropout.
 
-    ``forward(x) = dropout(x + PE[positions])``: the seed texts' ``PositionalEncoding``
-    module, without its traps:
+    ``forward(x) = dropout(x + PE[positions])``: the ``PositionalEncoding`` module of the
+    PyTorch tutorials (H. Phillips, "Positional Encoding", 2023; PyTorch's own), without
+    its traps:
 
     * the table is a non-persistent buffer (no ``pe`` in ``state_dict``; a state dict
-      that has one, as the seed module writes, still loads);
+      that has one, as the tutorials' module writes, still loads);
     * it is built in float64 with exact angles and rounded once to the module's dtype:
       ``.half()``, ``.bfloat16()``, ``.to(dtype)`` rebuild it correctly rounded instead of
       casting, and an input of another dtype gets its own correctly rounded table;
@@ -150,7 +151,7 @@ class SinusoidalPositionalEncoding(PositionTables, FromSpec):
         self.layout, self.formula = self.spec.layout, self.spec.formula
         self.max_length = check_int(max_length, "max_length", minimum=1)
         self.dropout = nn.Dropout(check_probability(dropout))
-        # The buffer "pe"; a state dict that has one (the seed module's) still loads.
+        # The buffer "pe"; a state dict that has one (the tutorials' module's) still loads.
         self._init_tables(("pe",), self.max_length, torch.float32)
 
     @torch.compiler.disable  # NumPy: never traced (reached in eager code only)
@@ -351,7 +352,7 @@ class TokenEmbedding(nn.Module):
 
 
 class InputEmbedding(nn.Module):
-    """The path of the seed texts: token ids → embedding → + positional encoding → dropout.
+    """The tutorials' input path: token ids → embedding → + positional encoding → dropout.
 
     Args:
         vocab_size: Number of token ids.

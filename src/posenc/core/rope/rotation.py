@@ -106,6 +106,7 @@ def apply_rope(
         Array of ``x``'s shape and dtype.
 
     Example:
+        >>> from posenc.core.rope import rope_tables
         >>> cos, sin = rope_tables(2, [1.0], dtype="float64")
         >>> apply_rope(np.array([[1.0, 0.0], [1.0, 0.0]]), cos, sin).round(6)
         array([[1.      , 0.      ],

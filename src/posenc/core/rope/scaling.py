@@ -96,7 +96,7 @@ class RopeScaling:
             if not self.length_dependent:
                 raise TypeError(
                     f"RoPE scaling {self.name!r} does not depend on the sequence length; "
-                    f"seq_len applies to {_length_dependent_names()}"
+                    "seq_len applies only to methods that do (dynamic_ntk, longrope, ...)"
                 )
             seq_len = check_int(seq_len, "seq_len", minimum=1)
         inv_freq, attention = self._inv_freq(d, base, seq_len)
@@ -174,9 +174,3 @@ class RopeScaling:
     def _set(self, name: str, value: Any) -> None:
         """Store a validated, normalised value on the frozen instance."""
         object.__setattr__(self, name, value)
-
-
-def _length_dependent_names() -> list[str]:
-    from .registry import ROPE_SCALING_SPECS  # the registry imports this module
-
-    return [name for name, cls in ROPE_SCALING_SPECS.items() if cls.length_dependent]
