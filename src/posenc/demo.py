@@ -1,9 +1,11 @@
-"""``posenc demo`` and ``posenc embed``: the seed walk-through, reproduced and checked.
+"""``posenc demo`` and ``posenc embed``: the tutorials' walk-through, reproduced and checked.
 
-The demo prints the seed texts' worked tables, runs the token → embedding → encoding
+The demo prints the tutorials' worked tables (M. Saeed's "A Gentle Introduction to
+Positional Encoding in Transformer Models", Machine Learning Mastery; H. Phillips'
+"Positional Encoding", Medium), runs the token → embedding → encoding
 pipeline on "I am a robot", prints a few numbers of the other schemes (ALiBi slopes, T5
 buckets, RoPE scalings), writes every picture into the output folder and ends with a
-report of the properties the seed texts claim (uniqueness, bounds, the relative map,
+report of the properties the paper and the tutorials claim (uniqueness, bounds, the relative map,
 precision), each measured.
 """
 
@@ -40,7 +42,7 @@ def embed_sentence(
     scale: bool = False,
     backend: str = "numpy",
 ) -> str:
-    """The seed pipeline on one sentence, as printable text.
+    """The tutorials' pipeline on one sentence, as printable text.
 
     tokens → vocabulary ids → embedding lookup (weights drawn from N(0, 1) with ``seed``,
     as ``nn.Embedding`` initialises them) → + positional encoding. ``backend="torch"``
@@ -93,7 +95,7 @@ def embed_sentence(
 
 
 def property_report(length: int = 2048, d_model: int = 512, base: float = 10000.0) -> dict:
-    """Measure the seed texts' claims on an ``length`` × ``d_model`` table."""
+    """Measure the tutorials' claims on an ``length`` × ``d_model`` table."""
     table = sinusoidal(length, d_model, base=base, dtype=np.float64)
     closest = min_pairwise_distance(table)
     by_offset = offset_distances(np.arange(1, length), d_model, base)
@@ -170,7 +172,7 @@ def other_schemes() -> str:
 
 
 def run_demo(output: Path | str = "posenc-demo", *, plots: bool = True, out: TextIO) -> dict:
-    """Reproduce the seed walk-through into ``output``; returns the property report."""
+    """Reproduce the tutorials' walk-through into ``output``; returns the property report."""
     start = time.perf_counter()
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
@@ -178,11 +180,11 @@ def run_demo(output: Path | str = "posenc-demo", *, plots: bool = True, out: Tex
 
     say("posenc demo: the sinusoidal encoding of 'Attention Is All You Need' (§3.5)\n")
     say("P(k, 2i) = sin(k / n^(2i/d)),  P(k, 2i+1) = cos(k / n^(2i/d))\n\n")
-    say("'I am a robot', n=100, d=4 (seed 000):\n")
+    say("'I am a robot', n=100, d=4 (Saeed, Machine Learning Mastery):\n")
     say(_matrix(sinusoidal(4, 4, base=100, dtype=np.float64), 8) + "\n\n")
-    say("max_length=10, d=4, n=100 (seed 003, from-scratch):\n")
+    say("max_length=10, d=4, n=100 (Phillips, from scratch):\n")
     say(_matrix(sinusoidal(10, 4, base=100, dtype=np.float64), 4) + "\n\n")
-    say("max_length=10, d=4, n=10000 (seed 003, the module's buffer):\n")
+    say("max_length=10, d=4, n=10000 (Phillips, the module's buffer):\n")
     say(_matrix(sinusoidal(10, 4, dtype=np.float64), 2) + "\n\n")
     say("the pipeline on 'I am a robot':\n")
     say(embed_sentence("I am a robot", d_model=4, base=100.0) + "\n")

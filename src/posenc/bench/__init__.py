@@ -1,10 +1,10 @@
 """The experiment bench: what do positional encodings change in a small trained model?
 
-The seed texts claim that a transformer needs order information, that learned position
-embeddings do about as well as sinusoids on the lengths seen in training, and that
-sinusoids "may" let a model extrapolate to longer sequences. The bench checks such claims
-on a laptop in minutes: it trains tiny decoder-only transformers, one per (task, scheme,
-seed), on synthetic tasks (copy, reverse, sort, add) and character-level language
+The tutorials on positional encoding claim that a transformer needs order information,
+that learned position embeddings do about as well as sinusoids on the lengths seen in
+training, and that sinusoids "may" let a model extrapolate to longer sequences. The bench
+checks such claims on a laptop in minutes: it trains tiny decoder-only transformers, one
+per (task, scheme, seed), on synthetic tasks (copy, reverse, sort, add) and character-level language
 modelling (lm), with each positional scheme (nope, learned, sinusoidal, rope, alibi, t5),
 and reports exact match, token accuracy and perplexity by evaluation length, within and
 beyond the training lengths, averaged over seeds.

@@ -4,7 +4,7 @@
                   table, RoPE cos/sin tables, ALiBi biases, T5 buckets or NoPE zeros
 ``posenc plot``    draw one of the pictures to a file
 ``posenc embed``   run tokens → ids → embedding → + positional encoding on a sentence
-``posenc demo``    the seed walk-through: tables, every picture, a property report
+``posenc demo``    the tutorials' walk-through: tables, every picture, a property report
 ``posenc bench``   train tiny transformers per task, scheme and seed; accuracy by length
 
 One module per command: :mod:`.table` (with :mod:`.scheme_tables`), :mod:`.plot`,

@@ -1,7 +1,7 @@
-"""``posenc embed`` and ``posenc demo``: the seed walk-through from the command line.
+"""``posenc embed`` and ``posenc demo``: the tutorials' walk-through from the command line.
 
 ``embed`` runs tokens → ids → embedding → + positional encoding on a sentence;
-``demo`` writes the seed tables, every picture and a property report
+``demo`` writes the tutorials' tables, every picture and a property report
 (:mod:`posenc.demo`). Frameworks and matplotlib are imported only when used.
 """
 
@@ -17,7 +17,7 @@ __all__ = ["add_parser", "run_demo", "run_embed"]
 
 def add_parser(commands: Any) -> None:
     """Add ``posenc embed`` and ``posenc demo`` to the top parser's sub-commands."""
-    embed = commands.add_parser("embed", help="run the seed pipeline on a sentence")
+    embed = commands.add_parser("embed", help="run tokens -> embedding -> + encoding on a sentence")
     embed.set_defaults(handler=run_embed)
     embed.add_argument("text", help='a sentence, e.g. "I am a robot"')
     embed.add_argument("--d-model", "-d", type=int, default=4)
@@ -26,14 +26,14 @@ def add_parser(commands: Any) -> None:
     embed.add_argument("--scale", action="store_true", help="scale embeddings by sqrt(d_model)")
     embed.add_argument("--backend", choices=("numpy", "torch"), default="numpy")
 
-    demo = commands.add_parser("demo", help="the seed walk-through, pictures and a report")
+    demo = commands.add_parser("demo", help="the tutorials' walk-through, pictures and a report")
     demo.set_defaults(handler=run_demo)
     demo.add_argument("--output", "-o", type=Path, default=Path("posenc-demo"))
     demo.add_argument("--no-plots", action="store_true", help="skip the pictures")
 
 
 def run_embed(args: argparse.Namespace) -> None:
-    """Print the seed pipeline's steps for ``args.text``."""
+    """Print the pipeline's steps (tokens, ids, embedding, encoding) for ``args.text``."""
     from ..demo import embed_sentence
 
     sys.stdout.write(

@@ -12,23 +12,23 @@ import it.
 The pictures, by the name the ``posenc plot`` command knows them by (:data:`PLOTS`):
 
 ``heatmap``
-    The ``(positions, d_model)`` table as a heat map (seed text 000).
+    The ``(positions, d_model)`` table as a heat map ([1]).
 ``sinusoids``
     ``sin(k / n^(2i/d))`` against the pair index ``i``, one panel per position ``k``
-    (seed text 000, ``plotSinusoid``).
+    ([1], ``plotSinusoid``).
 ``dimensions``
-    Chosen columns against position for several ``d_model`` (seed text 002, figure 3).
+    Chosen columns against position for several ``d_model`` ([2], figure 3).
 ``first-positions``
-    The first 20 positions of a 50-wide table (seed text 002, figure 4).
+    The first 20 positions of a 50-wide table ([2], figure 4).
 ``long-range``
     Tens of thousands of positions, reduced per pixel row so that nothing aliases
-    (seed text 002, figure 6 and its warning).
+    ([2], figure 6 and its warning).
 ``wavelengths``
     The geometric ladder of wavelengths from ``2π`` towards ``2πn``.
 ``similarity``
     ``PE · PEᵀ`` and the dot product against the offset ``k``.
 ``grid``
-    The first 16 tokens of a 64-wide encoding (seed text 004).
+    The first 16 tokens of a 64-wide encoding (the figure of [3]).
 ``rope-spectrum``
     RoPE wavelengths of each scaling method (default, linear, ntk, yarn, llama3,
     longrope, or any registered one) for a Llama-3.1-like head, against the original
@@ -44,6 +44,15 @@ The pictures, by the name the ``posenc plot`` command knows them by (:data:`PLOT
 The families live in submodules: :mod:`.sinusoidal` (the table as images),
 :mod:`.frequencies` (the sinusoids' frequencies), :mod:`.rope` (RoPE and its scalings)
 and :mod:`.bias` (ALiBi and T5); every picture is importable from here.
+
+References:
+    [1] M. Saeed, "A Gentle Introduction to Positional Encoding in Transformer Models,
+    Part 1", Machine Learning Mastery, 2022.
+    [2] "Understanding Positional Encoding in Transformers", 2021 (the figures drawn
+    with ``d_model`` 50 and 20, and 40,000 positions).
+    [3] "Positional Encoding", an explainer with a figure of the first 16 tokens of a
+    64-wide encoding.
+    Vaswani et al., "Attention Is All You Need", NeurIPS 2017, §3.5.
 """
 
 from __future__ import annotations

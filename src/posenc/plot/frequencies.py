@@ -1,9 +1,10 @@
 """Pictures of the sinusoids' frequencies: along the pairs, across widths, dot products.
 
-``sinusoids`` (seed text 000's ``plotSinusoid``), ``dimensions`` (seed text 002, figure
+``sinusoids`` ([1]'s ``plotSinusoid``), ``dimensions`` ([2], figure
 3), ``wavelength_spectrum`` (the geometric ladder from ``2π`` towards ``2πn``) and
 ``similarity`` (``PE · PEᵀ`` and its dependence on the offset only). Each returns a new
 ``Figure`` built without pyplot.
+[1]-[3] are the references of :mod:`posenc.plot`.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ def sinusoids(
     base: float = 10000.0,
     columns: int = 100,
 ) -> Figure:
-    """``sin(k / n^(2i/d))`` against the pair index ``i``: seed text 000's ``plotSinusoid``.
+    """``sin(k / n^(2i/d))`` against the pair index ``i``: [1]'s ``plotSinusoid``.
 
-    One panel per position ``k``, titled ``"k = ..."`` as in the seed. The curve at
+    One panel per position ``k``, titled ``"k = ..."`` as in the tutorial. The curve at
     ``i`` is the value of the sine column ``2i`` at row ``k``, taken from the float64
-    table (it equals the seed's ``np.sin(k / np.power(n, 2*x/d))`` to rounding, and
+    table (it equals the tutorial's ``np.sin(k / np.power(n, 2*x/d))`` to rounding, and
     is the correctly rounded value). Along ``i`` the frequency falls geometrically, so
     each curve oscillates at small ``i`` (if ``k`` is large enough) and flattens out.
 
@@ -98,7 +99,7 @@ def dimensions(
     base: float = 10000.0,
     columns: Sequence[int] = (0, 1, 2, 4, 6, 8),
 ) -> Figure:
-    """How the values depend on ``d_model``: seed text 002, figure 3.
+    """How the values depend on ``d_model``: [2], figure 3.
 
     One panel per column index ``j``, one line per ``d_model``, value against position.
     Columns 0 and 1 (``sin(k)``, ``cos(k)``) have wavelength ``2π`` whatever ``d``, so

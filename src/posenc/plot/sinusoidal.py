@@ -1,8 +1,9 @@
 """Pictures of the sinusoidal table itself: heat maps, cell grids, long ranges.
 
-``heatmap`` (seed text 000's ``matshow``), ``first_positions`` (seed text 002, figure
-4), ``grid`` (seed text 004) and ``long_range`` (seed text 002, figure 6, reduced per
+``heatmap`` ([1]'s ``matshow``), ``first_positions`` ([2], figure
+4), ``grid`` ([3]) and ``long_range`` ([2], figure 6, reduced per
 pixel row so that nothing aliases). Each returns a new ``Figure`` built without pyplot.
+[1]-[3] are the references of :mod:`posenc.plot`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def heatmap(
     base: float = 10000.0,
     layout: str = "interleaved",
 ) -> Figure:
-    """The positional-encoding table as a heat map: seed text 000's ``matshow(P)``.
+    """The positional-encoding table as a heat map: [1]'s ``matshow(P)``.
 
     Rows are positions ``0 .. length-1``, columns the ``d_model`` encoding dimensions;
     the colour range is fixed to ``[-1, 1]`` (diverging map: red -1, white 0, blue +1)
@@ -73,7 +74,7 @@ def heatmap(
 
 
 def first_positions(length: int = 20, d_model: int = 50, base: float = 10000.0) -> Figure:
-    """The first positions as a heat map: seed text 002, figure 4.
+    """The first positions as a heat map: [2], figure 4.
 
     Over 20 positions the first columns go through several periods while the high
     columns barely change colour. A dashed line marks the first column pair whose
@@ -157,9 +158,9 @@ def long_range(
     base: float = 10000.0,
     pixels: int = 400,
 ) -> Figure:
-    """Tens of thousands of positions without aliasing: seed text 002, figure 6.
+    """Tens of thousands of positions without aliasing: [2], figure 6.
 
-    Seed text 002 warns that drawing 40,000 rows on 670 pixels "cannot show the correct
+    [2] warns that drawing 40,000 rows on 670 pixels "cannot show the correct
     value of anything with a wavelength smaller than 1px": each pixel row shows one
     sampled position, so fast columns come out as false slow patterns. Here the
     positions are split into ``pixels`` bins of consecutive positions (one image row
@@ -254,7 +255,7 @@ def long_range(
 
 
 def grid(length: int = 16, d_model: int = 64, base: float = 10000.0) -> Figure:
-    """The first tokens' encodings cell by cell: seed text 004 (16 tokens × 64 dims).
+    """The first tokens' encodings cell by cell: [3] (16 tokens × 64 dims).
 
     Each cell is one value, square and unsmoothed, with the colour range fixed to
     ``[-1, 1]``: as the position grows the first columns run through more sine and
