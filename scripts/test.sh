@@ -22,4 +22,5 @@ pip_install -e ".[all]" --group test
 export POSENC_REQUIRE_ALL_FRONTENDS=1
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy
 .venv/bin/python -m pytest "$@"

@@ -10,12 +10,18 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 
-LAYOUTS = ("interleaved", "split")
-FORMULAS = ("paper", "tensor2tensor")
+Layout = Literal["interleaved", "split"]
+Formula = Literal["paper", "tensor2tensor"]
+LAYOUTS: tuple[Layout, ...] = ("interleaved", "split")
+FORMULAS: tuple[Formula, ...] = ("paper", "tensor2tensor")
+
+# One of a fixed set of strings: ``check_choice`` returns the type of its choices, so a
+# value checked against a tuple of ``Literal`` strings carries that ``Literal`` type.
+Choice = TypeVar("Choice", bound=str)
 
 # Refuse to build a table whose estimated peak memory exceeds this many bytes unless
 # the caller raises the limit (``max_bytes=None`` removes it).
@@ -37,10 +43,10 @@ def check_int(value: Any, name: str, *, minimum: int) -> int:
     """An integer (not bool, not float) that is at least ``minimum``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int >= {minimum}, got {describe(value)}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
+    number = int(value)
+    if number < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {number}")
+    return number
 
 
 def check_length(value: Any, name: str = "length") -> int:
@@ -95,12 +101,13 @@ def check_base(value: Any) -> float:
     return base
 
 
-def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
+def check_choice(value: Any, name: str, choices: Sequence[Choice]) -> Choice:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be one of {list(choices)}, got {describe(value)}")
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-    return value
+    # The membership test above is the proof that ``value`` is one of ``choices``.
+    return cast(Choice, value)
 
 
 def check_probability(value: Any, name: str = "dropout") -> float:

@@ -98,7 +98,8 @@ def offset_similarity(
     ``pos``, so only even widths are accepted.
     """
     _, cos = _offset_phasors("offset_similarity", offsets, d_model, base, formula, scale=1.0)
-    return cos.sum(axis=-1)
+    similarity: np.ndarray = cos.sum(axis=-1)
+    return similarity
 
 
 def offset_distances(
@@ -110,7 +111,8 @@ def offset_distances(
     the second form so that small offsets keep their relative accuracy.
     """
     half_sin, _ = _offset_phasors("offset_distances", offsets, d_model, base, formula, scale=0.5)
-    return 2 * np.sqrt(np.square(half_sin).sum(axis=-1))
+    distance: np.ndarray = 2 * np.sqrt(np.square(half_sin).sum(axis=-1))
+    return distance
 
 
 def _offset_phasors(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -61,7 +61,7 @@ def embed_sentence(
                 "the torch backend needs PyTorch: pip install 'posenc[torch]'"
             ) from exc
 
-        from .torch import InputEmbedding
+        from .torch import InputEmbedding, SinusoidalPositionalEncoding
 
         torch.manual_seed(seed)
         layer = InputEmbedding(len(vocab), d_model, dropout=0.0, max_length=len(ids), base=base,
@@ -70,7 +70,9 @@ def embed_sentence(
             batch = torch.tensor([ids])
             embedding = layer.tokens(batch)[0].numpy()
             total = layer(batch)[0].numpy()
-        encoding = layer.positional.pe[: len(ids)].numpy()
+        positional = layer.positional
+        assert isinstance(positional, SinusoidalPositionalEncoding)  # positional= default
+        encoding = positional.pe[: len(ids)].numpy()
     elif backend == "numpy":
         weights = np.random.default_rng(seed).standard_normal((len(vocab), d_model))
         embedding = weights[ids].astype(np.float32) * np.float32(np.sqrt(d_model) if scale else 1)
@@ -94,7 +96,9 @@ def embed_sentence(
     return "\n".join(lines) + "\n"
 
 
-def property_report(length: int = 2048, d_model: int = 512, base: float = 10000.0) -> dict:
+def property_report(
+    length: int = 2048, d_model: int = 512, base: float = 10000.0
+) -> dict[str, Any]:
     """Measure the tutorials' claims on an ``length`` × ``d_model`` table."""
     table = sinusoidal(length, d_model, base=base, dtype=np.float64)
     closest = min_pairwise_distance(table)
@@ -153,7 +157,7 @@ def other_schemes() -> str:
     lines.append("T5 buckets (bidirectional, 32 buckets, max_distance 128), d = key - query:")
     lines.append("  d:      " + " ".join(f"{d:3d}" for d in distances))
     lines.append("  bucket: " + " ".join(f"{b:3d}" for b in buckets))
-    llama = {"factor": 8.0, "original_max_position_embeddings": 8192}
+    llama: dict[str, Any] = {"factor": 8.0, "original_max_position_embeddings": 8192}
     default, _ = rope_scaling("default", 128, 500000.0)
     scaled, _ = rope_scaling(
         "llama3", 128, 500000.0, low_freq_factor=1.0, high_freq_factor=4.0, **llama
@@ -171,7 +175,9 @@ def other_schemes() -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_demo(output: Path | str = "posenc-demo", *, plots: bool = True, out: TextIO) -> dict:
+def run_demo(
+    output: Path | str = "posenc-demo", *, plots: bool = True, out: TextIO
+) -> dict[str, Any]:
     """Reproduce the tutorials' walk-through into ``output``; returns the property report."""
     start = time.perf_counter()
     output = Path(output)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
@@ -46,13 +47,14 @@ from .core.alibi import MODES, alibi_bias_values, alibi_slopes
 from .core.nd import ND_LAYOUTS, check_channels, check_shape, nd_values
 from .core.rope import (
     ROPE_LAYOUTS,
+    RopeLayout,
     RopeScaling,
     as_rope_scaling,
     check_rotary_dim,
     rope_frequencies,
     rope_table_values,
 )
-from .core.rope_nd import AXIAL_MODES, axial_rope_tables, xpos_scales
+from .core.rope_nd import AXIAL_MODES, AxialMode, axial_rope_tables, xpos_scales
 from .core.sinusoidal import table_values
 from .core.t5 import bucket_values, check_bucket_options
 
@@ -340,6 +342,7 @@ class RopeSpec(SchemeSpec):
 
     def frequencies(self, seq_len: int | None = None) -> tuple[np.ndarray, float]:
         """``(inv_freq, attention_factor)`` of the scaling at sequence length ``seq_len``."""
+        assert self.rotary_dim is not None  # stored resolved by __post_init__
         return self.scaling.frequencies(self.rotary_dim, self.base, seq_len=seq_len)
 
     def tables(
@@ -388,7 +391,7 @@ class XPosSpec(SchemeSpec):
     gamma: float = 0.4
     scale_base: float = 512.0
     centre: float = 0.0
-    layout: str = "interleaved"
+    layout: RopeLayout = "interleaved"
 
     def __post_init__(self) -> None:
         self._set("layout", check_choice(self.layout, "layout", ROPE_LAYOUTS))
@@ -421,15 +424,18 @@ class XPosSpec(SchemeSpec):
         if start:
             positions = start + np.arange(check_int(positions, "positions", minimum=0))
         cos, sin = rope_table_values(positions, self.inv_freq, fmt=fmt, layout=self.layout)
-        params = {
-            "gamma": self.gamma,
-            "scale_base": self.scale_base,
-            "centre": self.centre,
-            "layout": self.layout,
-            "dtype": fmt,
-        }
-        q_scale = xpos_scales(positions, self.head_dim, role="query", **params)
-        k_scale = xpos_scales(positions, self.head_dim, role="key", **params)
+        scales = partial(
+            xpos_scales,
+            positions,
+            self.head_dim,
+            gamma=self.gamma,
+            scale_base=self.scale_base,
+            centre=self.centre,
+            layout=self.layout,
+            dtype=fmt,
+        )
+        q_scale = scales(role="query")
+        k_scale = scales(role="key")
         return cos, sin, q_scale, k_scale
 
 
@@ -451,8 +457,8 @@ class AxialRopeSpec(SchemeSpec):
     n_axes: int = 2
     base: float = 10000.0
     sections: tuple[int, ...] | None = None
-    mode: str = "axial"
-    layout: str = "half"
+    mode: AxialMode = "axial"
+    layout: RopeLayout = "half"
 
     def __post_init__(self) -> None:
         self._set("mode", check_choice(self.mode, "mode", AXIAL_MODES))
@@ -468,7 +474,7 @@ class AxialRopeSpec(SchemeSpec):
                     f"cannot split head_dim // 2 = {pairs} frequency pairs equally over "
                     f"{self.n_axes} axes; pass sections= (pairs per axis)"
                 )
-            sections = [pairs // self.n_axes] * self.n_axes
+            sections = (pairs // self.n_axes,) * self.n_axes
         if isinstance(sections, Sequence) and not isinstance(sections, (str, bytes)):
             sections = tuple(sections)
         self._set("sections", sections)

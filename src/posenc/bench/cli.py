@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -147,43 +148,74 @@ def run(args: argparse.Namespace) -> int:
     """Run ``posenc bench`` as ``args`` asks; the exit status."""
     from . import report, runner
 
+    given = _given_flags(args)
+    if args.report_only is not None:
+        _check_report_only(args, given)
+        return _report_only(args.report_only, report)
+    if args.spec_json is not None:
+        return _run_spec_json(args, given, runner)
+
+    config = _config(args, runner.PRESETS[args.preset])
+    if args.jobs < 1:
+        raise UsageError(f"posenc bench: --jobs must be >= 1, got {args.jobs}")
+    specs = runner.expand(config)
+    out = Path("posenc-bench") if args.out is None else args.out
+    if args.dry_run:
+        todo = runner.pending(specs, out) if args.resume else specs
+        for spec in todo:
+            print(json.dumps(spec.to_dict(), ensure_ascii=False))
+        return 0
+    return _execute(args, specs, out, runner, report)
+
+
+def _given_flags(args: argparse.Namespace) -> list[str]:
+    """The flags given of the grid, the run settings, ``--dry-run`` and ``--resume``."""
     grid = {"tasks": "--tasks", "schemes": "--schemes", "seeds": "--seeds"}
     given = [flag for dest, (flag, _) in _BENCH_SETTINGS.items() if getattr(args, dest) is not None]
     given += [flag for dest, flag in grid.items() if getattr(args, dest) is not None]
     for flag, value in (("--dry-run", args.dry_run), ("--resume", args.resume)):
         if value:
             given.append(flag)
-    if args.report_only is not None:
-        extra = [
-            *given,
-            *(["--spec-json"] if args.spec_json is not None else []),
-            *(["--device"] if args.device is not None else []),
-            *(["--out"] if args.out is not None else []),
-        ]
-        if extra or args.jobs != 1:
-            extra = extra or ["--jobs"]
-            raise UsageError(f"posenc bench: {extra[0]} does not apply with --report-only")
-        return _report_only(args.report_only, report)
-    if args.spec_json is not None:
-        extra = given + (["--out"] if args.out is not None else [])
-        if extra or args.jobs != 1:
-            extra = extra or ["--jobs"]
-            raise UsageError(
-                f"posenc bench: {extra[0]} does not apply with --spec-json (the spec gives "
-                "every setting; only --device and --no-progress do)"
-            )
-        try:
-            fields = json.loads(args.spec_json)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"posenc bench: --spec-json is not JSON ({exc})") from None
-        spec = RunSpec.from_dict(fields)
-        if args.device is not None:
-            spec = RunSpec.from_dict({**spec.to_dict(), "device": args.device})
-        record = runner.run_one(spec, progress=not args.no_progress)
-        print(json.dumps(record, ensure_ascii=False))
-        return 0
+    return given
 
-    config = dict(runner.PRESETS[args.preset])
+
+def _check_report_only(args: argparse.Namespace, given: list[str]) -> None:
+    """``--report-only`` takes no other option (but ``--no-progress``)."""
+    extra = [
+        *given,
+        *(["--spec-json"] if args.spec_json is not None else []),
+        *(["--device"] if args.device is not None else []),
+        *(["--out"] if args.out is not None else []),
+    ]
+    if extra or args.jobs != 1:
+        extra = extra or ["--jobs"]
+        raise UsageError(f"posenc bench: {extra[0]} does not apply with --report-only")
+
+
+def _run_spec_json(args: argparse.Namespace, given: list[str], runner: ModuleType) -> int:
+    """``--spec-json``: run that one spec and print its record as one JSON line."""
+    extra = given + (["--out"] if args.out is not None else [])
+    if extra or args.jobs != 1:
+        extra = extra or ["--jobs"]
+        raise UsageError(
+            f"posenc bench: {extra[0]} does not apply with --spec-json (the spec gives "
+            "every setting; only --device and --no-progress do)"
+        )
+    try:
+        fields = json.loads(args.spec_json)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"posenc bench: --spec-json is not JSON ({exc})") from None
+    spec = RunSpec.from_dict(fields)
+    if args.device is not None:
+        spec = RunSpec.from_dict({**spec.to_dict(), "device": args.device})
+    record = runner.run_one(spec, progress=not args.no_progress)
+    print(json.dumps(record, ensure_ascii=False))
+    return 0
+
+
+def _config(args: argparse.Namespace, preset: Mapping[str, Any]) -> dict[str, Any]:
+    """The configuration of :func:`posenc.bench.runner.expand`: the preset, then the options."""
+    config = dict(preset)
     for dest, (_, key) in _BENCH_SETTINGS.items():
         value = getattr(args, dest)
         if value is not None:
@@ -194,6 +226,14 @@ def run(args: argparse.Namespace) -> int:
         config["schemes"] = [check_choice(s, "--schemes", SCHEMES) for s in args.schemes]
     if args.seeds is not None:
         config["seeds"] = _seeds(args.seeds)
+    _check_task_options(args, config)
+    if args.device is not None:
+        config["device"] = args.device
+    return config
+
+
+def _check_task_options(args: argparse.Namespace, config: dict[str, Any]) -> None:
+    """``--rope-eval-scalings`` needs the rope scheme, ``--text`` the lm task and a file."""
     if args.rope_eval_scalings is not None:
         for name in args.rope_eval_scalings:
             check_rope_eval_scaling(name, "--rope-eval-scalings")
@@ -204,17 +244,16 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("posenc bench: --text applies to the lm task only")
         if not args.text.is_file():
             raise UsageError(f"posenc bench: --text {args.text}: no such file")
-    if args.device is not None:
-        config["device"] = args.device
-    if args.jobs < 1:
-        raise UsageError(f"posenc bench: --jobs must be >= 1, got {args.jobs}")
-    specs = runner.expand(config)
-    out = Path("posenc-bench") if args.out is None else args.out
-    if args.dry_run:
-        todo = runner.pending(specs, out) if args.resume else specs
-        for spec in todo:
-            print(json.dumps(spec.to_dict(), ensure_ascii=False))
-        return 0
+
+
+def _execute(
+    args: argparse.Namespace,
+    specs: list[RunSpec],
+    out: Path,
+    runner: ModuleType,
+    report: ModuleType,
+) -> int:
+    """Run ``specs`` into ``out``, print the summary and the reports; the exit status."""
     try:
         outcome = runner.execute(
             specs, out, jobs=args.jobs, resume=args.resume, progress=not args.no_progress

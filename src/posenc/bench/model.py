@@ -28,7 +28,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor, nn
 
@@ -42,6 +42,7 @@ from posenc.torch import (
     T5RelativeBias,
     TokenEmbedding,
 )
+from posenc.torch.protocols import QueryKeyRotation, ScoreBias
 
 from .._checks import check_choice, check_int, describe
 from ..core.rope import ROPE_SCALING_SPECS
@@ -141,13 +142,14 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = nn.functional.gelu(self.fc(x))  # (B, T, r·C)
-        return self.proj(h)  # (B, T, C)
+        out: Tensor = self.proj(h)  # (B, T, C)
+        return out
 
 
 class Block(nn.Module):
     """A pre-LayerNorm transformer block: causal self-attention, then an MLP."""
 
-    def __init__(self, config: GPTConfig, position: nn.Module | None) -> None:
+    def __init__(self, config: GPTConfig, position: QueryKeyRotation | ScoreBias | None) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.d_model)
         self.attn = MultiHeadAttention(
@@ -215,21 +217,28 @@ class GPT(nn.Module):
         # copy task in about half the steps that GPT-2's N(0, 0.02) needs.
         self.head = nn.Linear(C, config.vocab_size, bias=False)
 
-    def _attention_position(self, scaling: str | None = None, **params: Any) -> nn.Module | None:
+    def _attention_position(
+        self, scaling: str | None = None, **params: Any
+    ) -> QueryKeyRotation | ScoreBias | None:
         """A fresh module for one attention layer (None for the absolute schemes)."""
         config = self.config
         if config.scheme == "rope":
-            return RotaryEmbedding(
-                config.head_dim,
-                max_length=config.max_positions,
-                scaling=scaling,
-                scaling_params=params or None,
-            )
+            return self._rotary(scaling, **params)
         if config.scheme == "alibi":
             return ALiBiBias(config.n_heads)
         if config.scheme == "t5":
             return T5RelativeBias(config.n_heads, bidirectional=False)
         return None
+
+    def _rotary(self, scaling: str | None = None, **params: Any) -> RotaryEmbedding:
+        """A fresh RoPE module for one attention layer (the scheme ``"rope"``)."""
+        config = self.config
+        return RotaryEmbedding(
+            config.head_dim,
+            max_length=config.max_positions,
+            scaling=scaling,
+            scaling_params=params or None,
+        )
 
     def forward(self, tokens: Tensor) -> Tensor:
         if not isinstance(tokens, Tensor) or tokens.dim() != 2:
@@ -240,7 +249,8 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)  # (B, T, C)
         x = self.ln_f(x)  # (B, T, C)
-        return self.head(x)  # (B, T, V)
+        logits: Tensor = self.head(x)  # (B, T, V)
+        return logits
 
     def num_parameters(self) -> int:
         """Number of trained parameters (buffers such as sinusoid tables excluded)."""
@@ -278,11 +288,12 @@ class GPT(nn.Module):
             else rope_scaling_params(scaling, factor, original, head_dim=self.config.head_dim)
         )
         device = self.head.weight.device
-        saved = [block.attn.position for block in self.blocks]
+        blocks = cast("list[Block]", list(self.blocks))  # nn.ModuleList is not generic
+        saved = [block.attn.position for block in blocks]
         try:
-            for block in self.blocks:
-                block.attn.position = self._attention_position(scaling, **params).to(device)
+            for block in blocks:
+                block.attn.position = self._rotary(scaling, **params).to(device)
             yield self
         finally:
-            for block, position in zip(self.blocks, saved, strict=True):
+            for block, position in zip(blocks, saved, strict=True):
                 block.attn.position = position

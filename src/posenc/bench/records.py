@@ -34,7 +34,7 @@ RESULTS_FILE = "results.jsonl"
 FAILURES_FILE = "failures.jsonl"
 
 
-def load_records(path: str | os.PathLike[str], *, repair: bool = False) -> list[dict]:
+def load_records(path: str | os.PathLike[str], *, repair: bool = False) -> list[dict[str, Any]]:
     """The records of a results file, in file order.
 
     Args:

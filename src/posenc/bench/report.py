@@ -23,11 +23,14 @@ import os
 import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._checks import check_choice, describe
 from .records import RESULTS_FILE, finite, load_records
 from .spec import ROPE_EVAL_SCALINGS, SCHEMES, TASKS
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = [
     "METRICS",
@@ -65,7 +68,7 @@ def headline_metric(task: str) -> str:
     return "perplexity" if check_choice(task, "task", TASKS) == "lm" else "exact_match"
 
 
-def aggregate(records: Iterable[dict]) -> list[dict]:
+def aggregate(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean and standard deviation over seeds, per task, settings, variant and length.
 
     Args:
@@ -103,7 +106,7 @@ def aggregate(records: Iterable[dict]) -> list[dict]:
         >>> round(row["exact_match"]["sd"], 6), row["perplexity"]
         (0.141421, {'mean': None, 'sd': None, 'n': 0})
     """
-    latest: dict[str, dict] = {}
+    latest: dict[str, dict[str, Any]] = {}
     for i, record in enumerate(records):
         if not isinstance(record, dict):
             raise TypeError(f"records[{i}] must be a dict record, got {describe(record)}")
@@ -113,7 +116,7 @@ def aggregate(records: Iterable[dict]) -> list[dict]:
         latest.pop(record["key"], None)  # a repeated run counts where it was last written
         latest[record["key"]] = record
 
-    groups: dict[tuple[str, str], dict] = {}  # (task, settings JSON) -> cells
+    groups: dict[tuple[str, str], dict[str, Any]] = {}  # (task, settings JSON) -> cells
     for record in latest.values():
         spec = record["spec"]
         task = spec["task"]
@@ -176,9 +179,9 @@ def _variant_order(variant: str) -> tuple[int, int, str]:
     return first, second, variant
 
 
-def _tables(rows: list[dict]) -> list[dict]:
+def _tables(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows grouped by (task, settings), in order: one table or panel each."""
-    tables: dict[tuple[str, str], dict] = {}
+    tables: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
         key = (row["task"], json.dumps(row["settings"], sort_keys=True))
         table = tables.setdefault(
@@ -198,7 +201,7 @@ def _format(value: float, metric: str) -> str:
     return f"{value:.3f}"
 
 
-def _settings_line(settings: dict) -> str:
+def _settings_line(settings: dict[str, Any]) -> str:
     lo, hi = settings.get("train_lengths", (None, None))
     parts = [
         f"trained on lengths {lo}–{hi} (columns marked *)",
@@ -215,7 +218,7 @@ def _settings_line(settings: dict) -> str:
     return ", ".join(parts)
 
 
-def markdown(records: Iterable[dict], *, metric: str | None = None) -> str:
+def markdown(records: Iterable[dict[str, Any]], *, metric: str | None = None) -> str:
     """One Markdown table per task: rows are variants, columns evaluation lengths.
 
     A cell is ``mean ± sd`` over the seeds (only the mean for a single seed), three
@@ -298,7 +301,7 @@ def markdown(records: Iterable[dict], *, metric: str | None = None) -> str:
     return "\n".join(parts)
 
 
-def summary(records: Iterable[dict]) -> dict:
+def summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The aggregate as a JSON-ready dict: ``{"runs": int, "rows": aggregate(records)}``.
 
     Example:
@@ -306,11 +309,14 @@ def summary(records: Iterable[dict]) -> dict:
         {'runs': 0, 'rows': []}
     """
     records = list(records)
-    return finite({"runs": len({r.get("key") for r in records}), "rows": aggregate(records)})
+    report: dict[str, Any] = finite(
+        {"runs": len({r.get("key") for r in records}), "rows": aggregate(records)}
+    )
+    return report
 
 
 def plot(
-    records: Iterable[dict],
+    records: Iterable[dict[str, Any]],
     path: str | os.PathLike[str],
     *,
     metric: str | None = None,
@@ -377,27 +383,7 @@ def plot(
         if lo is not None:
             ax.axvspan(lo, hi, color="0.88", zorder=0, label="training lengths")
         for variant in table["variants"]:
-            points = [
-                (r["length"], r[shown]["mean"], r[shown]["sd"])
-                for r in table["rows"]
-                if r["variant"] == variant and r[shown]["mean"] is not None
-            ]
-            if not points:
-                continue
-            x = [p[0] for p in points]
-            mean = [p[1] for p in points]
-            sd = [p[2] or 0.0 for p in points]
-            colour = colours[variant]
-            style = "--" if "+" in variant else "-"
-            ax.plot(x, mean, style, marker="o", markersize=3, color=colour, label=variant)
-            if any(sd):
-                low = [m - s for m, s in zip(mean, sd, strict=True)]
-                high = [m + s for m, s in zip(mean, sd, strict=True)]
-                if shown in ("perplexity", "loss"):
-                    low = [
-                        max(v, m * 1e-3) for v, m in zip(low, mean, strict=True)
-                    ]  # log scale: > 0
-                ax.fill_between(x, low, high, color=colour, alpha=0.18, linewidth=0)
+            _plot_variant(ax, table, variant, shown, colours[variant])
         if shown in ("perplexity", "loss"):
             ax.set_yscale("log")
             plain = FuncFormatter(lambda value, _: f"{value:g}")  # 2, 3, 10 rather than 2×10⁰
@@ -417,8 +403,30 @@ def plot(
     return path
 
 
+def _plot_variant(ax: Axes, table: dict[str, Any], variant: str, shown: str, colour: str) -> None:
+    """One variant's line of ``shown`` in a panel of :func:`plot`, ± one SD shaded."""
+    points = [
+        (r["length"], r[shown]["mean"], r[shown]["sd"])
+        for r in table["rows"]
+        if r["variant"] == variant and r[shown]["mean"] is not None
+    ]
+    if not points:
+        return
+    x = [p[0] for p in points]
+    mean = [p[1] for p in points]
+    sd = [p[2] or 0.0 for p in points]
+    style = "--" if "+" in variant else "-"
+    ax.plot(x, mean, style, marker="o", markersize=3, color=colour, label=variant)
+    if any(sd):
+        low = [m - s for m, s in zip(mean, sd, strict=True)]
+        high = [m + s for m, s in zip(mean, sd, strict=True)]
+        if shown in ("perplexity", "loss"):
+            low = [max(v, m * 1e-3) for v, m in zip(low, mean, strict=True)]  # log scale: > 0
+        ax.fill_between(x, low, high, color=colour, alpha=0.18, linewidth=0)
+
+
 def write_reports(
-    out_dir: str | os.PathLike[str], records: Iterable[dict] | None = None
+    out_dir: str | os.PathLike[str], records: Iterable[dict[str, Any]] | None = None
 ) -> dict[str, Path]:
     """Write ``results.md``, ``summary.json`` and ``accuracy.png`` into ``out_dir``.
 

@@ -226,9 +226,9 @@ def pending(specs: Sequence[RunSpec], out_dir: str | os.PathLike[str]) -> list[R
 def _check_specs(specs: Any) -> list[RunSpec]:
     if isinstance(specs, RunSpec) or not isinstance(specs, Iterable):
         raise TypeError(f"specs must be a sequence of RunSpec, got {describe(specs)}")
-    specs = list(specs)
+    checked: list[RunSpec] = list(specs)
     seen: dict[str, int] = {}
-    for i, spec in enumerate(specs):
+    for i, spec in enumerate(checked):
         if not isinstance(spec, RunSpec):
             raise TypeError(f"specs[{i}] must be a RunSpec, got {describe(spec)}")
         first = seen.setdefault(spec.key(), i)
@@ -237,7 +237,7 @@ def _check_specs(specs: Any) -> list[RunSpec]:
                 f"specs[{first}] and specs[{i}] are the same run (key {spec.key()}); "
                 "each run must be given once"
             )
-    return specs
+    return checked
 
 
 # --------------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ class Outcome:
     """
 
     out_dir: Path
-    records: list[dict]
+    records: list[dict[str, Any]]
     ran: int
     skipped: int
     failures: list[Failure]
@@ -281,7 +281,9 @@ class Outcome:
         return not self.failures
 
 
-def run_one(spec: RunSpec, *, run_fn: RunFn | None = None, progress: bool = False) -> dict:
+def run_one(
+    spec: RunSpec, *, run_fn: RunFn | None = None, progress: bool = False
+) -> dict[str, Any]:
     """Run one spec and return its checked record (what ``posenc bench --spec-json`` prints).
 
     Args:
@@ -394,7 +396,7 @@ def execute(
     failures: list[Failure] = []
     ran = 0
 
-    def finished(spec: RunSpec, record: dict) -> None:
+    def finished(spec: RunSpec, record: dict[str, Any]) -> None:
         nonlocal ran
         append_line(results, json_line(record))
         ran += 1

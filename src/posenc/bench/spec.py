@@ -174,74 +174,16 @@ class RunSpec:
         put("d_model", check_int(self.d_model, "d_model", minimum=1))
         put("n_layers", check_int(self.n_layers, "n_layers", minimum=1))
         put("n_heads", check_int(self.n_heads, "n_heads", minimum=1))
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model must be a multiple of n_heads, got d_model={self.d_model} and "
-                f"n_heads={self.n_heads}"
-            )
-        if self.scheme == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ValueError(
-                "scheme 'rope' rotates pairs of features, so the head width d_model / n_heads "
-                f"must be even, got d_model={self.d_model}, n_heads={self.n_heads} (head "
-                f"width {self.d_model // self.n_heads})"
-            )
-
-        train = _int_tuple(self.train_lengths, "train_lengths", minimum=1)
-        if len(train) != 2 or train[0] > train[1]:
-            raise ValueError(
-                "train_lengths must be an inclusive range (lo, hi) with 1 <= lo <= hi, got "
-                f"{self.train_lengths!r}"
-            )
+        _check_head_split(self.scheme, self.d_model, self.n_heads)
+        train = _check_train_lengths(self.train_lengths)
         put("train_lengths", train)
-        lengths = _int_tuple(self.eval_lengths, "eval_lengths", minimum=1)
-        if not lengths:
-            raise ValueError("eval_lengths must name at least one length, got ()")
-        if len(set(lengths)) != len(lengths):
-            raise ValueError(f"eval_lengths must be distinct, got {self.eval_lengths!r}")
-        put("eval_lengths", lengths)
+        put("eval_lengths", _check_eval_lengths(self.eval_lengths))
         put("eval_samples", check_int(self.eval_samples, "eval_samples", minimum=1))
-
-        scalings = self.rope_eval_scalings
-        if isinstance(scalings, (str, bytes)) or not isinstance(scalings, (tuple, list)):
-            raise TypeError(
-                f"rope_eval_scalings must be a tuple of names from {list(rope_eval_choices())}, "
-                f"got {describe(scalings)}"
-            )
-        scalings = tuple(
-            check_rope_eval_scaling(s, f"rope_eval_scalings[{i}]") for i, s in enumerate(scalings)
-        )
-        if len(set(scalings)) != len(scalings):
-            raise ValueError(f"rope_eval_scalings must be distinct, got {scalings!r}")
-        if scalings and self.scheme != "rope":
-            raise ValueError(
-                f"rope_eval_scalings={scalings!r} applies to scheme 'rope' only, got scheme "
-                f"{self.scheme!r}"
-            )
+        scalings = _check_rope_eval_scalings(self.rope_eval_scalings, self.scheme)
         _check_head_width(scalings, self.d_model, self.n_heads, train[1])
         put("rope_eval_scalings", scalings)
-
-        text = self.text
-        if text is not None:
-            if not isinstance(text, (str, os.PathLike)):
-                raise TypeError(
-                    f"text must be None or the path of a text file, got {describe(text)}"
-                )
-            text = os.fspath(text)
-            if not isinstance(text, str) or not text:
-                raise ValueError(f"text must be a non-empty path string, got {self.text!r}")
-            if self.task != "lm":
-                raise ValueError(f"text={text!r} applies to task 'lm' only, got task {self.task!r}")
-        put("text", text)
-
-        if not isinstance(self.device, str):
-            raise TypeError(
-                "device must be 'cpu', 'cuda', 'cuda:<n>', 'mps' or 'auto', got "
-                f"{describe(self.device)}"
-            )
-        if not _DEVICE.fullmatch(self.device):
-            raise ValueError(
-                f"device must be 'cpu', 'cuda', 'cuda:<n>', 'mps' or 'auto', got {self.device!r}"
-            )
+        put("text", _check_text(self.text, self.task))
+        _check_device(self.device)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name, JSON-ready (tuples as lists).
@@ -307,6 +249,85 @@ class RunSpec:
         del fields["device"]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return hashlib.sha1(canonical.encode("utf-8")).hexdigest()
+
+
+def _check_head_split(scheme: str, d_model: int, n_heads: int) -> None:
+    """The heads split ``d_model`` evenly, and a RoPE head holds pairs of features."""
+    if d_model % n_heads:
+        raise ValueError(
+            f"d_model must be a multiple of n_heads, got d_model={d_model} and n_heads={n_heads}"
+        )
+    if scheme == "rope" and (d_model // n_heads) % 2:
+        raise ValueError(
+            "scheme 'rope' rotates pairs of features, so the head width d_model / n_heads "
+            f"must be even, got d_model={d_model}, n_heads={n_heads} (head "
+            f"width {d_model // n_heads})"
+        )
+
+
+def _check_train_lengths(value: Any) -> tuple[int, ...]:
+    """An inclusive range ``(lo, hi)`` of lengths, ``1 <= lo <= hi``."""
+    train = _int_tuple(value, "train_lengths", minimum=1)
+    if len(train) != 2 or train[0] > train[1]:
+        raise ValueError(
+            f"train_lengths must be an inclusive range (lo, hi) with 1 <= lo <= hi, got {value!r}"
+        )
+    return train
+
+
+def _check_eval_lengths(value: Any) -> tuple[int, ...]:
+    """At least one length, each >= 1, no two the same."""
+    lengths = _int_tuple(value, "eval_lengths", minimum=1)
+    if not lengths:
+        raise ValueError("eval_lengths must name at least one length, got ()")
+    if len(set(lengths)) != len(lengths):
+        raise ValueError(f"eval_lengths must be distinct, got {value!r}")
+    return lengths
+
+
+def _check_rope_eval_scalings(value: Any, scheme: str) -> tuple[str, ...]:
+    """Distinct names of :func:`rope_eval_choices`, for the scheme ``"rope"`` only."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+        raise TypeError(
+            f"rope_eval_scalings must be a tuple of names from {list(rope_eval_choices())}, "
+            f"got {describe(value)}"
+        )
+    scalings = tuple(
+        check_rope_eval_scaling(s, f"rope_eval_scalings[{i}]") for i, s in enumerate(value)
+    )
+    if len(set(scalings)) != len(scalings):
+        raise ValueError(f"rope_eval_scalings must be distinct, got {scalings!r}")
+    if scalings and scheme != "rope":
+        raise ValueError(
+            f"rope_eval_scalings={scalings!r} applies to scheme 'rope' only, got scheme {scheme!r}"
+        )
+    return scalings
+
+
+def _check_text(value: Any, task: str) -> str | None:
+    """``None``, or the path of the text of the task ``"lm"`` as a non-empty string."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"text must be None or the path of a text file, got {describe(value)}")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"text must be a non-empty path string, got {value!r}")
+    if task != "lm":
+        raise ValueError(f"text={text!r} applies to task 'lm' only, got task {task!r}")
+    return text
+
+
+def _check_device(value: Any) -> None:
+    """``"cpu"``, ``"cuda"``, ``"cuda:<n>"``, ``"mps"`` or ``"auto"``."""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"device must be 'cpu', 'cuda', 'cuda:<n>', 'mps' or 'auto', got {describe(value)}"
+        )
+    if not _DEVICE.fullmatch(value):
+        raise ValueError(
+            f"device must be 'cpu', 'cuda', 'cuda:<n>', 'mps' or 'auto', got {value!r}"
+        )
 
 
 def _check_head_width(scalings: tuple[str, ...], d_model: int, n_heads: int, original: int) -> None:

@@ -248,7 +248,7 @@ class AlgorithmicTask(Task):
         operands = 2 if self.name == "add" else 1
         # One draw for the whole batch: (batch, operands, longest) symbol indices.
         draws = generator.integers(0, k, size=(len(lengths), operands, int(lengths.max())))
-        rows = []
+        rows: list[tuple[np.ndarray, int | np.ndarray]] = []
         for n, draw in zip(lengths.tolist(), draws, strict=True):
             x = draw[0, :n]  # (n,) symbol indices
             if self.name == "copy":
@@ -348,7 +348,7 @@ class TextTask(Task):
 
     def _rows(
         self, lengths: np.ndarray, generator: np.random.Generator, split: str
-    ) -> list[tuple[np.ndarray, int]]:
+    ) -> list[tuple[np.ndarray, int | np.ndarray]]:
         ids = self.train_ids if split == "train" else self.eval_ids
         longest = int(lengths.max())
         if longest > len(ids):
@@ -441,7 +441,7 @@ class _Grammar:
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
 
-    def pick(self, options: tuple) -> Any:
+    def pick(self, options: tuple[Any, ...]) -> Any:
         return options[int(self.rng.integers(len(options)))]
 
     def chance(self, p: float) -> bool:

@@ -182,7 +182,7 @@ def build_model(spec: RunSpec, task: Task) -> GPT:
     return GPT(config)
 
 
-def run(spec: RunSpec, *, progress: Callable[[int, int], None] | None = None) -> dict:
+def run(spec: RunSpec, *, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Train one model and evaluate it; deterministic on CPU for a given spec.
 
     Seeds the model initialisation (``torch.manual_seed(spec.seed)``, inside

@@ -35,14 +35,14 @@ __all__ = [
     "step_callback",
 ]
 
-RunFn = Callable[..., dict]
+RunFn = Callable[..., dict[str, Any]]
 
 
 def run_here(
     todo: list[RunSpec],
     run_fn: RunFn | None,
     progress: bool,
-    finished: Callable[[RunSpec, dict], None],
+    finished: Callable[[RunSpec, dict[str, Any]], None],
     failed: Callable[..., None],
 ) -> None:
     """Run the specs one after the other in this process."""
@@ -75,7 +75,7 @@ def run_pool(
     run_fn: RunFn | None,
     progress: bool,
     jobs: int,
-    finished: Callable[[RunSpec, dict], None],
+    finished: Callable[[RunSpec, dict[str, Any]], None],
     failed: Callable[..., None],
 ) -> None:
     """Run the specs in ``jobs`` spawned worker processes, recording them as they finish."""
@@ -142,7 +142,7 @@ def _worker_run(run_fn: RunFn | None, spec: RunSpec) -> tuple[bool, Any, str]:
         return False, _one_line(exc), traceback.format_exc()
 
 
-def checked(record: Any, spec: RunSpec) -> dict:
+def checked(record: Any, spec: RunSpec) -> dict[str, Any]:
     """The record as it will be written (strict JSON), after checking that it is this run's."""
     if not isinstance(record, dict):
         raise TypeError(f"the run function must return a dict record, got {describe(record)}")
@@ -151,9 +151,10 @@ def checked(record: Any, spec: RunSpec) -> dict:
             f"the record's key {record.get('key')!r} is not the spec's key {spec.key()!r}"
         )
     try:
-        return json.loads(json_line(record))
+        written: dict[str, Any] = json.loads(json_line(record))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"the record is not JSON-serialisable: {exc}") from None
+    return written
 
 
 def default_run() -> RunFn:

@@ -145,8 +145,9 @@ def run(args: argparse.Namespace) -> None:
     table = SCHEME_TABLES[args.scheme](args)
     if args.format == "npy":
         if isinstance(table.npy, dict):  # several arrays: an .npz archive at the given path
+            arrays: dict[str, Any] = table.npy  # Any: or mypy fits **arrays to allow_pickle: bool
             with open(args.output, "wb") as file:
-                np.savez(file, **table.npy)
+                np.savez(file, **arrays)
             print(f"wrote {args.output} (npz: {', '.join(table.npy)})")
             return
         # bfloat16 is stored as float32 holding exact bfloat16 values (portable .npy).
@@ -214,11 +215,11 @@ def _format_csv(values: np.ndarray, args: argparse.Namespace) -> str:
 def _format_text(values: np.ndarray, args: argparse.Namespace, *, vector: bool = False) -> str:
     """A table as text; ``vector`` (frequencies, slopes) keeps significant digits instead."""
     threshold = sys.maxsize if args.full else 1000
-    formatter = None
+    digits: int | None = None  # significant digits, for a float vector
     if values.dtype.kind not in "iu":
         values = values.astype(np.float64)
         if vector:  # inv_freq spans 1 .. 1e-7: fixed decimals would drop the small ones
-            formatter = {"float_kind": lambda v: f"{v:.{max(args.precision, 1)}g}"}
+            digits = max(args.precision, 1)
     return (
         np.array2string(
             values,
@@ -226,7 +227,7 @@ def _format_text(values: np.ndarray, args: argparse.Namespace, *, vector: bool =
             suppress_small=True,
             threshold=threshold,
             max_line_width=120,
-            formatter=formatter,
+            formatter=None if digits is None else {"float_kind": lambda v: f"{v:.{digits}g}"},
         )
         + "\n"
     )

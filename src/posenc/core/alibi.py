@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import decimal
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -25,7 +25,8 @@ from .._checks import DEFAULT_MAX_BYTES, check_choice, check_int, check_memory
 from .precision import CONTAINERS, resolve_dtype, round_to_format
 from .relative import check_lengths, diagonal_expand, diagonal_positions
 
-MODES = ("causal", "symmetric")
+AlibiMode = Literal["causal", "symmetric"]
+MODES: tuple[AlibiMode, ...] = ("causal", "symmetric")
 _CONTEXT = decimal.Context(prec=50)
 _LN2 = _CONTEXT.ln(decimal.Decimal(2))
 
@@ -58,7 +59,8 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
         https://github.com/ofirpress/attention_with_linear_biases (``get_slopes``).
     """
     num_heads = check_int(num_heads, "num_heads", minimum=1)
-    return _slopes(num_heads).copy()
+    slopes: np.ndarray = _slopes(num_heads).copy()
+    return slopes
 
 
 @lru_cache(maxsize=64)

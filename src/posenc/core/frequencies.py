@@ -89,7 +89,8 @@ def frequencies(d_model: int, base: float = 10000.0, *, formula: str = "paper") 
     d_model = check_d_model(d_model)
     base = check_base(base)
     formula = check_choice(formula, "formula", FORMULAS)
-    return frequency_table(d_model, base, formula)[0].copy()
+    omega: np.ndarray = frequency_table(d_model, base, formula)[0].copy()
+    return omega
 
 
 def wavelengths(d_model: int, base: float = 10000.0, *, formula: str = "paper") -> np.ndarray:
@@ -106,4 +107,5 @@ def wavelengths(d_model: int, base: float = 10000.0, *, formula: str = "paper") 
     base = check_base(base)
     formula = check_choice(formula, "formula", FORMULAS)
     _, hi, lo = frequency_table(d_model, base, formula)
-    return 1.0 / (hi + lo)
+    wavelength: np.ndarray = 1.0 / (hi + lo)
+    return wavelength

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -49,7 +49,8 @@ from .._checks import (
 from .precision import CONTAINERS, resolve_dtype
 from .sinusoidal import table_values
 
-ND_LAYOUTS = ("positional-encodings", "mae")
+NdLayout = Literal["positional-encodings", "mae"]
+ND_LAYOUTS: tuple[NdLayout, ...] = ("positional-encodings", "mae")
 MAE_MAX_AXES = 2  # MAE defines 1-D and 2-D grids only
 
 
@@ -75,18 +76,18 @@ def check_shape(shape: Any, layout: str) -> tuple[int, ...]:
 
 def check_channels(channels: Any, n_axes: int, layout: str) -> int:
     """Channel count valid for ``layout`` on ``n_axes`` axes (see :func:`sinusoidal_nd`)."""
-    channels = check_int(channels, "channels", minimum=1)
+    count = check_int(channels, "channels", minimum=1)
     if layout == "mae":
         multiple = 2 * n_axes  # sin and cos halves per axis
-        if channels % multiple:
+        if count % multiple:
             raise ValueError(
                 f"layout='mae' on a {n_axes}-D grid needs channels divisible by {multiple} "
                 f"(each of the {n_axes} axis block(s) is [sin | cos] halves), got "
-                f"channels={channels}; the nearest valid values are "
-                f"{channels // multiple * multiple or multiple} and "
-                f"{(channels // multiple + 1) * multiple}"
+                f"channels={count}; the nearest valid values are "
+                f"{count // multiple * multiple or multiple} and "
+                f"{(count // multiple + 1) * multiple}"
             )
-    return channels
+    return count
 
 
 def axis_channels(channels: int, n_axes: int, layout: str) -> list[tuple[int, int, int]]:

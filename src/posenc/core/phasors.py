@@ -86,7 +86,7 @@ def leaf_phasors(start: float, n: int, hi: np.ndarray, lo: np.ndarray) -> np.nda
     rest follows by doubling (at most two complex multiplies per value).
     """
     direct = min(n, _DIRECT)
-    steps = []
+    steps: list[float] = []
     while direct * 2 ** len(steps) < n:
         steps.append(float(direct * 2 ** len(steps)))
     positions = np.concatenate([start + np.arange(direct, dtype=np.float64), steps])
@@ -123,7 +123,8 @@ def phasors(start: float, n: int, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     coarse = phasors(0.0, n_blocks, hi * block, lo * block)  # (A, m), e^{iaBω}
     if start:
         coarse *= leaf_phasors(start, 1, hi, lo)
-    return (coarse[:, None, :] * fine[None, :, :]).reshape(-1, hi.size)[:n]
+    product: np.ndarray = (coarse[:, None, :] * fine[None, :, :]).reshape(-1, hi.size)
+    return product[:n]
 
 
 # ---------------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def reduced_turns(positions: np.ndarray, turns_hi: np.ndarray, turns_lo: np.ndar
     p, e = two_prod(positions, turns_hi)
     tail = positions * turns_lo + e
     whole = np.rint(p)
-    r = (p - whole) + tail  # p - whole is exact (Sterbenz)
+    r: np.ndarray = (p - whole) + tail  # p - whole is exact (Sterbenz)
     r -= np.rint(r)
     return r
 
@@ -111,7 +111,8 @@ def round_to_format(values: np.ndarray, fmt: str) -> np.ndarray:
     # The exponent of the last kept bit; subnormals keep the fixed spacing 2**(emin-bits+1).
     last = np.maximum(exponent - 1, emin) - (bits - 1)
     rounded = np.ldexp(np.rint(np.ldexp(values, -last)), last)
-    return rounded.astype(np.float32)
+    bfloat16: np.ndarray = rounded.astype(np.float32)
+    return bfloat16
 
 
 def resolve_dtype(dtype: Any) -> tuple[str, Any]:
@@ -147,7 +148,8 @@ def _dtype_name(dtype: Any) -> str | None:
         # match whole words, so that "bfloat16" is never read as "float16".
         match = re.search(r"\b(bfloat16|float16|float32|float64)\b", str(dtype))
         return match.group(1) if match else None
-    return np_dtype.name
+    name: str = np_dtype.name  # a LiteralString in NumPy's stubs: Any for Python 3.10
+    return name
 
 
 # 2π to 64 significant digits, for turning arbitrary float64 frequencies into turns.

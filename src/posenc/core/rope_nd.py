@@ -84,9 +84,11 @@ __all__ = [
     "xpos_scales",
 ]
 
-XPOS_CENTRES: tuple[str, ...] = ("torchscale", "lucidrains")
-AXIAL_MODES: tuple[str, ...] = ("axial", "mrope")
-XposCentre = float | Literal["torchscale", "lucidrains"]
+XposConvention = Literal["torchscale", "lucidrains"]
+AxialMode = Literal["axial", "mrope"]
+XPOS_CENTRES: tuple[XposConvention, ...] = ("torchscale", "lucidrains")
+AXIAL_MODES: tuple[AxialMode, ...] = ("axial", "mrope")
+XposCentre = float | XposConvention
 
 
 # ---------------------------------------------------------------------------------------
@@ -172,7 +174,8 @@ def _xpos_scale_values(
         value = np.exp(p)
     if not np.all(np.isfinite(value)):
         _too_far(x)
-    return value + value * tail
+    scales: np.ndarray = value + value * tail
+    return scales
 
 
 def _too_far(distance: np.ndarray, fmt: str = "float64") -> None:
@@ -356,6 +359,69 @@ def apply_xpos(
 # Axial / multimodal RoPE
 
 
+def _base_ladders(
+    head_dim: int,
+    base: float,
+    rotary_dim: int | None,
+    sections: Sequence[int] | None,
+    mode: AxialMode,
+    n_axes: int,
+) -> list[np.ndarray]:
+    """:func:`axial_rope_tables`' frequencies of each axis from ``head_dim`` and ``base``."""
+    full = rope_frequencies(head_dim, base, rotary_dim=rotary_dim)
+    pairs = full.size
+    if sections is None:
+        if pairs % n_axes:
+            raise ValueError(
+                f"cannot split rotary_dim // 2 = {pairs} frequency pairs equally over "
+                f"{n_axes} axes; pass sections= (pairs per axis) or another rotary_dim"
+            )
+        sections = [pairs // n_axes] * n_axes
+    sections = _check_sections(sections, pairs, n_axes)
+    if mode == "mrope":
+        return np.split(full, np.cumsum(sections)[:-1])
+    return [rope_frequencies(2 * s, base) for s in sections]
+
+
+def _mrope_ladders(inv_freq: Any, sections: Sequence[int] | None, n_axes: int) -> list[np.ndarray]:
+    """:func:`axial_rope_tables`' frequencies of each axis: one given ladder, cut."""
+    full = check_inv_freq(inv_freq)
+    if sections is None:
+        if full.size % n_axes:
+            raise ValueError(
+                f"cannot split {full.size} frequencies equally over {n_axes} axes; pass sections="
+            )
+        sections = [full.size // n_axes] * n_axes
+    sections = _check_sections(sections, full.size, n_axes)
+    return np.split(full, np.cumsum(sections)[:-1])
+
+
+def _axial_ladders(inv_freq: Any, sections: Sequence[int] | None, n_axes: int) -> list[np.ndarray]:
+    """:func:`axial_rope_tables`' frequencies of each axis: given, one ladder per axis."""
+    if isinstance(inv_freq, np.ndarray) and inv_freq.ndim == 1:
+        raise TypeError(
+            "mode='axial' takes inv_freq as a sequence of 1-D arrays, one per axis; "
+            "for one ladder cut into sections use mode='mrope'"
+        )
+    if isinstance(inv_freq, (str, bytes)) or not isinstance(inv_freq, Sequence):
+        raise TypeError(
+            f"inv_freq must be a sequence of 1-D arrays, one per axis, got {inv_freq!r}"
+        )
+    ladders = [check_inv_freq(f) for f in inv_freq]
+    if len(ladders) != n_axes:
+        raise ValueError(
+            f"inv_freq needs one ladder per coordinate axis ({n_axes}), got {len(ladders)}"
+        )
+    if sections is not None:
+        _check_sections(sections, None, n_axes)
+        if list(sections) != [f.size for f in ladders]:
+            raise ValueError(
+                f"sections {list(sections)} disagree with the ladder lengths "
+                f"{[f.size for f in ladders]}"
+            )
+    return ladders
+
+
 def grid_coordinates(shape: Sequence[int]) -> np.ndarray:
     """Integer coordinates of every cell of a grid, ``(*shape, len(shape))``, ``"ij"`` order.
 
@@ -456,53 +522,11 @@ def axial_rope_tables(
     if inv_freq is None:
         if head_dim is None:
             raise TypeError("axial_rope_tables needs head_dim (and base) or inv_freq")
-        full = rope_frequencies(head_dim, base, rotary_dim=rotary_dim)
-        pairs = full.size
-        if sections is None:
-            if pairs % n_axes:
-                raise ValueError(
-                    f"cannot split rotary_dim // 2 = {pairs} frequency pairs equally over "
-                    f"{n_axes} axes; pass sections= (pairs per axis) or another rotary_dim"
-                )
-            sections = [pairs // n_axes] * n_axes
-        sections = _check_sections(sections, pairs, n_axes)
-        if mode == "mrope":
-            ladders = np.split(full, np.cumsum(sections)[:-1])
-        else:
-            ladders = [rope_frequencies(2 * s, base) for s in sections]
+        ladders = _base_ladders(head_dim, base, rotary_dim, sections, mode, n_axes)
     elif mode == "mrope":
-        full = check_inv_freq(inv_freq)
-        if sections is None:
-            if full.size % n_axes:
-                raise ValueError(
-                    f"cannot split {full.size} frequencies equally over {n_axes} axes; "
-                    "pass sections="
-                )
-            sections = [full.size // n_axes] * n_axes
-        sections = _check_sections(sections, full.size, n_axes)
-        ladders = np.split(full, np.cumsum(sections)[:-1])
+        ladders = _mrope_ladders(inv_freq, sections, n_axes)
     else:
-        if isinstance(inv_freq, np.ndarray) and inv_freq.ndim == 1:
-            raise TypeError(
-                "mode='axial' takes inv_freq as a sequence of 1-D arrays, one per axis; "
-                "for one ladder cut into sections use mode='mrope'"
-            )
-        if isinstance(inv_freq, (str, bytes)) or not isinstance(inv_freq, Sequence):
-            raise TypeError(
-                f"inv_freq must be a sequence of 1-D arrays, one per axis, got {inv_freq!r}"
-            )
-        ladders = [check_inv_freq(f) for f in inv_freq]
-        if len(ladders) != n_axes:
-            raise ValueError(
-                f"inv_freq needs one ladder per coordinate axis ({n_axes}), got {len(ladders)}"
-            )
-        if sections is not None:
-            _check_sections(sections, None, n_axes)
-            if list(sections) != [f.size for f in ladders]:
-                raise ValueError(
-                    f"sections {list(sections)} disagree with the ladder lengths "
-                    f"{[f.size for f in ladders]}"
-                )
+        ladders = _axial_ladders(inv_freq, sections, n_axes)
     pairs = sum(f.size for f in ladders)
     lead = coords.shape[:-1]
     check_memory(2 * math.prod(lead) * 2 * pairs * 8 * 2, "these axial RoPE tables", max_bytes)

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
-from functools import lru_cache
-from typing import Any
+from functools import lru_cache, partial
+from typing import Any, Literal
 
 import numpy as np
 
@@ -43,7 +43,8 @@ __all__ = [
     "t5_bias",
 ]
 
-COMPATS = ("hf", "exact")
+Compat = Literal["hf", "exact"]
+COMPATS: tuple[Compat, ...] = ("hf", "exact")
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -239,7 +240,7 @@ def bucket_values(
     """:func:`relative_position_bucket` on validated options and an int64 array."""
     side = _side_buckets(bidirectional, num_buckets)
     if bidirectional:
-        upper = np.where(relative_position > 0, side, 0)
+        upper: np.ndarray | int = np.where(relative_position > 0, side, 0)
         distance = np.abs(relative_position)
     else:
         upper = 0
@@ -247,7 +248,8 @@ def bucket_values(
     max_exact = side // 2
     edges = _log_edges(side, max_distance, compat)
     large = max_exact + np.searchsorted(edges, distance, side="right")
-    return (upper + np.where(distance < max_exact, distance, large)).astype(np.int64)
+    buckets: np.ndarray = (upper + np.where(distance < max_exact, distance, large)).astype(np.int64)
+    return buckets
 
 
 def _side_buckets(bidirectional: bool, num_buckets: int) -> int:
@@ -283,7 +285,7 @@ def _log_edges(side: int, max_distance: int, compat: str) -> np.ndarray:
         high = min(max_distance, math.ceil(guess * (1 + 1e-5)) + 2)
         if (low > max_exact and reaches(low, k)) or not reaches(high, k):
             low, high = max_exact, max_distance  # never seen; bisect the whole range
-        edges[k - 1] = _first(lambda d, k=k: reaches(d, k), low, high)
+        edges[k - 1] = _first(partial(reaches, k=k), low, high)
     edges.flags.writeable = False
     return edges
 
@@ -319,7 +321,8 @@ def _exact_reaches(
     if abs(left - right) > 1e-9 * (abs(left) + abs(right) + 1):
         return left > right
     # Too close for float64: compare (d/me)^n with (md/me)^k as integers.
-    return distance**n * max_exact**k >= max_distance**k * max_exact**n
+    exact: bool = distance**n * max_exact**k >= max_distance**k * max_exact**n
+    return exact
 
 
 # ---------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def format_of(dtype: Any, name: str = "dtype") -> str:
     float64 needs JAX's 64-bit mode; without it JAX would store the values in float32.
     """
     try:
-        fmt = None if dtype is None else jnp.dtype(dtype).name
+        fmt: str | None = None if dtype is None else jnp.dtype(dtype).name
     except TypeError:
         fmt = None
     if fmt not in FORMATS:
@@ -177,7 +177,8 @@ def check_offset(value: Any, name: str) -> int | jax.Array:
     """A position offset: a concrete one as an int >= 0, a traced integer scalar as is."""
     if is_traced(value):
         check_traced_offset(value, name)
-        return value
+        traced: jax.Array = value
+        return traced
     return concrete_offset(value, name)
 
 
@@ -256,6 +257,7 @@ class PositionTables:
         """
         if is_traced(start):
             return self.gather(start + jnp.arange(count), max_length)
+        assert isinstance(start, int)  # check_offset makes a known offset an int
         if start + count <= max_length:
             return self._to_jax(t[start : start + count] for t in self.table(max_length))
         return self._to_jax(self._derive(count, start))

@@ -174,26 +174,28 @@ class _T5Buckets(PositionTables):
 
 
 def _t5_weights(weights: Any) -> jax.Array:
-    if not isinstance(weights, jax.Array):
+    if isinstance(weights, jax.Array):
+        array = weights
+    else:
         try:
-            weights = jnp.asarray(weights)
+            array = jnp.asarray(weights)
         except (TypeError, ValueError) as exc:
             raise TypeError(
                 f"weights must be an array of shape (num_buckets, num_heads), got "
                 f"{describe(weights)}"
             ) from exc
-    if not jnp.issubdtype(weights.dtype, jnp.floating):
+    if not jnp.issubdtype(array.dtype, jnp.floating):
         raise TypeError(
-            f"weights must be a floating array (the learned bias), got {describe(weights)}"
+            f"weights must be a floating array (the learned bias), got {describe(array)}"
         )
-    if weights.ndim != 2:
+    if array.ndim != 2:
         raise ValueError(
             "weights must have shape (num_buckets, num_heads), like HF's "
-            f"relative_attention_bias.weight, got shape {weights.shape}"
+            f"relative_attention_bias.weight, got shape {array.shape}"
         )
-    if weights.shape[1] == 0:
-        raise ValueError(f"weights must have at least one head (column), got shape {weights.shape}")
-    return weights
+    if array.shape[1] == 0:
+        raise ValueError(f"weights must have at least one head (column), got shape {array.shape}")
+    return array
 
 
 def t5_bias(

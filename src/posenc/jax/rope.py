@@ -118,17 +118,19 @@ def rope_tables(
 
 
 def _float_array(value: Any, name: str) -> jax.Array:
-    if not isinstance(value, jax.Array):
+    if isinstance(value, jax.Array):
+        array = value
+    else:
         try:
-            value = jnp.asarray(value)
+            array = jnp.asarray(value)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{name} must be a floating JAX array, got {describe(value)}") from exc
-    if value.dtype.name not in FORMATS:
+    if array.dtype.name not in FORMATS:
         raise TypeError(
             f"{name} must be a floating array of dtype float16, bfloat16, float32 or float64, "
-            f"got {describe(value)}"
+            f"got {describe(array)}"
         )
-    return value
+    return array
 
 
 def apply_rope(
@@ -196,7 +198,7 @@ def apply_rope(
     else:
         pairs = xr.reshape(*xr.shape[:-1], rotary_dim // 2, 2)  # (..., r/2, 2)
         turned = jnp.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(xr.shape)
-    out = (xr * c + turned * s).astype(x.dtype)  # (..., rotary_dim)
+    out: jax.Array = (xr * c + turned * s).astype(x.dtype)  # (..., rotary_dim)
     if rotary_dim < x.shape[-1]:
         out = jnp.concatenate([out, x[..., rotary_dim:]], axis=-1)
     return out

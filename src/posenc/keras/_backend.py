@@ -166,7 +166,7 @@ def known_int(value: Any) -> int | None:
     return None if known is None else int(known)
 
 
-def check_position(value: int, name: str) -> int:
+def check_position(value: int | numbers.Integral, name: str) -> int:
     """``value`` if it is an int32 position (``0 <= value < 2**31``), else ValueError."""
     value = check_int(value, name, minimum=0)
     if value >= INT32_END:

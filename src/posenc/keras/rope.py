@@ -251,6 +251,7 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         )
         inv_freq, attention_factor = self.spec.frequencies()
         self._rank, self._axes = rank, (sequence, feature)
+        assert self.spec.rotary_dim is not None  # RopeSpec stores it resolved
         self.head_dim, self.rotary_dim = head_dim, self.spec.rotary_dim
         self.inv_freq, self.attention_factor = inv_freq, attention_factor
         self._frequencies = {"base": inv_freq}

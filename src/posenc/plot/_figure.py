@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -73,7 +73,7 @@ def table_image(
     *,
     colorbar_label: str,
     interpolation: str = "antialiased",
-    aspect: str = "auto",
+    aspect: Literal["equal", "auto"] = "auto",
 ) -> None:
     """``values`` (rows = positions, columns = dimensions) on ``ax`` in [-1, 1], with bar."""
     image = ax.imshow(

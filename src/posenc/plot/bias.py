@@ -7,6 +7,7 @@ Each returns a new ``Figure`` built without pyplot; the numbers are the float64 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -67,7 +68,7 @@ def alibi(
     fig = new_figure((4.2 * len(heads) + 0.6, 4.8))
     axes = fig.subplots(1, len(heads), squeeze=False)[0]
     for ax, head in zip(axes, heads, strict=True):
-        values = np.ma.masked_array(bias[head], mask=future if mode == "causal" else None)
+        values = np.ma.masked_array(bias[head], mask=future if mode == "causal" else False)
         cmap = colormap(SEQUENTIAL).with_extremes(bad="lightgrey")  # the masked keys
         image = ax.imshow(values, cmap=cmap, interpolation="nearest", aspect="equal")
         fig.colorbar(image, ax=ax, label="bias", shrink=0.8)
@@ -116,15 +117,16 @@ def t5(
     bidirectional, num_buckets, max_distance, _ = check_bucket_options(
         bidirectional, num_buckets, max_distance, "hf"
     )
-    options = {
-        "bidirectional": bidirectional,
-        "num_buckets": num_buckets,
-        "max_distance": max_distance,
-    }
-    matrix = relative_position_bucket(relative_positions(length), **options)  # (L, L)
+    bucket = partial(
+        relative_position_bucket,
+        bidirectional=bidirectional,
+        num_buckets=num_buckets,
+        max_distance=max_distance,
+    )
+    matrix = bucket(relative_positions(length))  # (L, L)
     reach = (3 * max_distance) // 2
     distances = np.arange(-reach, reach + 1)
-    curve = relative_position_bucket(distances, **options)
+    curve = bucket(distances)
     side = num_buckets // 2 if bidirectional else num_buckets
     max_exact = side // 2
     fig = new_figure((14.0, 5.8))

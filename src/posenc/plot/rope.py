@@ -191,6 +191,7 @@ def _reference_lengths(ax: Axes, original: int, factor: float, *, axis: str) -> 
         (original, f"L₀ = {original:,} (original context)", "--"),
         (factor * original, f"factor · L₀ = {factor * original:,.0f}", ":"),
     ):
+        where: tuple[float, float]
         if axis == "y":
             ax.axhline(value, color="grey", linestyle=style, linewidth=1)
             where, xycoords, offset = (0, value), ("axes fraction", "data"), (4, 3)

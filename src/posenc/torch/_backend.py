@@ -22,8 +22,8 @@ tensors) and :class:`DerivedBuffers`, the base of modules whose buffers the core
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ __all__ = [
     "PositionTables",
     "check_offset",
     "check_position_tensor",
+    "eager_only",
     "format_of",
     "gather_rows",
     "is_traced",
@@ -67,6 +68,19 @@ def to_tensor(values: np.ndarray, dtype: torch.dtype, device: Any = None) -> Ten
     The core returns bfloat16 values in a float32 container, so the cast is exact.
     """
     return torch.from_numpy(np.ascontiguousarray(values)).to(device=device, dtype=dtype)
+
+
+Function = TypeVar("Function", bound=Callable[..., Any])
+
+
+def eager_only(function: Function) -> Function:
+    """``torch.compiler.disable(function)``, typed: dynamo never traces ``function``.
+
+    For the methods that compute with NumPy (reached in eager code only); the decorator
+    itself is unannotated in PyTorch, so this keeps the method's signature for mypy.
+    """
+    disabled: Function = torch.compiler.disable(function)
+    return disabled
 
 
 def is_traced() -> bool:
@@ -188,8 +202,9 @@ class DerivedBuffers(nn.Module):
         self._dropped_keys: tuple[str, ...] = (*buffers, *drop)
         for key, tensor in buffers.items():
             self.register_buffer(key, tensor, persistent=False)
-        # A bound method (not a closure), so that the module pickles.
-        self.register_load_state_dict_pre_hook(self._drop_derived_keys)
+        # A bound method (not a closure), so that the module pickles. (The method is
+        # unannotated in PyTorch.)
+        self.register_load_state_dict_pre_hook(self._drop_derived_keys)  # type: ignore[no-untyped-call]
 
     def _drop_derived_keys(
         self,
@@ -213,7 +228,7 @@ class DerivedBuffers(nn.Module):
         """Clear caches derived from the buffers (after a rebuild)."""
 
     def _apply(self, fn: Any, recurse: bool = True) -> DerivedBuffers:
-        super()._apply(fn, recurse)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # unannotated in PyTorch
         # fn has converted the buffers (e.g. float32 -> bfloat16, a rounding of rounded
         # values); rebuild them exactly instead. Meta tensors have no values to rebuild.
         first = getattr(self, self._derived_names[0]) if self._derived_names else None

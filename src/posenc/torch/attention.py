@@ -165,7 +165,8 @@ class MultiHeadAttention(nn.Module):
             scale=1.0 / math.sqrt(hs),
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
-        return self.out(y)
+        out: Tensor = self.out(y)
+        return out
 
     def _mask(
         self,

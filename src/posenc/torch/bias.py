@@ -150,7 +150,7 @@ class ALiBiBias(DerivedBuffers, FromSpec):
         device: torch.device | None = None,
     ) -> Tensor:
         """The :class:`~posenc.torch.protocols.ScoreBias` role: this module's call."""
-        return self(
+        bias: Tensor = self(
             query_length,
             key_length,
             offset=offset,
@@ -159,6 +159,7 @@ class ALiBiBias(DerivedBuffers, FromSpec):
             dtype=dtype,
             device=device,
         )
+        return bias
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, mode={self.mode!r}"
@@ -257,7 +258,7 @@ class T5RelativeBias(DerivedBuffers, FromSpec):
         device: torch.device | None = None,
     ) -> Tensor:
         """The :class:`~posenc.torch.protocols.ScoreBias` role: this module's call."""
-        return self(
+        bias: Tensor = self(
             query_length,
             key_length,
             offset=offset,
@@ -266,6 +267,7 @@ class T5RelativeBias(DerivedBuffers, FromSpec):
             dtype=dtype,
             device=device,
         )
+        return bias
 
     def extra_repr(self) -> str:
         return (

@@ -29,6 +29,7 @@ from ._backend import (
     apply_dropout,
     check_offset,
     check_position_tensor,
+    eager_only,
     format_of,
     gather_rows,
     positions_end,
@@ -154,7 +155,7 @@ class SinusoidalPositionalEncoding(PositionTables, FromSpec):
         # The buffer "pe"; a state dict that has one (the tutorials' module's) still loads.
         self._init_tables(("pe",), self.max_length, torch.float32)
 
-    @torch.compiler.disable  # NumPy: never traced (reached in eager code only)
+    @eager_only  # NumPy: never traced (reached in eager code only)
     def _derive(
         self, positions: int | np.ndarray, start: int, dtype: torch.dtype, device: Any
     ) -> tuple[Tensor, ...]:
@@ -185,7 +186,8 @@ class SinusoidalPositionalEncoding(PositionTables, FromSpec):
 
     def encode(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         """The :class:`~posenc.torch.protocols.InputEncoding` role: this module's call."""
-        return self(x, positions=positions, offset=offset)
+        encoded: Tensor = self(x, positions=positions, offset=offset)
+        return encoded
 
     def extra_repr(self) -> str:
         return (
@@ -256,7 +258,8 @@ class LearnedPositionalEmbedding(nn.Module, FromSpec):
 
     def encode(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         """The :class:`~posenc.torch.protocols.InputEncoding` role: this module's call."""
-        return self(x, positions=positions, offset=offset)
+        encoded: Tensor = self(x, positions=positions, offset=offset)
+        return encoded
 
     def extra_repr(self) -> str:
         return f"max_length={self.max_length}, d_model={self.d_model}"
@@ -294,7 +297,8 @@ class NoPositionalEncoding(nn.Module, FromSpec):
 
     def encode(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         """The :class:`~posenc.torch.protocols.InputEncoding` role: this module's call."""
-        return self(x, positions=positions, offset=offset)
+        encoded: Tensor = self(x, positions=positions, offset=offset)
+        return encoded
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}"
@@ -344,7 +348,7 @@ class TokenEmbedding(nn.Module):
                 raise ValueError(
                     f"token id {bad} is outside the vocabulary 0..{self.vocab_size - 1}"
                 )
-        out = self.embedding(ids)
+        out: Tensor = self.embedding(ids)
         return out * math.sqrt(self.d_model) if self.scale else out
 
     def extra_repr(self) -> str:
@@ -400,4 +404,5 @@ class InputEmbedding(nn.Module):
             )
 
     def forward(self, ids: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
-        return self.positional(self.tokens(ids), positions=positions, offset=offset)
+        encoded: Tensor = self.positional(self.tokens(ids), positions=positions, offset=offset)
+        return encoded

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from .._checks import check_probability, describe
 from ..specs import FromSpec, SinusoidalNDSpec
-from ._backend import DerivedBuffers, apply_dropout, format_of, to_tensor
+from ._backend import DerivedBuffers, apply_dropout, eager_only, format_of, to_tensor
 
 _CACHE_SIZE = 16  # tables kept per module (one per grid shape, dtype and device in use)
 
@@ -117,7 +117,7 @@ class SinusoidalPositionalEncodingND(DerivedBuffers, FromSpec):
             )
         return self._build(key)
 
-    @torch.compiler.disable
+    @eager_only
     def _build(self, key: tuple[tuple[int, ...], torch.dtype, torch.device]) -> Tensor:
         """Build, cache and return the table for ``key``; never traced by dynamo."""
         shape, dtype, device = key

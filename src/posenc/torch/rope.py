@@ -31,6 +31,7 @@ from ._backend import (
     PositionTables,
     check_offset,
     check_position_tensor,
+    eager_only,
     format_of,
     is_traced,
     positions_end,
@@ -179,6 +180,7 @@ class RotaryEmbedding(PositionTables, FromSpec):
         self.spec = RopeSpec(
             head_dim=head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=spec_scaling
         )
+        assert self.spec.rotary_dim is not None  # RopeSpec stores it resolved
         self.head_dim, self.rotary_dim = self.spec.head_dim, self.spec.rotary_dim
         self.base, self.layout = self.spec.base, self.spec.layout
         self.scaling: str = spec_scaling.name
@@ -197,9 +199,10 @@ class RotaryEmbedding(PositionTables, FromSpec):
     def inv_freq(self) -> np.ndarray:
         """The inverse frequencies in use (float64, ``(rotary_dim // 2,)``), a copy."""
         current = self._scaled_inv_freq if self._scaled_inv_freq is not None else self._inv_freq
-        return current.copy()
+        copy: np.ndarray = current.copy()
+        return copy
 
-    @torch.compiler.disable  # NumPy: never traced (reached in eager code only)
+    @eager_only  # NumPy: never traced (reached in eager code only)
     def _derive(
         self,
         positions: int | np.ndarray,
@@ -220,7 +223,7 @@ class RotaryEmbedding(PositionTables, FromSpec):
         # The tables stay float32 whatever the module's dtype, float64 after .double().
         return torch.float64 if dtype == torch.float64 else torch.float32
 
-    @torch.compiler.disable
+    @eager_only
     def _update_frequencies(self, length: int) -> None:
         """Hugging Face's ``dynamic_rope_update`` for the length ``length`` of this call."""
         scaling = self.spec.scaling
@@ -283,7 +286,8 @@ class RotaryEmbedding(PositionTables, FromSpec):
         self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
     ) -> tuple[Tensor, Tensor]:
         """The :class:`~posenc.torch.protocols.QueryKeyRotation` role: this module's call."""
-        return self(q, k, positions=positions, offset=offset)
+        rotated: tuple[Tensor, Tensor] = self(q, k, positions=positions, offset=offset)
+        return rotated
 
     def extra_repr(self) -> str:
         text = (

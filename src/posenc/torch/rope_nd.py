@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from .._checks import check_choice, check_int, describe
 from ..specs import AxialRopeSpec, FromSpec, XPosSpec
-from ._backend import PositionTables, check_offset, format_of, to_tensor
+from ._backend import PositionTables, check_offset, eager_only, format_of, to_tensor
 from .rope import (
     DERIVED_KEYS,
     QK_LAYOUTS,
@@ -145,9 +145,10 @@ class XPosRotaryEmbedding(PositionTables, FromSpec):
     @property
     def inv_freq(self) -> np.ndarray:
         """The RoPE inverse frequencies (float64, ``(head_dim // 2,)``), a copy."""
-        return self._inv_freq.copy()
+        copy: np.ndarray = self._inv_freq.copy()
+        return copy
 
-    @torch.compiler.disable  # NumPy: never traced (reached in eager code only)
+    @eager_only  # NumPy: never traced (reached in eager code only)
     def _derive(
         self, positions: int | np.ndarray, start: int, dtype: torch.dtype, device: Any
     ) -> tuple[Tensor, ...]:
@@ -189,7 +190,8 @@ class XPosRotaryEmbedding(PositionTables, FromSpec):
         self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
     ) -> tuple[Tensor, Tensor]:
         """The :class:`~posenc.torch.protocols.QueryKeyRotation` role: this module's call."""
-        return self(q, k, positions=positions, offset=offset)
+        rotated: tuple[Tensor, Tensor] = self(q, k, positions=positions, offset=offset)
+        return rotated
 
     def extra_repr(self) -> str:
         return (
@@ -299,7 +301,7 @@ class AxialRotaryEmbedding(nn.Module, FromSpec):
                 f"n_axes={self.n_axes}, got shape {tuple(coords.shape)}"
             )
 
-    @torch.compiler.disable  # NumPy: coordinates are data, never traced
+    @eager_only  # NumPy: coordinates are data, never traced
     def tables(
         self, coords: Tensor, *, dtype: torch.dtype = torch.float32
     ) -> tuple[Tensor, Tensor]:
@@ -376,6 +378,8 @@ class AxialRotaryEmbedding(nn.Module, FromSpec):
             )
         if coords is not None:
             cos, sin = self.tables(coords, dtype=dtype)
+        assert cos is not None  # given, or made from coords just above
+        assert sin is not None
         cos, sin = broadcast_tables((cos, sin), self.qk_layout, q.device)
         return (
             rotate(q, cos, sin, self.layout, self.head_dim),
@@ -397,7 +401,8 @@ class AxialRotaryEmbedding(nn.Module, FromSpec):
             raise ValueError(
                 f"{name} takes no offset (coordinates are not a run of positions), got {offset}"
             )
-        return self(q, k, coords=positions)
+        rotated: tuple[Tensor, Tensor] = self(q, k, coords=positions)
+        return rotated
 
     def extra_repr(self) -> str:
         return (

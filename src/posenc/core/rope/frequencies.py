@@ -62,4 +62,5 @@ def rope_frequencies(
     """
     d = check_rotary_dim(head_dim, rotary_dim)
     base = check_base(base)
-    return frequency_table(d, base, "paper")[0].copy()
+    omega: np.ndarray = frequency_table(d, base, "paper")[0].copy()
+    return omega

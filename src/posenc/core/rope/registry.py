@@ -227,6 +227,13 @@ def as_rope_scaling(
             f"scaling must be None or one of {list(_SPECS)} (or a RopeScaling spec or its "
             f"dict), got {describe(scaling)}"
         )
+    return _from_name(scaling, params, seq_len_owner)
+
+
+def _from_name(
+    scaling: str | None, params: Any, seq_len_owner: str | None
+) -> tuple[RopeScaling, int | None]:
+    """:func:`as_rope_scaling` of a registered name (``None``: ``"default"``)."""
     if params is None:
         params = {}
     elif not isinstance(params, Mapping):

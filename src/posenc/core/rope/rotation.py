@@ -20,7 +20,7 @@ __all__ = ["apply_rope", "check_rope_shapes", "rope_permutation"]
 
 
 def _float_format(array: np.ndarray, name: str) -> str:
-    dtype_name = array.dtype.name
+    dtype_name: str = array.dtype.name
     if dtype_name not in FORMATS:
         raise TypeError(
             f"{name} must be a floating array of dtype float16, bfloat16, float32 or float64, "

@@ -31,7 +31,7 @@ from ..precision import CONTAINERS, FORMATS, resolve_dtype, round_to_format, tur
 __all__ = ["ROPE_LAYOUTS", "RopeLayout", "check_inv_freq", "rope_table_values", "rope_tables"]
 
 RopeLayout = Literal["half", "interleaved"]
-ROPE_LAYOUTS: tuple[str, ...] = ("half", "interleaved")
+ROPE_LAYOUTS: tuple[RopeLayout, ...] = ("half", "interleaved")
 
 
 def check_inv_freq(inv_freq: Any) -> np.ndarray:
@@ -130,6 +130,7 @@ def rope_table_values(
         if not isinstance(positions, numbers.Integral):
             raise TypeError("start= applies only when positions is an int length")
         start = check_int(start, "start", minimum=-(2**53))
+        assert span is not None  # an int length is always a range
         span = (span[0] + start, span[1])
     shape = (span[1],) if span is not None else np.shape(positions)
     count, m = math.prod(shape), inv_freq.size

@@ -15,25 +15,27 @@ __all__ = ["apply_dropout", "float_input", "sequence_input"]
 
 def float_input(x: Any, name: str, what: str) -> jax.Array:
     """``x`` as a JAX array of a float format (float16, bfloat16, float32, float64)."""
-    if not isinstance(x, jax.Array):
+    if isinstance(x, jax.Array):
+        array = x
+    else:
         try:
-            x = jnp.asarray(x)
+            array = jnp.asarray(x)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{name} expects a JAX array, got {describe(x)}") from exc
-    if x.dtype.name not in ("float16", "bfloat16", "float32", "float64"):
-        raise TypeError(f"{name} expects floating-point {what}, got {describe(x)}")
-    return x
+    if array.dtype.name not in ("float16", "bfloat16", "float32", "float64"):
+        raise TypeError(f"{name} expects floating-point {what}, got {describe(array)}")
+    return array
 
 
 def sequence_input(x: Any, name: str) -> jax.Array:
     """``x`` as a float array of shape ``(batch, seq, d_model)`` or ``(seq, d_model)``."""
-    x = float_input(x, name, "embeddings")
-    if x.ndim not in (2, 3):
+    array = float_input(x, name, "embeddings")
+    if array.ndim not in (2, 3):
         raise ValueError(
             f"{name} expects x of shape (batch, seq, d_model) or (seq, d_model), got shape "
-            f"{x.shape}"
+            f"{array.shape}"
         )
-    return x
+    return array
 
 
 def apply_dropout(rate: float, y: jax.Array, deterministic: bool) -> jax.Array:
@@ -43,4 +45,5 @@ def apply_dropout(rate: float, y: jax.Array, deterministic: bool) -> jax.Array:
     """
     if rate == 0.0 or deterministic:
         return y
-    return nn.Dropout(rate=rate, name="dropout")(y, deterministic=False)
+    dropped: jax.Array = nn.Dropout(rate=rate, name="dropout")(y, deterministic=False)
+    return dropped
