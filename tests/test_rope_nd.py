@@ -25,9 +25,10 @@ from posenc.core.rope_nd import (
 RNG = np.random.default_rng(1234)
 
 
-def test_docstring_examples():
+@pytest.mark.parametrize("module", [rope_nd.xpos, rope_nd.axial])
+def test_docstring_examples(module):
     with np.printoptions(legacy=False):
-        result = doctest.testmod(rope_nd, optionflags=doctest.NORMALIZE_WHITESPACE)
+        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0
     assert result.attempted > 0
 

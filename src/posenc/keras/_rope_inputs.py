@@ -13,14 +13,16 @@ import keras
 import numpy as np
 from keras import ops
 
-from .._checks import describe
+from .._checks import check_int, describe
 from ._backend import INT32_END
 
 __all__ = [
     "check_axis",
+    "check_inputs",
     "check_known_positions",
     "check_positions",
     "dynamic_message",
+    "input_axes",
     "is_default_start",
     "place_rows",
     "rank_message",
@@ -161,3 +163,59 @@ def rank_message(shape: tuple[Any, ...]) -> str:
         f"heads, head_dim), got shape {shape} (rank {len(shape)}); add a batch axis with "
         "keras.ops.expand_dims(x, 0)"
     )
+
+
+def check_inputs(
+    inputs: Any, rank: int, feature: int, head_dim: int | None
+) -> tuple[tuple[Any, ...], str]:
+    """``(shape, dtype)`` of queries or keys for a layer built for ``rank`` and ``head_dim``."""
+    shape = tuple(inputs.shape)
+    if len(shape) != rank:
+        raise ValueError(
+            f"RotaryEmbedding was built for inputs of rank {rank}, got shape {shape} "
+            f"(rank {len(shape)}); use one layer per input rank"
+        )
+    dtype = keras.backend.standardize_dtype(inputs.dtype)
+    if not keras.backend.is_float_dtype(dtype):
+        raise TypeError(
+            f"RotaryEmbedding rotates floating queries or keys, got inputs of dtype {dtype}"
+        )
+    width = shape[feature]
+    if width is not None and width != head_dim:
+        raise ValueError(
+            f"the feature axis of the input is {width} but the layer was built for "
+            f"head_dim={head_dim} (input shape {shape}); use a new layer per width"
+        )
+    return shape, dtype
+
+
+def input_axes(
+    shape: tuple[Any, ...], sequence_axis: int, feature_axis: int, head_dim: int | None
+) -> tuple[int, int, int, int]:
+    """``(rank, sequence axis, feature axis, head_dim)`` of an input shape, checked.
+
+    ``head_dim`` is the width the layer was made for, or ``None`` to take the input's.
+    """
+    rank = len(shape)
+    if rank < 3:
+        raise ValueError(rank_message(shape))
+    sequence = resolve_axis(sequence_axis, rank, "sequence_axis", shape)
+    feature = resolve_axis(feature_axis, rank, "feature_axis", shape)
+    if sequence == feature:
+        raise ValueError(
+            f"sequence_axis={sequence_axis} and feature_axis={feature_axis} "
+            f"name the same axis {sequence} of inputs of shape {shape}"
+        )
+    width = shape[feature]
+    if width is None:
+        raise ValueError(
+            f"RotaryEmbedding needs a known feature axis (feature_axis={feature_axis}) to "
+            f"build its tables, got input shape {shape}"
+        )
+    width = check_int(width, "the feature axis of the input (head_dim)", minimum=1)
+    if head_dim not in (None, width):
+        raise ValueError(
+            f"RotaryEmbedding was made for head_dim={head_dim}, but the feature axis of the "
+            f"input is {width} (input shape {shape})"
+        )
+    return rank, sequence, feature, width

@@ -30,13 +30,13 @@ from ._backend import (
 )
 from ._rope_inputs import (
     check_axis,
+    check_inputs,
     check_known_positions,
     check_positions,
     dynamic_message,
+    input_axes,
     is_default_start,
     place_rows,
-    rank_message,
-    resolve_axis,
     select,
     short,
     turn_index,
@@ -219,28 +219,9 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
 
     def build(self, input_shape: Any) -> None:
         shape = tuple(input_shape)
-        rank = len(shape)
-        if rank < 3:
-            raise ValueError(rank_message(shape))
-        sequence = resolve_axis(self.sequence_axis, rank, "sequence_axis", shape)
-        feature = resolve_axis(self.feature_axis, rank, "feature_axis", shape)
-        if sequence == feature:
-            raise ValueError(
-                f"sequence_axis={self.sequence_axis} and feature_axis={self.feature_axis} "
-                f"name the same axis {sequence} of inputs of shape {shape}"
-            )
-        head_dim = shape[feature]
-        if head_dim is None:
-            raise ValueError(
-                f"RotaryEmbedding needs a known feature axis (feature_axis="
-                f"{self.feature_axis}) to build its tables, got input shape {shape}"
-            )
-        head_dim = check_int(head_dim, "the feature axis of the input (head_dim)", minimum=1)
-        if self._head_dim_arg not in (None, head_dim):
-            raise ValueError(
-                f"RotaryEmbedding was made for head_dim={self._head_dim_arg}, but the feature "
-                f"axis of the input is {head_dim} (input shape {shape})"
-            )
+        rank, sequence, feature, head_dim = input_axes(
+            shape, self.sequence_axis, self.feature_axis, self._head_dim_arg
+        )
         # The spec validates head_dim, rotary_dim and the scaling against this width.
         self.spec = RopeSpec(
             head_dim=head_dim,
@@ -408,25 +389,8 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         return out
 
     def _check_inputs(self, inputs: Any) -> tuple[tuple[Any, ...], str]:
-        shape = tuple(inputs.shape)
-        if len(shape) != self._rank:
-            raise ValueError(
-                f"RotaryEmbedding was built for inputs of rank {self._rank}, got shape {shape} "
-                f"(rank {len(shape)}); use one layer per input rank"
-            )
-        dtype = keras.backend.standardize_dtype(inputs.dtype)
-        if not keras.backend.is_float_dtype(dtype):
-            raise TypeError(
-                f"RotaryEmbedding rotates floating queries or keys, got inputs of dtype {dtype}"
-            )
-        assert self._axes is not None  # built
-        width = shape[self._axes[1]]
-        if width is not None and width != self.head_dim:
-            raise ValueError(
-                f"the feature axis of the input is {width} but the layer was built for "
-                f"head_dim={self.head_dim} (input shape {shape}); use a new layer per width"
-            )
-        return shape, dtype
+        assert self._rank is not None and self._axes is not None  # noqa: PT018  (built)
+        return check_inputs(inputs, self._rank, self._axes[1], self.head_dim)
 
     def _select(
         self, fmt: str, end: int | None, exact: tuple[Any, int], where: Any, start: Any, seq: Any

@@ -83,8 +83,12 @@ def eager_only(function: Function) -> Function:
     return disabled
 
 
-def is_traced() -> bool:
-    """Whether the code is being traced (``torch.compile``, ``torch.export``)."""
+def is_traced(value: object = None) -> bool:
+    """Whether the code is being traced (``torch.compile``, ``torch.export``).
+
+    In PyTorch tracing is a state of the whole call, not of one tensor: ``value`` is
+    accepted for the adapter contract's signature (``is_traced(x)``) and not needed.
+    """
     return bool(torch.compiler.is_compiling())
 
 

@@ -98,7 +98,14 @@ from .scalings import (
     NTKScaling,
     YarnScaling,
 )
-from .tables import ROPE_LAYOUTS, RopeLayout, check_inv_freq, rope_table_values, rope_tables
+from .tables import (
+    ROPE_LAYOUTS,
+    RopeLayout,
+    check_inv_freq,
+    pair_layout,
+    rope_table_values,
+    rope_tables,
+)
 
 __all__ = [
     "ROPE_LAYOUTS",
@@ -124,6 +131,7 @@ __all__ = [
     "llama3_rope",
     "longrope_rope",
     "ntk_rope",
+    "pair_layout",
     "register_rope_scaling",
     "rope_frequencies",
     "rope_permutation",

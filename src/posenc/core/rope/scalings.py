@@ -66,12 +66,6 @@ class DefaultScaling(RopeScaling):
     def _inv_freq(self, rotary_dim: int, base: float, seq_len: int | None) -> tuple[Any, float]:
         return rope_frequencies(rotary_dim, base), 1.0
 
-    @classmethod
-    def example(
-        cls, *, factor: float, original_max_position_embeddings: int, rotary_dim: int
-    ) -> RopeScaling:
-        return cls()
-
 
 @dataclass(frozen=True, kw_only=True)
 class LinearScaling(RopeScaling):
@@ -104,9 +98,8 @@ class NTKScaling(RopeScaling):
 
     The highest frequency (``i = 0``) is kept and the lowest is divided by exactly
     ``factor``; the ones between follow the geometric ladder of the new base (bloc97,
-    "NTK-Aware Scaled RoPE", 2023). Not in Hugging Face's registry; it equals Hugging
-    Face's ``"dynamic"`` at the length where ``factor_hf · L/L₀ - (factor_hf - 1) =
-    factor``. Needs ``d > 2``.
+    "NTK-Aware Scaled RoPE", 2023); not in Hugging Face's registry (see
+    :mod:`posenc.core.rope` for how it relates to ``"dynamic"``). Needs ``d > 2``.
 
     Args:
         factor: The context extension (bloc97's ``alpha``), a finite number >= 1.
@@ -134,10 +127,7 @@ class DynamicNTKScaling(RopeScaling):
     With ``L = max(seq_len, L₀)`` the base becomes
     ``base · (factor · L / L₀ - (factor - 1))^(d/(d-2))``: unchanged up to ``L₀``, then the
     static NTK base of the extension ``factor · L / L₀ - (factor - 1)``. Needs ``d > 2``.
-
-    keras-hub's ``rope_type="dynamic"`` is another method (a length-independent division
-    of every frequency by ``factor^(d/(d-2))``); vLLM's ``DynamicNTKScalingRotaryEmbedding``
-    evaluates this formula once, at ``seq_len = factor · L₀``.
+    keras-hub's and vLLM's "dynamic" differ (see :mod:`posenc.core.rope`).
 
     Args:
         factor: Hugging Face ``rope_parameters["factor"]``, a finite number >= 1.
@@ -193,11 +183,8 @@ class YarnScaling(RopeScaling):
     their frequency (extrapolation), those that turn fewer than ``beta_slow`` times are
     divided by ``factor`` (interpolation), and a linear ramp over the pair index blends
     the ones between. The pair index where a frequency makes ``r`` turns over ``L₀`` is
-    ``d · ln(L₀ / (2π r)) / (2 ln base)``.
-
-    keras-hub's ``rope_type="yarn"`` differs: ``truncate=False`` by default, the ramp's
-    upper end clamped at ``d/2 - 1`` (here and in Hugging Face: ``d - 1``), no ``mscale``
-    options, and with ``truncate=True`` it clips the positions at ``L₀``.
+    ``d · ln(L₀ / (2π r)) / (2 ln base)``. keras-hub's ``"yarn"`` differs (see
+    :mod:`posenc.core.rope`).
 
     Args:
         factor: The context extension, a finite number >= 1.

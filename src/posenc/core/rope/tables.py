@@ -28,7 +28,14 @@ from ..._checks import (
 from ..phasors import CHUNK_ELEMENTS, contiguous_range, phasors
 from ..precision import CONTAINERS, FORMATS, resolve_dtype, round_to_format, turns_of, unit_phasors
 
-__all__ = ["ROPE_LAYOUTS", "RopeLayout", "check_inv_freq", "rope_table_values", "rope_tables"]
+__all__ = [
+    "ROPE_LAYOUTS",
+    "RopeLayout",
+    "check_inv_freq",
+    "pair_layout",
+    "rope_table_values",
+    "rope_tables",
+]
 
 RopeLayout = Literal["half", "interleaved"]
 ROPE_LAYOUTS: tuple[RopeLayout, ...] = ("half", "interleaved")
@@ -169,3 +176,18 @@ def _write(out: np.ndarray, values: np.ndarray, fmt: str, layout: str, scale: fl
     else:
         out[:, 0::2] = rounded
         out[:, 1::2] = rounded
+
+
+def pair_layout(values: np.ndarray, layout: str) -> np.ndarray:
+    """Per-pair values ``(..., m)`` as the ``(..., 2m)`` columns of ``layout``.
+
+    ``"half"``: ``[v_0 .. v_{m-1}, v_0 .. v_{m-1}]``; ``"interleaved"``:
+    ``[v_0, v_0, v_1, v_1, ...]`` (the columns of :func:`rope_tables`).
+
+    Example:
+        >>> pair_layout(np.array([1.0, 2.0]), "interleaved").tolist()
+        [1.0, 1.0, 2.0, 2.0]
+    """
+    if layout == "half":
+        return np.concatenate([values, values], axis=-1)
+    return np.repeat(values, 2, axis=-1)

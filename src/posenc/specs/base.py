@@ -1,0 +1,104 @@
+"""The base of the scheme specs: validation on construction, the dict form, ``from_spec``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .._checks import (
+    describe,
+)
+from ..core.rope import (
+    RopeScaling,
+)
+
+__all__ = ["FromSpec", "SchemeSpec"]
+
+_SPEC_CLASSES: dict[str, type[SchemeSpec]] = {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchemeSpec:
+    """Base of the scheme specs: validation on construction, and the dict form.
+
+    Attributes:
+        scheme: The scheme's name in :data:`posenc.SCHEMES` (the dict's ``"scheme"``).
+    """
+
+    scheme: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.scheme:
+            _SPEC_CLASSES[cls.scheme] = cls
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"scheme": name, **fields}``, plain JSON values (nested specs as dicts)."""
+        out: dict[str, Any] = {"scheme": self.scheme}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, RopeScaling):
+                value = value.to_dict()
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[field.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SchemeSpec:
+        """The spec of a dict from :meth:`to_dict` (on the base class: any scheme's).
+
+        Example:
+            >>> SchemeSpec.from_dict({"scheme": "alibi", "num_heads": 8})
+            AlibiSpec(num_heads=8, mode='causal')
+        """
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a scheme spec dict must be a mapping, got {describe(data)}")
+        fields = dict(data)
+        name = fields.pop("scheme", cls.scheme or None)
+        if name not in _SPEC_CLASSES:
+            raise ValueError(
+                f"unknown scheme {name!r} in a spec dict; valid: {sorted(_SPEC_CLASSES)}"
+            )
+        target = _SPEC_CLASSES[name]
+        if cls.scheme and target is not cls:
+            raise ValueError(f"{cls.__name__}.from_dict got a spec of scheme {name!r}")
+        accepted = {f.name for f in dataclasses.fields(target)}
+        unknown = sorted(set(fields) - accepted)
+        if unknown:
+            raise TypeError(
+                f"scheme {name!r}: unknown {unknown} in the spec dict; it takes {sorted(accepted)}"
+            )
+        return target(**fields)
+
+    def fields(self) -> dict[str, Any]:
+        """The fields as keyword arguments (nested specs stay specs)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+    def _set(self, name: str, value: Any) -> None:
+        """Store a validated, normalised value on the frozen instance."""
+        object.__setattr__(self, name, value)
+
+
+class FromSpec:
+    """Mixin of the front ends' modules and layers: ``Module.from_spec(spec, **options)``.
+
+    A module's arguments are its spec's fields plus options of its own (``max_length``,
+    ``dropout``, ``qk_layout``, ...), so a spec and those options make the module.
+    """
+
+    spec_class: ClassVar[type[SchemeSpec]]
+
+    @classmethod
+    def from_spec(cls, spec: SchemeSpec, **options: Any) -> Any:
+        """The module of ``spec`` (a :attr:`spec_class` instance) with ``options``."""
+        if not isinstance(spec, cls.spec_class):
+            raise TypeError(
+                f"{cls.__name__}.from_spec takes a {cls.spec_class.__name__}, got {describe(spec)}"
+            )
+        overlap = sorted(set(options) & set(spec.fields()))
+        if overlap:
+            raise TypeError(f"{cls.__name__}.from_spec: {overlap} are given by the spec already")
+        return cls(**spec.fields(), **options)

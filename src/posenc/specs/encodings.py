@@ -1,0 +1,158 @@
+"""The specs of the schemes added to the input: sinusoidal (1-D and N-D), learned, NoPE."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .._checks import (
+    DEFAULT_MAX_BYTES,
+    FORMULAS,
+    LAYOUTS,
+    check_base,
+    check_choice,
+    check_d_model,
+    check_int,
+    check_positive,
+)
+from ..core.nd import ND_LAYOUTS, check_channels, check_shape, nd_values
+from ..core.sinusoidal import table_values
+from .base import SchemeSpec
+
+__all__ = ["LearnedSpec", "NopeSpec", "SinusoidalNDSpec", "SinusoidalSpec"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SinusoidalSpec(SchemeSpec):
+    """The sinusoidal encoding of "Attention Is All You Need" §3.5.
+
+    Args:
+        d_model: Width of the encoding, an int >= 1 (odd widths end with a sine column).
+        base: The ``n`` of ``sin(k / n^(2i/d))``; finite, > 0 and not 1.
+        layout: ``"interleaved"`` (paper) or ``"split"`` (tensor2tensor, fairseq).
+        formula: ``"paper"`` or ``"tensor2tensor"`` frequency spacing.
+
+    Example:
+        >>> SinusoidalSpec(d_model=4, base=100).table(2, fmt="float64")[1].round(6).tolist()
+        [0.841471, 0.540302, 0.099833, 0.995004]
+    """
+
+    scheme: ClassVar[str] = "sinusoidal"
+    d_model: int
+    base: float = 10000.0
+    layout: str = "interleaved"
+    formula: str = "paper"
+
+    def __post_init__(self) -> None:
+        self._set("d_model", check_d_model(self.d_model))
+        self._set("base", check_base(self.base))
+        self._set("layout", check_choice(self.layout, "layout", LAYOUTS))
+        self._set("formula", check_choice(self.formula, "formula", FORMULAS))
+
+    def table(
+        self,
+        positions: Any,
+        *,
+        fmt: str = "float32",
+        start: int = 0,
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
+    ) -> np.ndarray:
+        """Rows at ``positions`` (an int ``L``: ``start .. start+L-1``), ``(..., d_model)``."""
+        return table_values(
+            positions,
+            self.d_model,
+            base=self.base,
+            layout=self.layout,
+            formula=self.formula,
+            fmt=fmt,
+            start=start,
+            max_bytes=max_bytes,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SinusoidalNDSpec(SchemeSpec):
+    """N-D sinusoidal encodings (images, video): the channels split between the axes.
+
+    Args:
+        channels: Width of the encoding (``"mae"``: a multiple of ``2 · n_axes``).
+        base: The ``n`` of ``sin(k / n^(2i/c))``.
+        layout: ``"positional-encodings"`` or ``"mae"`` (see :mod:`posenc.core.nd`).
+        ndim: The number of spatial axes, or ``None`` for any the layout supports.
+
+    Example:
+        >>> SinusoidalNDSpec(channels=4).table((2, 3), fmt="float64")[1, 2].round(6).tolist()
+        [0.841471, 0.540302, 0.909297, -0.416147]
+    """
+
+    scheme: ClassVar[str] = "sinusoidal_nd"
+    channels: int
+    base: float = 10000.0
+    layout: str = "positional-encodings"
+    ndim: int | None = None
+
+    def __post_init__(self) -> None:
+        self._set("layout", check_choice(self.layout, "layout", ND_LAYOUTS))
+        self._set("channels", check_int(self.channels, "channels", minimum=1))
+        self._set("base", check_base(self.base))
+        if self.ndim is not None:
+            self._set("ndim", check_int(self.ndim, "ndim", minimum=1))
+            check_shape((1,) * self.ndim, self.layout)
+            check_channels(self.channels, self.ndim, self.layout)
+
+    def grid(self, shape: Any) -> tuple[int, ...]:
+        """``shape`` checked for this spec: sizes for the layout and ``ndim``."""
+        sizes = check_shape(shape, self.layout)
+        if self.ndim is not None and len(sizes) != self.ndim:
+            raise ValueError(
+                f"this encoding is for ndim={self.ndim} spatial axes, got grid {sizes}"
+            )
+        check_channels(self.channels, len(sizes), self.layout)
+        return sizes
+
+    def table(
+        self, shape: Any, *, fmt: str = "float32", max_bytes: int | None = DEFAULT_MAX_BYTES
+    ) -> np.ndarray:
+        """The table of a grid, ``(*shape, channels)``."""
+        sizes = self.grid(shape)
+        return nd_values(
+            sizes, self.channels, base=self.base, layout=self.layout, fmt=fmt, max_bytes=max_bytes
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnedSpec(SchemeSpec):
+    """A trained embedding per position (GPT-2, BERT): ``max_length`` rows of ``d_model``.
+
+    Args:
+        max_length: Number of positions, ``0 .. max_length-1``.
+        d_model: Width of the embeddings.
+        init_std: Standard deviation of the normal initialisation (GPT-2: 0.02).
+    """
+
+    scheme: ClassVar[str] = "learned"
+    max_length: int
+    d_model: int
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        self._set("max_length", check_int(self.max_length, "max_length", minimum=1))
+        self._set("d_model", check_d_model(self.d_model))
+        self._set("init_std", check_positive(self.init_std, "init_std"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class NopeSpec(SchemeSpec):
+    """NoPE: no positional encoding, as an explicit, nameable choice (zeros).
+
+    Args:
+        d_model: Width of the (zero) encoding.
+    """
+
+    scheme: ClassVar[str] = "nope"
+    d_model: int
+
+    def __post_init__(self) -> None:
+        self._set("d_model", check_d_model(self.d_model))

@@ -1,0 +1,222 @@
+"""The specs of the schemes that rotate queries and keys: RoPE, xPos, axial RoPE."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .._checks import (
+    DEFAULT_MAX_BYTES,
+    check_base,
+    check_choice,
+    check_int,
+    check_real,
+)
+from ..core.rope import (
+    ROPE_LAYOUTS,
+    RopeLayout,
+    RopeScaling,
+    as_rope_scaling,
+    check_rotary_dim,
+    rope_frequencies,
+    rope_table_values,
+)
+from ..core.rope_nd import AXIAL_MODES, AxialMode, axial_rope_tables, xpos_scales
+from .base import SchemeSpec
+
+__all__ = ["AxialRopeSpec", "RopeSpec", "XPosSpec"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RopeSpec(SchemeSpec):
+    """Rotary position embedding with any registered scaling method.
+
+    Args:
+        head_dim: Features per attention head.
+        base: The RoPE base (``rope_theta``).
+        rotary_dim: The rotated width (even, ``<= head_dim``); ``None``: ``head_dim``.
+            Stored resolved.
+        layout: ``"half"`` (Hugging Face, GPT-NeoX) or ``"interleaved"`` (Meta, GPT-J).
+        scaling: A :class:`~posenc.core.rope.RopeScaling` spec, its dict form, a
+            registered name without parameters, or ``None`` (``"default"``).
+
+    Example:
+        >>> spec = RopeSpec(head_dim=8, scaling={"rope_type": "linear", "factor": 2.0})
+        >>> spec.frequencies()[0].tolist()
+        [0.5, 0.05, 0.005, 0.0005]
+        >>> cos, sin = spec.tables(3, fmt="float64")
+        >>> cos.shape
+        (3, 8)
+    """
+
+    scheme: ClassVar[str] = "rope"
+    head_dim: int
+    base: float = 10000.0
+    rotary_dim: int | None = None
+    layout: str = "half"
+    scaling: RopeScaling | Any = None
+
+    def __post_init__(self) -> None:
+        head_dim = check_int(self.head_dim, "head_dim", minimum=1)
+        self._set("rotary_dim", check_rotary_dim(head_dim, self.rotary_dim))
+        self._set("head_dim", head_dim)
+        self._set("base", check_base(self.base))
+        self._set("layout", check_choice(self.layout, "layout", ROPE_LAYOUTS))
+        self._set("scaling", as_rope_scaling(self.scaling)[0])
+        self.frequencies()  # the width-dependent checks of the scaling
+
+    def frequencies(self, seq_len: int | None = None) -> tuple[np.ndarray, float]:
+        """``(inv_freq, attention_factor)`` of the scaling at sequence length ``seq_len``."""
+        assert self.rotary_dim is not None  # stored resolved by __post_init__
+        return self.scaling.frequencies(self.rotary_dim, self.base, seq_len=seq_len)
+
+    def tables(
+        self,
+        positions: Any,
+        *,
+        fmt: str = "float32",
+        start: int = 0,
+        seq_len: int | None = None,
+        inv_freq: np.ndarray | None = None,
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(cos, sin)`` at ``positions``, ``(..., rotary_dim)``, times the attention factor.
+
+        ``seq_len`` selects a length-dependent scaling's frequencies; ``inv_freq``
+        overrides them (the attention factor stays the scaling's).
+        """
+        frequencies, attention = self.frequencies(seq_len)
+        return rope_table_values(
+            positions,
+            frequencies if inv_freq is None else inv_freq,
+            fmt=fmt,
+            layout=self.layout,
+            scale=attention,
+            start=start,
+            max_bytes=max_bytes,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class XPosSpec(SchemeSpec):
+    """xPos: RoPE whose queries grow and keys shrink with position (Sun et al., 2023).
+
+    Args:
+        head_dim: Features per head (even; all of them rotate and scale).
+        base: The RoPE base.
+        gamma: ``γ`` in ``ζ_i = (2i/d + γ)/(1 + γ)`` (> 0; 0.4).
+        scale_base: ``B`` (> 0; 512).
+        centre: A fixed number subtracted from every position in the scale exponent.
+        layout: ``"interleaved"`` (torchscale, lucidrains) or ``"half"``.
+    """
+
+    scheme: ClassVar[str] = "xpos"
+    head_dim: int
+    base: float = 10000.0
+    gamma: float = 0.4
+    scale_base: float = 512.0
+    centre: float = 0.0
+    layout: RopeLayout = "interleaved"
+
+    def __post_init__(self) -> None:
+        self._set("layout", check_choice(self.layout, "layout", ROPE_LAYOUTS))
+        if isinstance(self.centre, str):
+            raise TypeError(
+                f"centre must be a fixed number, got {self.centre!r}: a centre that follows "
+                "the sequence length breaks cached decoding; pass a number, e.g. "
+                "posenc.core.rope_nd.xpos_centre(max_length, 'torchscale')"
+            )
+        self._set("centre", check_real(self.centre, "centre"))
+        self._set("gamma", check_real(self.gamma, "gamma", minimum=0.0, strict=True))
+        self._set("scale_base", check_real(self.scale_base, "scale_base", minimum=0.0, strict=True))
+        head_dim = check_int(self.head_dim, "head_dim", minimum=2)
+        if head_dim % 2:
+            raise ValueError(
+                f"xPos rotates pairs of features, so head_dim must be even, got {head_dim}"
+            )
+        self._set("head_dim", head_dim)
+        self._set("base", check_base(self.base))
+
+    @property
+    def inv_freq(self) -> np.ndarray:
+        """The RoPE inverse frequencies, ``(head_dim // 2,)`` float64."""
+        return rope_frequencies(self.head_dim, self.base)
+
+    def tables(
+        self, positions: Any, *, fmt: str = "float32", start: int = 0
+    ) -> tuple[np.ndarray, ...]:
+        """``(cos, sin, q_scale, k_scale)`` at ``positions``, each ``(..., head_dim)``."""
+        if start:
+            positions = start + np.arange(check_int(positions, "positions", minimum=0))
+        cos, sin = rope_table_values(positions, self.inv_freq, fmt=fmt, layout=self.layout)
+        scales = partial(
+            xpos_scales,
+            positions,
+            self.head_dim,
+            gamma=self.gamma,
+            scale_base=self.scale_base,
+            centre=self.centre,
+            layout=self.layout,
+            dtype=fmt,
+        )
+        q_scale = scales(role="query")
+        k_scale = scales(role="key")
+        return cos, sin, q_scale, k_scale
+
+
+@dataclass(frozen=True, kw_only=True)
+class AxialRopeSpec(SchemeSpec):
+    """N-D RoPE: one section of frequency pairs per coordinate axis (RoPE-Axial, M-RoPE).
+
+    Args:
+        head_dim: Features per head (even; all of them rotate).
+        n_axes: Number of coordinate axes.
+        base: The RoPE base.
+        sections: Pairs per axis, adding up to ``head_dim // 2``; ``None``: equal.
+        mode: ``"axial"`` (a ladder per axis) or ``"mrope"`` (one ladder, cut).
+        layout: ``"half"`` or ``"interleaved"``.
+    """
+
+    scheme: ClassVar[str] = "axial_rope"
+    head_dim: int
+    n_axes: int = 2
+    base: float = 10000.0
+    sections: tuple[int, ...] | None = None
+    mode: AxialMode = "axial"
+    layout: RopeLayout = "half"
+
+    def __post_init__(self) -> None:
+        self._set("mode", check_choice(self.mode, "mode", AXIAL_MODES))
+        self._set("layout", check_choice(self.layout, "layout", ROPE_LAYOUTS))
+        self._set("n_axes", check_int(self.n_axes, "n_axes", minimum=1))
+        self._set("head_dim", check_int(self.head_dim, "head_dim", minimum=2))
+        pairs = rope_frequencies(self.head_dim, self.base).size  # validates head_dim, base
+        self._set("base", float(self.base))
+        sections = self.sections
+        if sections is None:
+            if pairs % self.n_axes:
+                raise ValueError(
+                    f"cannot split head_dim // 2 = {pairs} frequency pairs equally over "
+                    f"{self.n_axes} axes; pass sections= (pairs per axis)"
+                )
+            sections = (pairs // self.n_axes,) * self.n_axes
+        if isinstance(sections, Sequence) and not isinstance(sections, (str, bytes)):
+            sections = tuple(sections)
+        self._set("sections", sections)
+        self.tables(np.zeros((1, self.n_axes), np.int64), fmt="float64")  # the core's checks
+
+    def tables(self, coords: Any, *, fmt: str = "float32") -> tuple[np.ndarray, np.ndarray]:
+        """``(cos, sin)`` of ``coords`` ``(..., n_axes)``, each ``(..., head_dim)``."""
+        return axial_rope_tables(
+            coords,
+            self.head_dim,
+            self.base,
+            sections=self.sections,
+            mode=self.mode,
+            layout=self.layout,
+            dtype=fmt,
+        )

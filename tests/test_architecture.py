@@ -1,0 +1,147 @@
+"""The rules of posenc's layout (docs/architecture.md), checked on the source.
+
+* no module of ``src/posenc`` passes about 500 lines (a reader reads it in one sitting);
+* no import cycle between posenc's modules (imports inside functions included);
+* no module of the core imports a private name of another core module;
+* the core imports no framework, no spec and no tool;
+* every front end's ``_backend.py`` provides the adapter contract's names.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "posenc"
+MAX_LINES = 500
+CONTRACT = ("format_of", "to_tensor", "known_value", "is_traced", "gather_rows", "PositionTables")
+FRAMEWORKS = ("torch", "keras", "tensorflow", "jax", "flax", "matplotlib", "tqdm")
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (``pkg/__init__.py`` as ``pkg``)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = modules()
+
+
+def imports(name: str, path: Path) -> list[tuple[str, list[str]]]:
+    """``(module imported, names imported from it)`` for every import in the file, with
+    relative imports resolved; ``if TYPE_CHECKING:`` blocks are skipped."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    skipped = {
+        id(node)
+        for guard in ast.walk(tree)
+        if isinstance(guard, ast.If) and "TYPE_CHECKING" in ast.unparse(guard.test)
+        for child in guard.body
+        for node in ast.walk(child)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.append((base, [alias.name for alias in node.names]))
+    return found
+
+
+def internal_target(module: str, names: list[str]) -> list[str]:
+    """The posenc modules an import statement loads (``from pkg import submodule`` too)."""
+    targets = [module] if module in MODULES else []
+    targets += [f"{module}.{n}" for n in names if f"{module}.{n}" in MODULES]
+    return targets
+
+
+def test_no_module_passes_about_500_lines():
+    long = {
+        name: count
+        for name, path in MODULES.items()
+        if (count := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"split these modules (lines): {long}"
+
+
+def test_no_import_cycle():
+    graph = {
+        name: {
+            target
+            for module, names in imports(name, path)
+            for target in internal_target(module, names)
+            if target != name and not name.startswith(target + ".")  # a package's own parent
+        }
+        for name, path in MODULES.items()
+    }
+    # Depth-first search for a back edge; report the first cycle found.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return [*stack[stack.index(target) :], target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+
+
+def test_the_core_imports_no_private_name_of_another_module():
+    offenders = [
+        f"{name} imports {imported} from {module}"
+        for name, path in MODULES.items()
+        if name.startswith("posenc.core")
+        for module, names in imports(name, path)
+        if module.startswith("posenc.") and module != name
+        for imported in names
+        if imported.startswith("_") and not imported.startswith("__")
+    ]
+    assert offenders == []
+
+
+def test_the_core_imports_no_framework_spec_or_tool():
+    offenders = [
+        f"{name} imports {module}"
+        for name, path in MODULES.items()
+        if name.startswith("posenc.core")
+        for module, _ in imports(name, path)
+        if module.split(".")[0] in FRAMEWORKS
+        or (module.startswith("posenc.") and not module.startswith(("posenc.core", "posenc._")))
+    ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("frontend", ["torch", "keras", "jax"])
+def test_every_backend_provides_the_adapter_contract(frontend):
+    if importlib.util.find_spec(frontend) is None:
+        pytest.skip(f"{frontend} is not installed")
+    backend = importlib.import_module(f"posenc.{frontend}._backend")
+    missing = [name for name in CONTRACT if not hasattr(backend, name)]
+    assert missing == [], f"posenc.{frontend}._backend lacks {missing}"
+    assert set(CONTRACT) <= set(backend.__all__)
