@@ -12,6 +12,16 @@ import math
 
 import numpy as np
 
+# The table seed 000 prints for "I am a robot" (n = 100, d = 4), to its 8 decimals.
+SEED_000_TABLE = np.array(
+    [
+        [0.0, 1.0, 0.0, 1.0],
+        [0.84147098, 0.54030231, 0.09983342, 0.99500417],
+        [0.90929743, -0.41614684, 0.19866933, 0.98006658],
+        [0.14112001, -0.9899925, 0.29552021, 0.95533649],
+    ]
+)
+
 
 def getPositionEncoding(seq_len, d, n=10000):  # seed 000
     P = np.zeros((seq_len, d))

@@ -56,6 +56,10 @@ class Scheme:
         table: ``posenc table --scheme`` prints its numbers.
         bench: ``posenc bench --schemes`` trains models with it.
         plots: The pictures (:data:`posenc.plot.PLOTS` names) that show it.
+
+    Example:
+        >>> SCHEMES["alibi"].role, SCHEMES["alibi"].spec.__name__
+        ('scores', 'AlibiSpec')
     """
 
     name: str

@@ -25,6 +25,11 @@ class SchemeSpec:
 
     Attributes:
         scheme: The scheme's name in :data:`posenc.SCHEMES` (the dict's ``"scheme"``).
+
+    Example:
+        >>> from posenc import AlibiSpec
+        >>> AlibiSpec(num_heads=8).to_dict()
+        {'scheme': 'alibi', 'num_heads': 8, 'mode': 'causal'}
     """
 
     scheme: ClassVar[str] = ""
@@ -87,6 +92,13 @@ class FromSpec:
 
     A module's arguments are its spec's fields plus options of its own (``max_length``,
     ``dropout``, ``qk_layout``, ...), so a spec and those options make the module.
+
+    Example:
+        >>> from posenc import SinusoidalSpec
+        >>> from posenc.torch import SinusoidalPositionalEncoding
+        >>> spec = SinusoidalSpec(d_model=16, base=100.0)
+        >>> SinusoidalPositionalEncoding.from_spec(spec, max_length=64).spec == spec
+        True
     """
 
     spec_class: ClassVar[type[SchemeSpec]]

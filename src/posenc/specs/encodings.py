@@ -130,6 +130,10 @@ class LearnedSpec(SchemeSpec):
         max_length: Number of positions, ``0 .. max_length-1``.
         d_model: Width of the embeddings.
         init_std: Standard deviation of the normal initialisation (GPT-2: 0.02).
+
+    Example:
+        >>> LearnedSpec(max_length=16, d_model=8)
+        LearnedSpec(max_length=16, d_model=8, init_std=0.02)
     """
 
     scheme: ClassVar[str] = "learned"
@@ -149,6 +153,10 @@ class NopeSpec(SchemeSpec):
 
     Args:
         d_model: Width of the (zero) encoding.
+
+    Example:
+        >>> NopeSpec(d_model=4).to_dict()
+        {'scheme': 'nope', 'd_model': 4}
     """
 
     scheme: ClassVar[str] = "nope"

@@ -112,6 +112,11 @@ class XPosSpec(SchemeSpec):
         scale_base: ``B`` (> 0; 512).
         centre: A fixed number subtracted from every position in the scale exponent.
         layout: ``"interleaved"`` (torchscale, lucidrains) or ``"half"``.
+
+    Example:
+        >>> cos, sin, q_scale, k_scale = XPosSpec(head_dim=4).tables(2, fmt="float64")
+        >>> q_scale.round(6).tolist()  # ζ_i^(p/512) at p = 0 and 1
+        [[1.0, 1.0, 1.0, 1.0], [0.997556, 0.997556, 0.999137, 0.999137]]
     """
 
     scheme: ClassVar[str] = "xpos"
@@ -179,6 +184,11 @@ class AxialRopeSpec(SchemeSpec):
         sections: Pairs per axis, adding up to ``head_dim // 2``; ``None``: equal.
         mode: ``"axial"`` (a ladder per axis) or ``"mrope"`` (one ladder, cut).
         layout: ``"half"`` or ``"interleaved"``.
+
+    Example:
+        >>> cos, _ = AxialRopeSpec(head_dim=8, n_axes=2).tables([[1, 2]], fmt="float64")
+        >>> cos.round(6).tolist()  # x = 1 turns pairs 0-1, y = 2 pairs 2-3; ladder [1, .01]
+        [[0.540302, 0.99995, -0.416147, 0.9998, 0.540302, 0.99995, -0.416147, 0.9998]]
     """
 
     scheme: ClassVar[str] = "axial_rope"

@@ -13,7 +13,12 @@ __all__ = ["check_rotary_dim", "rope_frequencies"]
 
 
 def check_rotary_dim(head_dim: Any, rotary_dim: Any) -> int:
-    """The rotary width: ``rotary_dim`` (default ``head_dim``), even, in ``[2, head_dim]``."""
+    """The rotary width: ``rotary_dim`` (default ``head_dim``), even, in ``[2, head_dim]``.
+
+    Example:
+        >>> check_rotary_dim(64, 32), check_rotary_dim(64, None)
+        (32, 64)
+    """
     head_dim = check_int(head_dim, "head_dim", minimum=1)
     if rotary_dim is None:
         rotary_dim = head_dim

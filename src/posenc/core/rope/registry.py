@@ -136,7 +136,14 @@ def register_rope_scaling(name: str, spec_class: type[RopeScaling]) -> type[Rope
 
 
 def unregister_rope_scaling(name: str) -> None:
-    """Remove a method added with :func:`register_rope_scaling` (built-in ones stay)."""
+    """Remove a method added with :func:`register_rope_scaling` (built-in ones stay).
+
+    Example:
+        >>> unregister_rope_scaling("yarn")
+        Traceback (most recent call last):
+        ...
+        ValueError: 'yarn' is a built-in RoPE scaling and cannot be removed
+    """
     if name in {cls.name for cls in _BUILT_IN}:
         raise ValueError(f"{name!r} is a built-in RoPE scaling and cannot be removed")
     if name not in _SPECS:
@@ -145,7 +152,12 @@ def unregister_rope_scaling(name: str) -> None:
 
 
 def rope_scaling_spec(name: Any) -> type[RopeScaling]:
-    """The spec class registered as ``name``; a clear error for any other value."""
+    """The spec class registered as ``name``; a clear error for any other value.
+
+    Example:
+        >>> rope_scaling_spec("yarn").__name__
+        'YarnScaling'
+    """
     if not isinstance(name, str):
         raise TypeError(f"name must be one of {list(_SPECS)}, got {describe(name)}")
     if name not in _SPECS:

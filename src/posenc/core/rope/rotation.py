@@ -40,6 +40,10 @@ def check_rope_shapes(
     Shared by the front ends' ``apply_rope``: the tables' last axis is the rotated width
     (``rotary_dim`` must equal it when given), even, at most ``x``'s feature axis, and the
     tables broadcast to ``x[..., :rotary_dim]`` without enlarging it.
+
+    Example:
+        >>> check_rope_shapes((2, 5, 8), (5, 8), (5, 8), None)
+        8
     """
     if cos_shape != sin_shape:
         raise ValueError(f"cos and sin must have the same shape, got {cos_shape} and {sin_shape}")

@@ -55,6 +55,16 @@ class RopeScaling:
         length_dependent: Whether the frequencies depend on the current sequence length
             (then :meth:`frequencies` takes ``seq_len`` and :attr:`original_length` is
             where the scaling starts).
+
+    Example:
+        >>> import dataclasses
+        >>> @dataclasses.dataclass(frozen=True, kw_only=True)
+        ... class Stretch(RopeScaling):  # every frequency divided by `factor`
+        ...     factor: float = 2.0
+        ...     def _inv_freq(self, rotary_dim, base, seq_len):
+        ...         return base ** (-np.arange(0, rotary_dim, 2) / rotary_dim) / self.factor, 1.0
+        >>> Stretch(factor=4.0).frequencies(4, 100.0)[0].tolist()
+        [0.25, 0.025]
     """
 
     name: ClassVar[str] = ""

@@ -42,6 +42,12 @@ ROPE_LAYOUTS: tuple[RopeLayout, ...] = ("half", "interleaved")
 
 
 def check_inv_freq(inv_freq: Any) -> np.ndarray:
+    """Inverse frequencies as a non-empty 1-D float64 array of finite numbers.
+
+    Example:
+        >>> check_inv_freq([1, 0.5]).tolist()
+        [1.0, 0.5]
+    """
     try:
         array = np.asarray(inv_freq)
     except (TypeError, ValueError) as exc:
@@ -125,6 +131,11 @@ def rope_table_values(
 
     For the framework adapters. With an int ``positions`` (a length), ``start`` shifts
     the range to ``start .. start+positions-1``.
+
+    Example:
+        >>> cos, _ = rope_table_values(2, [1.0], fmt="bfloat16", layout="half")
+        >>> cos.dtype.name, cos[1].tolist()  # bfloat16's cos(1), held exactly in float32
+        ('float32', [0.5390625, 0.5390625])
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")

@@ -1,6 +1,6 @@
 """The backend-agnostic Keras test files, run on the Keras backends this process does not use.
 
-Keras fixes its backend when it is first imported (``tests/conftest.py`` picks
+Keras fixes its backend when it is first imported (the root ``conftest.py`` picks
 TensorFlow unless ``KERAS_BACKEND`` says otherwise), so the same files run here once per
 other backend in a child pytest with ``KERAS_BACKEND`` set; a failure shows the child's
 report. A backend whose package is missing is skipped with the reason in the summary
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-FILES = ["test_keras_layers.py", "test_keras_rope.py"]
+FILES = ["test_embeddings_and_bias.py", "test_rope.py"]
 
 
 def _in_process_backend() -> str | None:
@@ -52,7 +52,7 @@ def test_keras_files_on_backend(backend):
             "no:cacheprovider",
             *(str(HERE / name) for name in FILES),
         ],
-        cwd=HERE.parent,
+        cwd=HERE.parents[1],
         env=env,
         capture_output=True,
         text=True,

@@ -9,17 +9,14 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
 import posenc
-from seed_oracles import gen_pe_loop, generate_positional_encoding_numpy, getPositionEncoding
+from seed_oracles import (
+    SEED_000_TABLE,
+    gen_pe_loop,
+    generate_positional_encoding_numpy,
+    getPositionEncoding,
+)
 
 # Seed 000: "I am a robot", n=100, d=4, L=4, printed to 8 decimals.
-SEED_000_TABLE = np.array(
-    [
-        [0.0, 1.0, 0.0, 1.0],
-        [0.84147098, 0.54030231, 0.09983342, 0.99500417],
-        [0.90929743, -0.41614684, 0.19866933, 0.98006658],
-        [0.14112001, -0.9899925, 0.29552021, 0.95533649],
-    ]
-)
 
 # Seed 003: gen_pe(10, 4, 100), printed to 4 decimals.
 SEED_003_TABLE_N100 = np.array(

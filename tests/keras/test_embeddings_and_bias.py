@@ -1,7 +1,7 @@
 """The Keras 3 layers on whichever backend ``KERAS_BACKEND`` names (TensorFlow, JAX, torch).
 
 Only ``keras``, ``keras.ops`` and NumPy here, so the same file runs on every backend:
-``KERAS_BACKEND=jax pytest tests/test_keras_layers.py`` (and ``torch``, ``tensorflow``).
+``KERAS_BACKEND=jax pytest tests/keras/test_embeddings_and_bias.py`` (and ``torch``, ``tensorflow``).
 Expected values come from the NumPy core (``posenc.sinusoidal``, ``sinusoidal_nd``,
 ``alibi_bias``, ``t5_bias``), itself tested against closed forms and reference code, and
 for the learned layers from the layer's own weights read back as NumPy.

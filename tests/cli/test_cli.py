@@ -17,7 +17,7 @@ import pytest
 import posenc
 import posenc.plot
 from posenc.cli import main
-from test_seeds import SEED_000_TABLE
+from seed_oracles import SEED_000_TABLE
 
 
 def run(capsys, *argv):
