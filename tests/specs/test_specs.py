@@ -309,3 +309,22 @@ def test_tables_grow_doubling_and_fall_back_to_what_is_needed():
     assert grow(build(150), 120, 100) == 120  # doubling refused: what the call needs
     assert grow(build(110), 120, 100) is None  # both refused: the call's rows directly
     assert built == [200, 200, 120, 200, 120]
+
+
+def test_flax_bias_modules_are_made_from_their_specs():
+    pytest.importorskip("flax")
+    import jax
+
+    from posenc.jax import linen
+
+    alibi = linen.ALiBiBias.from_spec(SPECS[8], max_length=16)
+    np.testing.assert_array_equal(
+        np.asarray(alibi.apply({}, 3, 5, offset=2)), SPECS[8].bias(3, 5, offset=2)
+    )
+    t5 = linen.T5RelativeBias.from_spec(SPECS[9])
+    variables = t5.init(jax.random.PRNGKey(0), 4)
+    weights = np.asarray(variables["params"]["relative_attention_bias"])
+    np.testing.assert_array_equal(
+        np.asarray(t5.apply(variables, 4)),
+        posenc.t5_bias(weights, 4, bidirectional=False, max_distance=40, compat="exact"),
+    )

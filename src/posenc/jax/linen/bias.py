@@ -10,14 +10,14 @@ import jax
 import jax.numpy as jnp
 
 from ..._checks import check_int
-from ...specs import AlibiSpec, T5Spec
+from ...specs import AlibiSpec, FromSpec, T5Spec
 from .._backend import format_of
 from ..bias import alibi_bias, t5_bias
 
 __all__ = ["ALiBiBias", "T5RelativeBias"]
 
 
-class ALiBiBias(nn.Module):
+class ALiBiBias(nn.Module, FromSpec):
     """ALiBi: the bias ``-m_h · distance`` per head, ``(num_heads, q, k)``, no variables.
 
     The values are the core's (:func:`posenc.alibi_bias`: slope × distance in float64,
@@ -49,6 +49,8 @@ class ALiBiBias(nn.Module):
         Enables Input Length Extrapolation", ICLR 2022.
     """
 
+    spec_class = AlibiSpec
+
     num_heads: int
     mode: str = "causal"
     max_length: int | None = None
@@ -75,7 +77,7 @@ class ALiBiBias(nn.Module):
         )
 
 
-class T5RelativeBias(nn.Module):
+class T5RelativeBias(nn.Module, FromSpec):
     """T5's learned relative position bias, param ``"relative_attention_bias"``.
 
     The param has shape ``(num_buckets, num_heads)``, the layout of Hugging Face's
@@ -113,6 +115,8 @@ class T5RelativeBias(nn.Module):
         Raffel et al., "Exploring the Limits of Transfer Learning with a Unified
         Text-to-Text Transformer", JMLR 2020, §2.1.
     """
+
+    spec_class = T5Spec
 
     num_heads: int
     bidirectional: bool = True
