@@ -198,3 +198,124 @@ def test_bias_positions_must_be_integers_of_matching_batches():
     with pytest.raises(ValueError, match="different batch sizes"):
         T5RelativeBias(2)(3, 3, positions=torch.zeros(2, 3, dtype=torch.long),
                           key_positions=torch.zeros(4, 3, dtype=torch.long))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
+# Schemes plug in by the role they play (posenc.torch.protocols), not by their class.
+
+
+class HalvedRotation:
+    """A rotation written here, not in posenc: RoPE with every frequency halved."""
+
+    head_dim, qk_layout = 8, "bhsd"
+
+    def __init__(self) -> None:
+        self.inv_freq = posenc.rope_frequencies(8) / 2
+
+    def tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return posenc.rope_tables(positions, self.inv_freq, dtype="float64")
+
+    def rotate_queries_keys(self, q, k, *, positions=None, offset=0):
+        where = np.arange(offset, offset + q.shape[2]) if positions is None else positions.numpy()
+        cos, sin = (torch.from_numpy(t).to(q.dtype) for t in self.tables(where))
+        return (
+            torch.from_numpy(posenc.apply_rope(q.detach().numpy(), cos.numpy(), sin.numpy())),
+            torch.from_numpy(posenc.apply_rope(k.detach().numpy(), cos.numpy(), sin.numpy())),
+        )
+
+
+class DistancePenalty:
+    """A score bias written here: -|i - j| / 4 for every head."""
+
+    num_heads = 4
+
+    def score_bias(self, query_length, key_length=None, *, offset=0, positions=None,
+                   key_positions=None, dtype=torch.float32, device=None):  # fmt: skip
+        key_length = offset + query_length if key_length is None else key_length
+        q = torch.arange(offset, offset + query_length)[:, None]
+        k = torch.arange(key_length)[None, :]
+        bias = -(q - k).abs().to(torch.float64) / 4
+        return bias.expand(self.num_heads, -1, -1).to(dtype)
+
+
+def attention_with(module: MultiHeadAttention, x: torch.Tensor, rotate=None, bias=None):
+    """The float64 attention of ``module``'s weights with a rotation and a bias given here."""
+    B, T, C = x.shape
+    nh, hs = module.num_heads, module.head_dim
+    q, k, v = (x.double() @ module.qkv.weight.double().T).split(C, dim=2)
+    q, k, v = (t.view(B, T, nh, hs).transpose(1, 2) for t in (q, k, v))
+    if rotate is not None:
+        q, k = rotate(q.detach().numpy(), k.detach().numpy())
+        q, k = torch.from_numpy(q), torch.from_numpy(k)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(hs)
+    if bias is not None:
+        scores = scores + bias
+    if module.causal:
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
+    return y @ module.out.weight.double().T
+
+
+def test_xpos_plugs_in_and_decodes_one_token_at_a_time():
+    from posenc.torch import XPosRotaryEmbedding
+
+    torch.manual_seed(3)
+    module = MultiHeadAttention(32, 4, position=XPosRotaryEmbedding(8, max_length=16)).eval()
+    x = torch.randn(2, 10, 32)
+
+    def xpos(q, k):  # the core's xPos, float64, fixed centre 0 as the module
+        return posenc.apply_xpos(q, k, centre=0.0)
+
+    assert_close(module(x).double(), attention_with(module, x, xpos), rtol=0, atol=2e-5)
+    cache = KVCache()
+    steps = [module(x[:, :6], cache=cache)]
+    steps += [module(x[:, t : t + 1], cache=cache) for t in range(6, 10)]
+    assert_close(torch.cat(steps, dim=1), module(x), rtol=0, atol=2e-6)
+
+
+def test_axial_rope_plugs_in_with_coordinates_as_positions():
+    from posenc.core.rope_nd import axial_rope_tables, grid_coordinates
+    from posenc.torch import AxialRotaryEmbedding
+
+    torch.manual_seed(4)
+    axial = AxialRotaryEmbedding(8, n_axes=2)
+    module = MultiHeadAttention(32, 4, position=axial, causal=False).eval()
+    coords = grid_coordinates((3, 4)).reshape(12, 2)
+    x = torch.randn(2, 12, 32)
+
+    def rotate(q, k):
+        cos, sin = axial_rope_tables(coords, 8, dtype="float64")
+        return posenc.apply_rope(q, cos, sin), posenc.apply_rope(k, cos, sin)
+
+    got = module(x, positions=torch.from_numpy(coords))
+    assert_close(got.double(), attention_with(module, x, rotate), rtol=0, atol=2e-5)
+    with pytest.raises(TypeError, match="AxialRotaryEmbedding rotates by coordinates"):
+        module(x)
+
+
+def test_schemes_written_elsewhere_plug_in_by_their_role():
+    from posenc.torch.protocols import QueryKeyRotation, ScoreBias
+
+    rotation, penalty = HalvedRotation(), DistancePenalty()
+    assert isinstance(rotation, QueryKeyRotation)
+    assert not isinstance(rotation, ScoreBias)
+    assert isinstance(penalty, ScoreBias)
+    torch.manual_seed(5)
+    x = torch.randn(2, 9, 32)
+    rotated = MultiHeadAttention(32, 4, position=rotation).eval()
+
+    def halved(q, k):
+        cos, sin = rotation.tables(np.arange(9))
+        return posenc.apply_rope(q, cos, sin), posenc.apply_rope(k, cos, sin)
+
+    assert_close(rotated(x).double(), attention_with(rotated, x, halved), rtol=0, atol=2e-5)
+    biased = MultiHeadAttention(32, 4, position=penalty).eval()
+    expected = attention_with(biased, x, bias=penalty.score_bias(9, dtype=torch.float64))
+    assert_close(biased(x).double(), expected, rtol=0, atol=2e-5)
+    cache = KVCache()  # the bias follows the cache's offset too
+    steps = [biased(x[:, :5], cache=cache)] + [
+        biased(x[:, t : t + 1], cache=cache) for t in range(5, 9)
+    ]
+    assert_close(torch.cat(steps, dim=1), biased(x), rtol=0, atol=2e-6)
+    with pytest.raises(ValueError, match="the DistancePenalty has 4 heads, the attention 2"):
+        MultiHeadAttention(32, 2, position=penalty)
