@@ -55,12 +55,46 @@ class BandScaling(posenc.RopeScaling):
         return np.where(slow, inv_freq / self.factor, inv_freq), 1 + 0.1 * math.log(self.factor)
 
 
+#: A length-dependent method: ``StretchScaling`` divides every frequency by
+#: ``max(1, L / original_max_position_embeddings)`` for a sequence of length ``L``
+#: (linear interpolation stretched to each length) and scales the tables by 1.25.
+STRETCH = "stretch"
+STRETCH_PARAMS = {"original_max_position_embeddings": 8}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StretchScaling(posenc.RopeScaling):
+    """Frequencies divided by ``max(1, L / L₀)``; attention factor 1.25."""
+
+    length_dependent = True
+    original_max_position_embeddings: int
+
+    def _inv_freq(self, rotary_dim: int, base: float, seq_len: int | None) -> tuple[Any, float]:
+        original = self.original_max_position_embeddings
+        stretch = max(1.0, (original if seq_len is None else seq_len) / original)
+        return posenc.rope_frequencies(rotary_dim, base) / stretch, 1.25
+
+
+def stretched_rotation(x: np.ndarray, positions: np.ndarray, length: int) -> np.ndarray:
+    """``x`` (batch, seq, heads, d) rotated with the frequencies of sequence length ``length``,
+    written out here (float64, rounded once to float32)."""
+    d, original = x.shape[-1], STRETCH_PARAMS["original_max_position_embeddings"]
+    inv_freq = 10000.0 ** (-np.arange(0, d, 2) / d) / max(1.0, length / original)
+    angle = np.asarray(positions, dtype=np.float64)[:, None] * np.concatenate([inv_freq] * 2)
+    cos, sin = 1.25 * np.cos(angle)[:, None, :], 1.25 * np.sin(angle)[:, None, :]
+    wide = x.astype(np.float64)
+    turned = np.concatenate([-wide[..., d // 2 :], wide[..., : d // 2]], axis=-1)
+    return (wide * cos + turned * sin).astype(np.float32)
+
+
 def register() -> None:
     posenc.register_rope_scaling(NAME, BandScaling)
+    posenc.register_rope_scaling(STRETCH, StretchScaling)
 
 
 def unregister() -> None:
     posenc.unregister_rope_scaling(NAME)
+    posenc.unregister_rope_scaling(STRETCH)
 
 
 def expected_frequencies() -> tuple[np.ndarray, float]:

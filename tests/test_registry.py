@@ -95,6 +95,41 @@ def test_pytorch():
     assert module.scaling_params == PARAMS
 
 
+def test_pytorch_length_dependent():
+    # A registered method that depends on the length follows Hugging Face's
+    # dynamic_rope_update in the module, as dynamic_ntk does: L = offset + seq.
+    _require("torch")
+    import torch
+
+    from posenc.torch import RotaryEmbedding
+
+    module = RotaryEmbedding(
+        HEAD_DIM, scaling=band.STRETCH, scaling_params=band.STRETCH_PARAMS, qk_layout="bshd"
+    )
+    x = torch.from_numpy(X)  # 6 positions
+    for offset, length in [(0, 8), (3, 9), (10, 16), (0, 8)]:  # past L₀ = 8, then back
+        q, _ = module(x, x, offset=offset)
+        expected = band.stretched_rotation(X, np.arange(offset, offset + 6), length)
+        np.testing.assert_allclose(q.numpy(), expected, rtol=0, atol=4e-6)
+    assert module.attention_factor == 1.25
+
+
+def test_keras_length_dependent():
+    _require("keras")
+    import keras
+
+    from posenc.keras import RotaryEmbedding
+
+    layer = RotaryEmbedding(scaling=band.STRETCH, scaling_params=band.STRETCH_PARAMS, max_length=16)
+    for start, length in [(0, 8), (3, 9), (10, 16), (0, 8)]:  # past L₀ = 8, then back
+        got = keras.ops.convert_to_numpy(layer(X, start_index=start))
+        expected = band.stretched_rotation(X, np.arange(start, start + 6), length)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=4e-6)
+    tokens = keras.Input(shape=(6, 2, HEAD_DIM))
+    with pytest.raises(ValueError, match=r"scaling='stretch'.*start_index is a symbolic"):
+        layer(tokens, start_index=keras.Input(batch_shape=(), dtype="int32"))
+
+
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
 def test_keras_on_every_backend(backend):
     _require("keras", backend)

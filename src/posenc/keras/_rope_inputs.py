@@ -148,9 +148,10 @@ def place_rows(rows: Any, rank: int, sequence: int) -> Any:
     return rows
 
 
-def dynamic_message(problem: str) -> str:
+def dynamic_message(scaling: str, problem: str) -> str:
+    """Why a length-dependent scaling cannot run with a length known only in a trace."""
     return (
-        f"scaling='dynamic_ntk' recomputes the frequencies from the sequence length L = "
+        f"scaling={scaling!r} recomputes the frequencies from the sequence length L = "
         f"start_index + seq (or max(positions) + 1) of each call, so L must be known when "
         f"the call runs, but {problem}; pass start_index as a Python int with a statically "
         "shaped input, or use a fixed scaling such as 'ntk' or 'yarn'"

@@ -15,7 +15,7 @@ import numpy as np
 from keras import ops
 
 from .._checks import check_base, check_choice, check_int
-from ..core.rope import ROPE_LAYOUTS, as_rope_scaling
+from ..core.rope import ROPE_LAYOUTS, LongRopeScaling, as_rope_scaling
 from ..specs import FromSpec, RopeSpec
 from ._backend import (
     PositionTables,
@@ -78,7 +78,8 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
     ``max(positions) + 1``, as Hugging Face's ``dynamic_rope_update``): ``"longrope"``
     uses ``long_factor`` while ``L > original_max_position_embeddings`` and
     ``short_factor`` otherwise; both tables are built and the choice works inside traces
-    (``keras.ops.where``). ``"dynamic_ntk"`` (Hugging Face ``"dynamic"``) changes the
+    (``keras.ops.where``). ``"dynamic_ntk"`` (Hugging Face ``"dynamic"``), like any other
+    registered length-dependent method, changes the
     frequencies with ``L``, so ``L`` must be known when the call runs (a ``ValueError``
     otherwise: use a fixed scaling in traced code); past the original length the core
     computes the call's rows at ``seq_len=L``. The layer is stateless; the PyTorch
@@ -191,7 +192,7 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         if rotary_dim is not None:
             rotary_dim = check_int(rotary_dim, "rotary_dim", minimum=2)
             RopeSpec(
-                head_dim=head_dim or rotary_dim,
+                head_dim=rotary_dim if head_dim is None else head_dim,
                 base=self.base,
                 rotary_dim=rotary_dim,
                 layout=self.layout,
@@ -203,6 +204,11 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         )
         self.scaling: str = self._scaling.name
         self.scaling_params: dict[str, Any] = self._scaling.params()
+        # Length-dependent scalings: LongRoPE's two sets of factors have a table each, and
+        # a traced length picks one in the graph; any other method needs the length known
+        # and computes the call's rows past the original length (as dynamic NTK).
+        self._two_variants = isinstance(self._scaling, LongRopeScaling)
+        self._per_length = self._scaling.length_dependent and not self._two_variants
         self.spec: RopeSpec | None = None
         self.head_dim: int | None = None
         self.rotary_dim: int | None = rotary_dim
@@ -236,7 +242,7 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         self.head_dim, self.rotary_dim = head_dim, self.spec.rotary_dim
         self.inv_freq, self.attention_factor = inv_freq, attention_factor
         self._frequencies = {"base": inv_freq}
-        if self._scaling.name == "longrope":
+        if self._two_variants:  # LongRoPE: one table per set of factors, chosen per call
             original = self._original()
             self._frequencies = {"short": inv_freq, "long": self._scaled(original + 1)}
         turn, self._sign = turn_index(self.rotary_dim, self.layout)
@@ -334,7 +340,7 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         if not self.built:
             raise ValueError("the tables are built with the layer: call it (or build) first")
         tables = self._table_set(self._format(self.compute_dtype))
-        table = tables["short" if self.scaling == "longrope" else "base"][which]
+        table = tables["short" if self._two_variants else "base"][which]
         if which == 1:  # undo the partner's sign folded into the stored table (exact)
             table = ops.multiply(table, ops.cast(self._sign, table.dtype))
         return table
@@ -403,9 +409,9 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         """
         assert self._tables is not None  # built
         original = self._original()
-        if self.scaling == "dynamic_ntk" and end is not None and end > original:
+        if self._per_length and end is not None and end > original:
             return self._values(exact[0], self._scaled(end), fmt, start=exact[1])
-        if self.scaling != "longrope":
+        if not self._two_variants:
             variant = "base"
         else:  # long factors past the original length; a traced length selects in-graph
             variant = "" if end is None else "long" if end > original else "short"
@@ -430,9 +436,9 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         """Rows ``start_index .. start_index+seq-1`` of the tables: ``(seq, r)`` each."""
         start = start_position(start_index, "RotaryEmbedding")  # an int when known
         end = start + seq if isinstance(start, int) and isinstance(seq, int) else None
-        if self.scaling == "dynamic_ntk" and end is None:
+        if self._per_length and end is None:
             what = "the sequence length" if isinstance(start, int) else "start_index"
-            raise ValueError(dynamic_message(f"{what} is known only at run time"))
+            raise ValueError(dynamic_message(self.scaling, f"{what} is known only at run time"))
         return self._select(fmt, end, (seq, start if end is not None else 0), None, start, seq)
 
     def _gathered_rows(self, positions: Any, batch: Any, seq: Any, fmt: str) -> tuple[Any, Any]:
@@ -443,8 +449,8 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         if known is not None:
             check_known_positions(known)
             end = int(known.max()) + 1 if known.size else 0
-        if self.scaling == "dynamic_ntk" and end is None:
-            raise ValueError(dynamic_message("positions are known only at run time"))
+        if self._per_length and end is None:
+            raise ValueError(dynamic_message(self.scaling, "positions are known only at run time"))
         exact = (None if known is None else known.astype(np.int64), 0)
         index = saturate_int32(positions)  # (seq,) or (batch, seq)
         return self._select(fmt, end, exact, index, None, None)
@@ -459,8 +465,8 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         shape, dtype = self._check_inputs(inputs)
         if positions is None:
             start = start_position(start_index, "RotaryEmbedding")
-            if self.scaling == "dynamic_ntk" and not isinstance(start, int):
-                raise ValueError(dynamic_message("start_index is a symbolic input"))
+            if self._per_length and not isinstance(start, int):
+                raise ValueError(dynamic_message(self.scaling, "start_index is a symbolic input"))
         else:
             if not is_default_start(start_index):
                 raise ValueError(
@@ -469,8 +475,8 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
                 )
             assert self._axes is not None  # built
             positions = check_positions(positions, shape[0], shape[self._axes[0]])
-            if self.scaling == "dynamic_ntk" and known_value(positions) is None:
-                raise ValueError(dynamic_message("positions are a symbolic input"))
+            if self._per_length and known_value(positions) is None:
+                raise ValueError(dynamic_message(self.scaling, "positions are a symbolic input"))
         return keras.KerasTensor(shape, dtype=dtype)
 
     def get_config(self) -> dict[str, Any]:

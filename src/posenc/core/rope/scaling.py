@@ -121,12 +121,20 @@ class RopeScaling:
     def scaled_length(self, length: int, current: int) -> int:
         """The length whose frequencies a call of ``length`` positions uses, given ``current``.
 
-        Hugging Face's ``dynamic_rope_update`` (kept as state by a PyTorch module):
-        ``"dynamic_ntk"`` moves to ``length`` when it exceeds ``current`` and back to the
-        original length when ``length`` falls under it again; ``"longrope"`` uses one
-        length past the original whenever ``length`` exceeds it. Methods that do not
-        depend on the length keep ``current``.
+        Hugging Face's ``dynamic_rope_update`` (kept as state by a PyTorch module): a
+        length-dependent method moves to ``length`` when it exceeds ``current`` and back
+        to the original length when ``length`` falls under it again (``"dynamic_ntk"``,
+        and the default for registered methods); ``"longrope"`` uses one length past the
+        original whenever ``length`` exceeds it. Methods that do not depend on the length
+        keep ``current``.
         """
+        if not self.length_dependent:
+            return current
+        original = self.original_length or 0
+        if length > current:  # growth (current >= original, so length > original)
+            return length
+        if length < original < current:  # back under the original length: reset
+            return original
         return current
 
     def params(self) -> dict[str, Any]:

@@ -161,14 +161,6 @@ class DynamicNTKScaling(RopeScaling):
         scaled = base * stretch ** _exponent(rotary_dim, "dynamic_ntk")
         return rope_frequencies(rotary_dim, scaled), 1.0
 
-    def scaled_length(self, length: int, current: int) -> int:
-        original = self.original_max_position_embeddings
-        if length > current:  # growth (current >= original, so length > original)
-            return length
-        if length < original < current:  # back under the original length: reset
-            return original
-        return current
-
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     # YaRN's attention temperature, sqrt(1/t) = 0.1 ln(s) + 1 (Peng et al., eq. 22).
