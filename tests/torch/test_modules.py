@@ -16,6 +16,7 @@ import posenc  # noqa: E402
 from posenc.torch import (  # noqa: E402
     InputEmbedding,
     LearnedPositionalEmbedding,
+    NoPositionalEncoding,
     SinusoidalPositionalEncoding,
     TokenEmbedding,
     exact_table,
@@ -295,6 +296,7 @@ def test_bad_input(call, error, match, cls):
         (lambda: LearnedPositionalEmbedding(8.0, 4), TypeError, "max_length.*8.0"),
         (lambda: TokenEmbedding(10, 4, padding_idx=10), ValueError, "padding_idx must be in 0..9, got 10"),
         (lambda: InputEmbedding(10, 4, positional="rope"), ValueError, "'rope'"),
+        (lambda: InputEmbedding(10, 4, positional=3), TypeError, "got 3"),
         (lambda: exact_table(4, 4, dtype=torch.int32), TypeError, "torch.int32"),
     ],
 )  # fmt: skip
@@ -328,3 +330,55 @@ def test_review_regressions():
         LearnedPositionalEmbedding(4, 4, init_std=float("inf"))
     with pytest.raises(TypeError, match="init_std.*True"):
         LearnedPositionalEmbedding(4, 4, init_std=True)
+
+
+def test_input_embedding_takes_any_input_encoding_by_its_role():
+    class Shifted:  # not a module: the sinusoids of the positions one later
+        def __init__(self):
+            self.inner = SinusoidalPositionalEncoding(8, dropout=0.0)
+
+        def encode(self, x, *, positions=None, offset=0):
+            return self.inner(x, offset=offset + 1)
+
+    torch.manual_seed(0)
+    layer = InputEmbedding(20, 8, positional=Shifted(), dropout=0.0, scale=False)
+    ids = torch.tensor([[3, 4, 5]])
+    tokens = layer.tokens(ids)
+    assert torch.equal(layer(ids, offset=2), tokens + exact_table(6, 8)[3:6])
+    nope = InputEmbedding(20, 8, positional="nope", dropout=0.0)
+    assert isinstance(nope.positional, NoPositionalEncoding)
+    assert torch.equal(nope(ids), nope.tokens(ids))
+
+
+def test_positions_past_the_memory_limit_get_the_cores_rows_and_leave_the_table():
+    # A table to position 10**7 at width 512 would take 19 GiB: refused, so the call's
+    # rows come from the core directly (posenc.core.positions) and the table stays.
+    pe = SinusoidalPositionalEncoding(512, dropout=0.0, max_length=16)
+    far = 10**7
+    out = pe(torch.zeros(1, 3, 512), offset=far)
+    assert torch.equal(out[0], exact_table(3, 512, start=far))
+    positions = torch.tensor([[5, far + 9, 2]])
+    out = pe(torch.zeros(1, 3, 512), positions=positions)
+    expected = posenc.sinusoidal(np.array([5, far + 9, 2]), 512, dtype="float32")
+    assert torch.equal(out[0], torch.from_numpy(expected))
+    assert pe.table_length == 16
+
+
+def test_a_refused_table_in_another_dtype_gives_the_calls_rows(monkeypatch):
+    # The float32 buffers hold the positions, but the bfloat16 copy an input of that dtype
+    # needs is refused (as the memory limit may refuse a wider copy): direct rows.
+    pe = SinusoidalPositionalEncoding(8, dropout=0.0, max_length=64)
+    derive = pe._derive
+
+    def limited(positions, start, dtype, device):
+        if dtype == torch.bfloat16 and isinstance(positions, int) and positions > 32:
+            raise ValueError("this positional-encoding table would take too much memory")
+        return derive(positions, start, dtype, device)
+
+    monkeypatch.setattr(pe, "_derive", limited)
+    out = pe(torch.zeros(1, 3, 8, dtype=torch.bfloat16), offset=40)
+    assert torch.equal(out[0], exact_table(3, 8, start=40, dtype=torch.bfloat16))
+    positions = torch.tensor([[1, 50]])
+    out = pe(torch.zeros(1, 2, 8, dtype=torch.bfloat16), positions=positions)
+    assert torch.equal(out[0], exact_table(64, 8, dtype=torch.bfloat16)[[1, 50]])
+    assert pe.table_length == 64

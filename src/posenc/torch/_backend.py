@@ -4,8 +4,9 @@ Every front end has a ``_backend.py`` with these names for these roles:
 
 ``format_of(dtype)``
     the core's format name (``"float32"``, ...) of a framework dtype, or a ``TypeError``;
-``to_tensor(values, fmt)``
-    a framework tensor holding a NumPy array the core rounded to ``fmt``, exactly;
+``to_tensor(values, dtype, device)``
+    a tensor holding a NumPy array the core rounded to ``dtype``'s format, exactly (the
+    other front ends take the format name: a torch module knows its dtype and device);
 ``known_value(x)``
     the value of a tensor if it is known while the call runs, else ``None`` (traced);
 ``gather_rows(table, index)``
@@ -324,7 +325,10 @@ class PositionTables(DerivedBuffers):
             grow(self.extend, end, rows)
             if end > self.table_length:  # refused by the memory limit
                 return None
-        return self._tables_in(dtype, device)
+        try:
+            return self._tables_in(dtype, device)
+        except ValueError:  # a copy in another dtype refused by the memory limit
+            return None
 
     def _table_rows(
         self,

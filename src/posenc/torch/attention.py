@@ -144,10 +144,11 @@ class MultiHeadAttention(nn.Module):
         q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        if isinstance(self.position, QueryKeyRotation):
-            q, k = self.position.rotate_queries_keys(
-                q, k, positions=positions, offset=0 if positions is not None else offset
-            )
+        # The role is looked up by its method (cheap; a runtime-protocol isinstance costs
+        # tens of microseconds per call): the scheme was checked when it was given.
+        rotate = getattr(self.position, "rotate_queries_keys", None)
+        if rotate is not None:
+            q, k = rotate(q, k, positions=positions, offset=0 if positions is not None else offset)
         if cache is not None:
             k, v = cache.update(k, v)  # (B, nh, S, hs) with S = offset + T
         S = k.shape[-2]
@@ -180,10 +181,11 @@ class MultiHeadAttention(nn.Module):
         attn_mask: Tensor | None,
     ) -> Tensor | None:
         """Float mask (bias and -inf) or None when plain causal/no mask suffices."""
-        bias = None
-        if isinstance(self.position, ScoreBias):
+        bias: Tensor | None = None
+        score_bias = getattr(self.position, "score_bias", None)
+        if score_bias is not None:
             key_positions = positions if (positions is not None and not cached) else None
-            bias = self.position.score_bias(
+            bias = score_bias(
                 T,
                 S,
                 offset=offset if positions is None else 0,
@@ -217,18 +219,16 @@ def _check_position(position: object, num_heads: int, head_dim: int) -> None:
     if position is None:
         return
     name = type(position).__name__
-    if isinstance(position, QueryKeyRotation):
-        if position.head_dim != head_dim or position.qk_layout != "bhsd":
-            raise ValueError(
-                f"the {name} must have head_dim={head_dim} and qk_layout='bhsd', "
-                f"got head_dim={position.head_dim}, qk_layout={position.qk_layout!r}"
-            )
-        return
-    if isinstance(position, ScoreBias):
-        if position.num_heads != num_heads:
-            raise ValueError(
-                f"the {name} has {position.num_heads} heads, the attention {num_heads}"
-            )
+    if isinstance(position, QueryKeyRotation) and (
+        position.head_dim != head_dim or position.qk_layout != "bhsd"
+    ):
+        raise ValueError(
+            f"the {name} must have head_dim={head_dim} and qk_layout='bhsd', "
+            f"got head_dim={position.head_dim}, qk_layout={position.qk_layout!r}"
+        )
+    if isinstance(position, ScoreBias) and position.num_heads != num_heads:
+        raise ValueError(f"the {name} has {position.num_heads} heads, the attention {num_heads}")
+    if isinstance(position, (QueryKeyRotation, ScoreBias)):
         return
     raise TypeError(
         "position must be None, a scheme that rotates queries and keys (a RotaryEmbedding, "

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from .._checks import check_int, describe
 from ..specs import AlibiSpec, FromSpec, T5Spec
 from ._backend import DerivedBuffers, check_offset
+from .protocols import BiasesScores
 
 
 def _length(value: Any, name: str) -> Any:
@@ -70,7 +71,7 @@ def _relative_positions(
     return key_positions.to(device).unsqueeze(-2) - positions.to(device).unsqueeze(-1)
 
 
-class ALiBiBias(DerivedBuffers, FromSpec):
+class ALiBiBias(DerivedBuffers, BiasesScores, FromSpec):
     """ALiBi (Press et al., 2022): a linear penalty ``-m_h · distance`` per head.
 
     Args:
@@ -138,34 +139,11 @@ class ALiBiBias(DerivedBuffers, FromSpec):
         bias = slopes * distance.to(torch.float64).unsqueeze(-3)  # (..., H, q, k)
         return bias.to(dtype)
 
-    def score_bias(
-        self,
-        query_length: int,
-        key_length: int | None = None,
-        *,
-        offset: int = 0,
-        positions: Tensor | None = None,
-        key_positions: Tensor | None = None,
-        dtype: torch.dtype | None = torch.float32,
-        device: torch.device | None = None,
-    ) -> Tensor:
-        """The :class:`~posenc.torch.protocols.ScoreBias` role: this module's call."""
-        bias: Tensor = self(
-            query_length,
-            key_length,
-            offset=offset,
-            positions=positions,
-            key_positions=key_positions,
-            dtype=dtype,
-            device=device,
-        )
-        return bias
-
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, mode={self.mode!r}"
 
 
-class T5RelativeBias(DerivedBuffers, FromSpec):
+class T5RelativeBias(DerivedBuffers, BiasesScores, FromSpec):
     """T5's learned relative position bias: one weight per (distance bucket, head).
 
     The bucket of a relative distance (exact up to ``num_buckets/2`` or ``/4``,
@@ -245,29 +223,6 @@ class T5RelativeBias(DerivedBuffers, FromSpec):
         bias = nn.functional.embedding(buckets, weight)  # (..., q, k, H)
         bias = bias.movedim(-1, -3)  # (..., H, q, k)
         return bias if dtype is None else bias.to(dtype)
-
-    def score_bias(
-        self,
-        query_length: int,
-        key_length: int | None = None,
-        *,
-        offset: int = 0,
-        positions: Tensor | None = None,
-        key_positions: Tensor | None = None,
-        dtype: torch.dtype | None = torch.float32,
-        device: torch.device | None = None,
-    ) -> Tensor:
-        """The :class:`~posenc.torch.protocols.ScoreBias` role: this module's call."""
-        bias: Tensor = self(
-            query_length,
-            key_length,
-            offset=offset,
-            positions=positions,
-            key_positions=key_positions,
-            dtype=dtype,
-            device=device,
-        )
-        return bias
 
     def extra_repr(self) -> str:
         return (

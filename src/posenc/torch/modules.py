@@ -35,6 +35,7 @@ from ._backend import (
     positions_end,
     to_tensor,
 )
+from .protocols import EncodesInput, InputEncoding
 
 
 def exact_table(
@@ -89,7 +90,7 @@ def _check_positions(positions: Any, x: Tensor, name: str) -> None:
     check_position_tensor(positions, batch, x.shape[-2], name, of="x")
 
 
-class SinusoidalPositionalEncoding(PositionTables, FromSpec):
+class SinusoidalPositionalEncoding(PositionTables, EncodesInput, FromSpec):
     """Adds the sinusoidal encoding of "Attention Is All You Need" §3.5, then dropout.
 
     ``forward(x) = dropout(x + PE[positions])``: the ``PositionalEncoding`` module of the
@@ -184,11 +185,6 @@ class SinusoidalPositionalEncoding(PositionTables, FromSpec):
         )  # (seq, d) or (B, seq, d)
         return apply_dropout(self.dropout, x + pe)
 
-    def encode(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
-        """The :class:`~posenc.torch.protocols.InputEncoding` role: this module's call."""
-        encoded: Tensor = self(x, positions=positions, offset=offset)
-        return encoded
-
     def extra_repr(self) -> str:
         return (
             f"d_model={self.d_model}, max_length={self.max_length}, base={self.base:g}, "
@@ -196,7 +192,7 @@ class SinusoidalPositionalEncoding(PositionTables, FromSpec):
         )
 
 
-class LearnedPositionalEmbedding(nn.Module, FromSpec):
+class LearnedPositionalEmbedding(EncodesInput, FromSpec):
     """Adds a trained embedding per position (``max_length`` of them), then dropout.
 
     Learned embeddings cannot represent a position they were not trained with: a
@@ -256,16 +252,11 @@ class LearnedPositionalEmbedding(nn.Module, FromSpec):
             pe = gather_rows(self.weight, positions)  # traced: NaN rows past the table
         return apply_dropout(self.dropout, x + pe.to(x.dtype))
 
-    def encode(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
-        """The :class:`~posenc.torch.protocols.InputEncoding` role: this module's call."""
-        encoded: Tensor = self(x, positions=positions, offset=offset)
-        return encoded
-
     def extra_repr(self) -> str:
         return f"max_length={self.max_length}, d_model={self.d_model}"
 
 
-class NoPositionalEncoding(nn.Module, FromSpec):
+class NoPositionalEncoding(EncodesInput, FromSpec):
     """NoPE: the explicit choice of no positional information (``dropout(x)``).
 
     Causal attention can infer positions on its own (Kazemnejad et al., 2023, "The
@@ -294,11 +285,6 @@ class NoPositionalEncoding(nn.Module, FromSpec):
         else:
             _check_positions(positions, x, type(self).__name__)
         return apply_dropout(self.dropout, x)
-
-    def encode(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
-        """The :class:`~posenc.torch.protocols.InputEncoding` role: this module's call."""
-        encoded: Tensor = self(x, positions=positions, offset=offset)
-        return encoded
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}"
@@ -361,8 +347,10 @@ class InputEmbedding(nn.Module):
     Args:
         vocab_size: Number of token ids.
         d_model: Width of the embeddings.
-        positional: ``"sinusoidal"``, ``"learned"``, ``"none"`` (NoPE) or a module with the
-            ``forward(x, *, positions=None, offset=0)`` convention.
+        positional: ``"sinusoidal"``, ``"learned"``, ``"none"`` or ``"nope"`` (NoPE), an
+            :class:`~posenc.torch.protocols.InputEncoding` (any object with
+            ``encode(x, *, positions=None, offset=0)``), or a module whose call follows
+            that convention.
         dropout: Dropout after the addition.
         max_length: Initial table size (sinusoidal) or number of positions (learned).
         base: Sinusoid base ``n``.
@@ -380,7 +368,7 @@ class InputEmbedding(nn.Module):
         vocab_size: int,
         d_model: int,
         *,
-        positional: str | nn.Module = "sinusoidal",
+        positional: str | nn.Module | InputEncoding = "sinusoidal",
         dropout: float = 0.1,
         max_length: int = 5000,
         base: float = 10000.0,
@@ -389,20 +377,33 @@ class InputEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         self.tokens = TokenEmbedding(vocab_size, d_model, scale=scale, padding_idx=padding_idx)
-        if isinstance(positional, nn.Module):
+        self.positional: Any
+        if isinstance(positional, str):  # (a str has an .encode of its own)
+            self.positional = self._named(positional, d_model, dropout, max_length, base)
+        elif isinstance(positional, (nn.Module, InputEncoding)):
             self.positional = positional
-        elif positional == "sinusoidal":
-            self.positional = SinusoidalPositionalEncoding(d_model, dropout, max_length, base)
-        elif positional == "learned":
-            self.positional = LearnedPositionalEmbedding(max_length, d_model, dropout)
-        elif positional == "none":
-            self.positional = NoPositionalEncoding(d_model, dropout)
         else:
-            raise ValueError(
-                "positional must be 'sinusoidal', 'learned', 'none' or an nn.Module, got "
-                f"{positional!r}"
+            raise TypeError(
+                "positional must be a name, an input encoding (with .encode) or an "
+                f"nn.Module, got {describe(positional)}"
             )
 
+    @staticmethod
+    def _named(
+        positional: str, d_model: int, dropout: float, max_length: int, base: float
+    ) -> nn.Module:
+        if positional == "sinusoidal":
+            return SinusoidalPositionalEncoding(d_model, dropout, max_length, base)
+        if positional == "learned":
+            return LearnedPositionalEmbedding(max_length, d_model, dropout)
+        if positional in ("none", "nope"):
+            return NoPositionalEncoding(d_model, dropout)
+        raise ValueError(
+            "positional must be 'sinusoidal', 'learned', 'none', 'nope', an input "
+            f"encoding (with .encode) or an nn.Module, got {describe(positional)}"
+        )
+
     def forward(self, ids: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
-        encoded: Tensor = self.positional(self.tokens(ids), positions=positions, offset=offset)
+        encode = getattr(self.positional, "encode", self.positional)
+        encoded: Tensor = encode(self.tokens(ids), positions=positions, offset=offset)
         return encoded

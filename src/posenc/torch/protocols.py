@@ -26,6 +26,10 @@ Example:
     ...         return self.rope(q, k, offset=offset)[0], self.rope(q, k, offset=offset + 1)[1]
     >>> isinstance(Shift(), QueryKeyRotation)
     True
+
+posenc's modules play their role through a mixin (:class:`EncodesInput`,
+:class:`RotatesQueriesKeys`, :class:`BiasesScores`): the role's method is the module's
+own call, so a module written the same way needs only its ``forward``.
 """
 
 from __future__ import annotations
@@ -33,9 +37,16 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["InputEncoding", "QueryKeyRotation", "ScoreBias"]
+__all__ = [
+    "BiasesScores",
+    "EncodesInput",
+    "InputEncoding",
+    "QueryKeyRotation",
+    "RotatesQueriesKeys",
+    "ScoreBias",
+]
 
 
 @runtime_checkable
@@ -90,3 +101,92 @@ class ScoreBias(Protocol):
     ) -> Tensor:
         """The bias ``(heads, q, k)``, or ``(batch, heads, q, k)`` with batched positions."""
         ...
+
+
+class EncodesInput(nn.Module):
+    """An :class:`InputEncoding` whose ``encode`` is the module's call.
+
+    Example:
+        >>> import torch
+        >>> class Ramp(EncodesInput):  # adds its position to every feature
+        ...     def forward(self, x, *, positions=None, offset=0):
+        ...         return x + torch.arange(offset, offset + x.shape[-2]).unsqueeze(-1)
+        >>> Ramp().encode(torch.zeros(1, 3, 2), offset=1).tolist()
+        [[[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]]
+    """
+
+    def encode(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
+        """The :class:`InputEncoding` role: this module's call."""
+        encoded: Tensor = self(x, positions=positions, offset=offset)
+        return encoded
+
+
+class RotatesQueriesKeys(nn.Module):
+    """A :class:`QueryKeyRotation` whose ``rotate_queries_keys`` is the module's call.
+
+    The module sets ``head_dim`` and ``qk_layout``.
+
+    Example:
+        >>> import torch
+        >>> class Flip(RotatesQueriesKeys):  # a half turn: every feature negated
+        ...     head_dim, qk_layout = 2, "bhsd"
+        ...     def forward(self, q, k, *, positions=None, offset=0):
+        ...         return -q, -k
+        >>> q, k = Flip().rotate_queries_keys(torch.ones(1, 1, 1, 2), torch.ones(1, 1, 1, 2))
+        >>> q.tolist(), isinstance(Flip(), QueryKeyRotation)
+        ([[[[-1.0, -1.0]]]], True)
+    """
+
+    head_dim: int
+    qk_layout: str
+
+    def rotate_queries_keys(
+        self, q: Tensor, k: Tensor, *, positions: Any = None, offset: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """The :class:`QueryKeyRotation` role: this module's call."""
+        rotated: tuple[Tensor, Tensor] = self(q, k, positions=positions, offset=offset)
+        return rotated
+
+
+class BiasesScores(nn.Module):
+    """A :class:`ScoreBias` whose ``score_bias`` is the module's call.
+
+    The module sets ``num_heads``.
+
+    Example:
+        >>> import torch
+        >>> class Recency(BiasesScores):  # -1 per position back, one head
+        ...     num_heads = 1
+        ...     def forward(self, query_length, key_length=None, *, offset=0, positions=None,
+        ...                 key_positions=None, dtype=torch.float32, device=None):
+        ...         q = torch.arange(offset, offset + query_length).unsqueeze(-1)
+        ...         k = torch.arange(key_length or query_length)
+        ...         return (k - q).clamp(max=0).to(dtype).unsqueeze(0)
+        >>> Recency().score_bias(2, 3, offset=1).tolist()
+        [[[-1.0, 0.0, 0.0], [-2.0, -1.0, 0.0]]]
+    """
+
+    num_heads: int
+
+    def score_bias(
+        self,
+        query_length: int,
+        key_length: int | None = None,
+        *,
+        offset: int = 0,
+        positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
+        dtype: torch.dtype | None = torch.float32,
+        device: torch.device | None = None,
+    ) -> Tensor:
+        """The :class:`ScoreBias` role: this module's call."""
+        bias: Tensor = self(
+            query_length,
+            key_length,
+            offset=offset,
+            positions=positions,
+            key_positions=key_positions,
+            dtype=dtype,
+            device=device,
+        )
+        return bias

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_choice, check_int, describe
-from ..core.rope import as_rope_scaling, rope_permutation
+from ..core.rope import RopeScaling, as_rope_scaling, rope_permutation
 from ..specs import FromSpec, RopeSpec
 from ._backend import (
     PositionTables,
@@ -37,6 +37,7 @@ from ._backend import (
     positions_end,
     to_tensor,
 )
+from .protocols import RotatesQueriesKeys
 
 __all__ = [
     "DERIVED_KEYS",
@@ -68,7 +69,7 @@ DERIVED_KEYS = (
 )
 
 
-class RotaryEmbedding(PositionTables, FromSpec):
+class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
     """Rotary position embedding: rotates query and key feature pairs by position.
 
     ``forward(q, k) -> (q_rot, k_rot)``, each feature pair turned by the angle
@@ -87,10 +88,11 @@ class RotaryEmbedding(PositionTables, FromSpec):
     * Queries and keys may have different head counts (grouped-query attention); only
       the first ``rotary_dim`` features rotate (partial rotary), the rest pass through.
 
-    Length-dependent scalings. ``"dynamic_ntk"`` (Hugging Face ``"dynamic"``) and
-    ``"longrope"`` change the frequencies with the sequence length ``L`` of each call
-    (``offset + seq``, or ``max(positions) + 1``), as Hugging Face's
-    ``dynamic_rope_update`` does, state included: ``dynamic_ntk`` recomputes the
+    Length-dependent scalings. ``"dynamic_ntk"`` (Hugging Face ``"dynamic"``),
+    ``"longrope"`` and any registered method that depends on the length change the
+    frequencies with the sequence length ``L`` of each call (``offset + seq``, or
+    ``max(positions) + 1``), as Hugging Face's ``dynamic_rope_update`` does, state
+    included (:meth:`posenc.RopeScaling.scaled_length`): ``dynamic_ntk`` recomputes the
     frequencies from the core's ``dynamic_ntk_rope(..., seq_len=L)`` whenever ``L``
     exceeds the longest length seen so far, and returns to the original ones when ``L``
     falls below ``original_max_position_embeddings`` again; ``longrope`` uses
@@ -111,13 +113,15 @@ class RotaryEmbedding(PositionTables, FromSpec):
         layout: ``"half"`` (feature ``j`` pairs with ``j + rotary_dim/2``: Hugging Face,
             GPT-NeoX) or ``"interleaved"`` (``2i`` with ``2i + 1``: Meta Llama, GPT-J).
             :func:`convert_rope_weights` converts checkpoints between them.
-        scaling: ``None`` (or ``"default"``) or a key of
-            :data:`posenc.core.rope.ROPE_SCALINGS`: ``"linear"``, ``"ntk"``,
-            ``"dynamic_ntk"``, ``"yarn"``, ``"llama3"``, ``"longrope"``.
-        scaling_params: The method's parameters (see its function in
-            :mod:`posenc.core.rope`), e.g. ``{"factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}`` for
-            ``"llama3"``. ``seq_len`` is not accepted: the module sets it per call.
+        scaling: ``None`` (or ``"default"``), a registered name
+            (:data:`posenc.ROPE_SCALING_SPECS`: ``"linear"``, ``"ntk"``,
+            ``"dynamic_ntk"``, ``"yarn"``, ``"llama3"``, ``"longrope"``, or one added with
+            :func:`posenc.register_rope_scaling`), a spec such as
+            ``posenc.YarnScaling(...)`` or its dict form.
+        scaling_params: With a name, the method's parameters (the fields of its spec),
+            e.g. ``{"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}`` for ``"llama3"``. ``seq_len`` is
+            not accepted: the module sets it per call.
         max_length: Number of positions the tables hold initially.
         qk_layout: ``"bhsd"`` (batch, heads, seq, head_dim), as Hugging Face and
             ``scaled_dot_product_attention``, or ``"bshd"`` (batch, seq, heads, head_dim),
@@ -167,7 +171,7 @@ class RotaryEmbedding(PositionTables, FromSpec):
         base: float = 10000.0,
         rotary_dim: int | None = None,
         layout: Literal["half", "interleaved"] = "half",
-        scaling: str | None = None,
+        scaling: str | RopeScaling | Mapping[str, Any] | None = None,
         scaling_params: Mapping[str, Any] | None = None,
         max_length: int = 4096,
         qk_layout: Literal["bhsd", "bshd"] = "bhsd",
@@ -281,13 +285,6 @@ class RotaryEmbedding(PositionTables, FromSpec):
             rotate(q, cos, sin, self.layout, self.rotary_dim),
             rotate(k, cos, sin, self.layout, self.rotary_dim),
         )
-
-    def rotate_queries_keys(
-        self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
-    ) -> tuple[Tensor, Tensor]:
-        """The :class:`~posenc.torch.protocols.QueryKeyRotation` role: this module's call."""
-        rotated: tuple[Tensor, Tensor] = self(q, k, positions=positions, offset=offset)
-        return rotated
 
     def extra_repr(self) -> str:
         text = (

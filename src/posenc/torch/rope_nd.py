@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from .._checks import check_choice, check_int, describe
 from ..specs import AxialRopeSpec, FromSpec, XPosSpec
 from ._backend import PositionTables, check_offset, eager_only, format_of, to_tensor
+from .protocols import RotatesQueriesKeys
 from .rope import (
     DERIVED_KEYS,
     QK_LAYOUTS,
@@ -40,7 +41,7 @@ _XPOS_DERIVED_KEYS = (*DERIVED_KEYS, "scale", "q_scale", "k_scale")
 # xPos
 
 
-class XPosRotaryEmbedding(PositionTables, FromSpec):
+class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
     """xPos: RoPE whose queries grow and keys shrink with position, so scores decay.
 
     ``q'_n = ζ^((n-c)/B) ⊙ R(n) q_n`` and ``k'_m = ζ^(-(m-c)/B) ⊙ R(m) k_m`` with
@@ -185,13 +186,6 @@ class XPosRotaryEmbedding(PositionTables, FromSpec):
         compute = torch.promote_types(x.dtype, cos.dtype)
         out = rotate(x.to(compute), cos, sin, self.layout, self.head_dim) * scale
         return out.to(x.dtype)
-
-    def rotate_queries_keys(
-        self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
-    ) -> tuple[Tensor, Tensor]:
-        """The :class:`~posenc.torch.protocols.QueryKeyRotation` role: this module's call."""
-        rotated: tuple[Tensor, Tensor] = self(q, k, positions=positions, offset=offset)
-        return rotated
 
     def extra_repr(self) -> str:
         return (
