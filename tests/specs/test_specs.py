@@ -234,6 +234,24 @@ def test_the_scheme_registry():
     assert offered <= set(plot.PLOTS)
 
 
+def test_a_spec_subclass_keeps_its_parents_scheme_and_a_name_has_one_spec():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True, kw_only=True)
+    class TaggedAlibi(AlibiSpec):  # a user's subclass: same scheme, one more field
+        tag: str = ""
+
+    assert SchemeSpec.from_dict({"scheme": "alibi", "num_heads": 4}) == AlibiSpec(num_heads=4)
+    tagged = TaggedAlibi.from_dict({"scheme": "alibi", "num_heads": 4, "tag": "x"})
+    assert tagged == TaggedAlibi(num_heads=4, tag="x")
+    with pytest.raises(ValueError, match="TaggedAlibi.from_dict got a spec of scheme 't5'"):
+        TaggedAlibi.from_dict({"scheme": "t5", "num_heads": 4})
+    with pytest.raises(ValueError, match="scheme 'alibi' has a spec already: AlibiSpec"):
+
+        class OtherAlibi(SchemeSpec):
+            scheme = "alibi"
+
+
 def test_the_scaling_registry_is_in_hugging_faces_order_of_ours():
     assert list(posenc.ROPE_SCALING_SPECS) == [
         "default", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope",

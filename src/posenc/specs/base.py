@@ -36,8 +36,17 @@ class SchemeSpec:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.scheme:
-            _SPEC_CLASSES[cls.scheme] = cls
+        name = cls.__dict__.get("scheme")  # a subclass that keeps its parent's name: none
+        if not name:
+            return
+        known = _SPEC_CLASSES.get(name)
+        same = known is not None and (known.__module__, known.__qualname__) == (
+            cls.__module__,
+            cls.__qualname__,
+        )  # the same class defined again (a module reloaded)
+        if known is not None and not same:
+            raise ValueError(f"scheme {name!r} has a spec already: {known.__qualname__}")
+        _SPEC_CLASSES[name] = cls
 
     def to_dict(self) -> dict[str, Any]:
         """``{"scheme": name, **fields}``, plain JSON values (nested specs as dicts)."""
@@ -68,8 +77,10 @@ class SchemeSpec:
                 f"unknown scheme {name!r} in a spec dict; valid: {sorted(_SPEC_CLASSES)}"
             )
         target = _SPEC_CLASSES[name]
-        if cls.scheme and target is not cls:
-            raise ValueError(f"{cls.__name__}.from_dict got a spec of scheme {name!r}")
+        if cls.scheme:  # on a scheme's class (or a subclass of it): that scheme only
+            if not issubclass(cls, target):
+                raise ValueError(f"{cls.__name__}.from_dict got a spec of scheme {name!r}")
+            target = cls
         accepted = {f.name for f in dataclasses.fields(target)}
         unknown = sorted(set(fields) - accepted)
         if unknown:
