@@ -328,6 +328,26 @@ def test_learned_positions_cover_every_evaluated_length():
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_bench_scheme_acts_where_its_registered_role_says(scheme):
+    from posenc.schemes import SCHEMES as REGISTRY
+    from posenc.torch.protocols import InputEncoding, QueryKeyRotation, ScoreBias
+
+    model = GPT(GPTConfig(vocab_size=11, scheme=scheme, d_model=16, n_heads=2))
+    role = REGISTRY[scheme].role
+    in_attention = [block.attn.position for block in model.blocks]
+    assert isinstance(model.positions, InputEncoding)
+    assert type(model.positions).__name__ == (
+        {"learned": "LearnedPositionalEmbedding", "sinusoidal": "SinusoidalPositionalEncoding"}
+    ).get(scheme, "NoPositionalEncoding")
+    if role == "input":
+        assert in_attention == [None, None]
+    else:
+        protocol = QueryKeyRotation if role == "qk" else ScoreBias
+        assert all(isinstance(position, protocol) for position in in_attention)
+        assert in_attention[0] is not in_attention[1]  # a module per layer
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_model_is_causal(scheme):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=11, scheme=scheme, d_model=16, n_heads=2, max_positions=12))

@@ -471,3 +471,10 @@ def test_demo_reproduces_the_walk_through(tmp_path, capsys):
     assert f"yarn x8 attention factor: {0.1 * np.log(8) + 1:.6f}" in out
     table = np.loadtxt(tmp_path / "demo" / "table_i_am_a_robot.csv", delimiter=",")
     np.testing.assert_allclose(table, SEED_000_TABLE, rtol=0, atol=5e-9)
+
+
+def test_every_table_scheme_of_the_registry_has_a_table():
+    from posenc.cli.scheme_tables import SCHEME_TABLES
+    from posenc.schemes import scheme_names
+
+    assert sorted(SCHEME_TABLES) == sorted(scheme_names(table=True))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -47,6 +47,34 @@ from posenc.torch.protocols import QueryKeyRotation, ScoreBias
 from .._checks import check_choice, check_int, describe
 from ..core.rope import ROPE_SCALING_SPECS
 from .spec import SCHEMES, check_rope_eval_scaling
+
+
+def _learned(config: GPTConfig) -> nn.Module:
+    return LearnedPositionalEmbedding(
+        config.max_positions, config.d_model, init_std=1.0 / math.sqrt(2.0)
+    )
+
+
+def _sinusoidal(config: GPTConfig) -> nn.Module:
+    return SinusoidalPositionalEncoding(
+        config.d_model, dropout=0.0, max_length=config.max_positions
+    )
+
+
+def _no_encoding(config: GPTConfig) -> nn.Module:
+    return NoPositionalEncoding(config.d_model)
+
+
+#: The bench's schemes by where they act: on the input embeddings (these builders) or
+#: inside attention (the rest; their input is left as it is). Every scheme the registry
+#: marks for the bench has a place here: GPTConfig refuses any other.
+_INPUT_ENCODINGS: dict[str, Callable[[GPTConfig], nn.Module]] = {
+    "nope": _no_encoding,
+    "learned": _learned,
+    "sinusoidal": _sinusoidal,
+}
+_ATTENTION_SCHEMES = ("rope", "alibi", "t5")
+MODEL_SCHEMES = (*_INPUT_ENCODINGS, *_ATTENTION_SCHEMES)
 
 
 @dataclass(frozen=True)
@@ -76,6 +104,11 @@ class GPTConfig:
     def __post_init__(self) -> None:
         check_int(self.vocab_size, "vocab_size", minimum=1)
         check_choice(self.scheme, "scheme", SCHEMES)
+        if self.scheme not in MODEL_SCHEMES:  # registered for the bench, unknown to GPT
+            raise ValueError(
+                f"scheme {self.scheme!r} has no place in the bench model yet; it builds "
+                f"{', '.join(map(repr, MODEL_SCHEMES))}"
+            )
         check_int(self.d_model, "d_model", minimum=1)
         check_int(self.n_layers, "n_layers", minimum=1)
         check_int(self.n_heads, "n_heads", minimum=1)
@@ -198,16 +231,7 @@ class GPT(nn.Module):
         self.tokens = TokenEmbedding(config.vocab_size, C, scale=True)
         nn.init.normal_(self.tokens.embedding.weight, std=1.0 / math.sqrt(C))
         # Absolute schemes act on the embeddings; the others inside attention.
-        if scheme == "learned":
-            self.positions: nn.Module = LearnedPositionalEmbedding(
-                config.max_positions, C, init_std=1.0 / math.sqrt(2.0)
-            )
-        elif scheme == "sinusoidal":
-            self.positions = SinusoidalPositionalEncoding(
-                C, dropout=0.0, max_length=config.max_positions
-            )
-        else:
-            self.positions = NoPositionalEncoding(C)
+        self.positions: nn.Module = _INPUT_ENCODINGS.get(scheme, _no_encoding)(config)
         self.blocks = nn.ModuleList(
             [Block(config, self._attention_position()) for _ in range(config.n_layers)]
         )
@@ -228,7 +252,7 @@ class GPT(nn.Module):
             return ALiBiBias(config.n_heads)
         if config.scheme == "t5":
             return T5RelativeBias(config.n_heads, bidirectional=False)
-        return None
+        return None  # an input encoding (_INPUT_ENCODINGS) and none in attention
 
     def _rotary(self, scaling: str | None = None, **params: Any) -> RotaryEmbedding:
         """A fresh RoPE module for one attention layer (the scheme ``"rope"``)."""
