@@ -332,6 +332,7 @@ def test_mixed_bfloat16_avoids_low_precision_angles(policy):
         ({"formula": "fairseq"}, ValueError, "formula.*fairseq"),
         ({"dropout": 1.0}, ValueError, "dropout.*1.0"),
         ({"dropout": -0.1}, ValueError, r"dropout.*-0\.1"),
+        ({"d_model": 0}, ValueError, "d_model must be an int >= 1, got 0"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, error, match):
@@ -360,6 +361,15 @@ def test_bad_inputs():
         posenc.sinusoidal(np.arange(7, 11), 8),
     )
     assert layer.table_length >= 11
+    # A table to position 2**31 - 8 would take 4 TiB: refused by the memory limit, so the
+    # call's rows come from the core directly and the table stays as it was.
+    wide = SinusoidalPositionalEncoding(max_length=16)
+    far = 2**31 - 10
+    np.testing.assert_array_equal(
+        wide(np.zeros((1, 2, 512), "float32"), start_index=far).numpy()[0],
+        posenc.sinusoidal(np.arange(far, far + 2), 512),
+    )
+    assert wide.table_length == 16
     with pytest.raises(ValueError, match=r"start_index.*-1"):
         layer(np.zeros((1, 4, 8), "float32"), start_index=-1)
     with pytest.raises(TypeError, match=r"start_index.*float32"):

@@ -283,13 +283,9 @@ def table_rows(table: Any, start: Any, seq: Any, too_long: Callable[[int], str])
     gathered otherwise, with NaN rows for positions past the table (see
     :func:`gather_rows`).
     """
-    rows, width = (int(n) for n in table.shape)
-    if isinstance(start, int) and isinstance(seq, int):
-        if start + seq > rows:
-            raise ValueError(too_long(start + seq))
-        return ops.slice(table, [start, 0], [seq, width])  # (seq, width)
-    index, valid = offset_rows(start, seq, rows)  # (seq,) each
-    return gather_rows(table, index, valid)  # (seq, width)
+    if isinstance(start, int) and isinstance(seq, int) and start + seq > int(table.shape[0]):
+        raise ValueError(too_long(start + seq))
+    return span_rows(table, start, seq)  # (seq, width)
 
 
 def span_rows(table: Any, start: Any, seq: Any) -> Any:

@@ -154,7 +154,9 @@ class SinusoidalPositionalEncoding(keras.layers.Layer, FromSpec):
         self.max_length = check_int(max_length, "max_length", minimum=1)
         # The spec's width is the input's last axis, known at build(); the options are
         # checked now by a spec of any width (they do not depend on it).
-        options = SinusoidalSpec(d_model=d_model or 1, base=base, layout=layout, formula=formula)
+        options = SinusoidalSpec(
+            d_model=1 if d_model is None else d_model, base=base, layout=layout, formula=formula
+        )
         self.base, self.layout, self.formula = options.base, options.layout, options.formula
         self._d_model_arg = None if d_model is None else options.d_model
         self.dropout = check_probability(dropout, "dropout")
