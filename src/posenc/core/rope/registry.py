@@ -48,7 +48,9 @@ _SPECS: dict[str, type[RopeScaling]] = {cls.name: cls for cls in _BUILT_IN}
 
 # Names other libraries use for a method registered here under another name. A name is
 # an error that points to ours; a dict in another library's form (``"rope_type"``) is
-# read with theirs, so that model configs load as they are.
+# read with theirs: a model config's ``rope_scaling`` dict is read under its own names
+# (a dynamic or LongRoPE one also needs ``original_max_position_embeddings``, which
+# Hugging Face may take from elsewhere in the config).
 _ALIASES = {"dynamic": "dynamic_ntk", "ntk-aware": "ntk", "ntk_aware": "ntk"}
 _DICT_NAMES = {"dynamic": "dynamic_ntk"}  # Hugging Face's rope_type values
 
