@@ -143,11 +143,28 @@ def check_positions(value: Any, name: str = "positions") -> np.ndarray:
     return array
 
 
+class MemoryLimitError(ValueError):
+    """A table or bias refused because it would need more memory than the limit allows.
+
+    A ``ValueError``, so code that catches those keeps working; the front ends catch this
+    one alone when a table would outgrow the limit (:mod:`posenc.core.positions`).
+
+    Example:
+        >>> import posenc
+        >>> from posenc.core.positions import MemoryLimitError
+        >>> try:
+        ...     posenc.sinusoidal(10**9, 512)
+        ... except MemoryLimitError as error:
+        ...     print(str(error).split(",")[0])
+        this positional-encoding table would need about 1.9 TiB
+    """
+
+
 def check_memory(nbytes: int, what: str, max_bytes: int | None) -> None:
     """Refuse work whose estimated peak memory exceeds ``max_bytes``."""
     if max_bytes is None or nbytes <= max_bytes:
         return
-    raise ValueError(
+    raise MemoryLimitError(
         f"{what} would need about {format_bytes(nbytes)}, more than max_bytes="
         f"{format_bytes(max_bytes)}; pass a larger max_bytes (or max_bytes=None) if you "
         "really want it"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import posenc
-from posenc.core.positions import grow, grown_length
+from posenc.core.positions import MemoryLimitError, grow, grown_length
 from posenc.schemes import SCHEMES, scheme_names
 from posenc.specs import (
     AlibiSpec,
@@ -318,7 +318,7 @@ def test_tables_grow_doubling_and_fall_back_to_what_is_needed():
         def make(length: int) -> int:
             built.append(length)
             if length > limit:
-                raise ValueError("over the memory limit")
+                raise MemoryLimitError("over the memory limit")
             return length
 
         return make
@@ -327,6 +327,14 @@ def test_tables_grow_doubling_and_fall_back_to_what_is_needed():
     assert grow(build(150), 120, 100) == 120  # doubling refused: what the call needs
     assert grow(build(110), 120, 100) is None  # both refused: the call's rows directly
     assert built == [200, 200, 120, 200, 120]
+
+    def broken(length: int) -> int:  # any other error is not a refusal: it propagates
+        raise ValueError("not a memory limit")
+
+    with pytest.raises(ValueError, match="not a memory limit"):
+        grow(broken, 120, 100)
+    with pytest.raises(MemoryLimitError, match=r"table would need about 1\.9 TiB"):
+        posenc.sinusoidal(10**9, 512)
 
 
 def test_flax_bias_modules_are_made_from_their_specs():

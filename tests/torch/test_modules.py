@@ -13,6 +13,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 from torch.testing import assert_close  # noqa: E402
 
 import posenc  # noqa: E402
+from posenc.core.positions import MemoryLimitError  # noqa: E402
 from posenc.torch import (  # noqa: E402
     InputEmbedding,
     LearnedPositionalEmbedding,
@@ -372,7 +373,7 @@ def test_a_refused_table_in_another_dtype_gives_the_calls_rows(monkeypatch):
 
     def limited(positions, start, dtype, device):
         if dtype == torch.bfloat16 and isinstance(positions, int) and positions > 32:
-            raise ValueError("this positional-encoding table would take too much memory")
+            raise MemoryLimitError("this positional-encoding table would take too much memory")
         return derive(positions, start, dtype, device)
 
     monkeypatch.setattr(pe, "_derive", limited)

@@ -28,7 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["grow", "grown_length"]
+from .._checks import MemoryLimitError
+
+__all__ = ["MemoryLimitError", "grow", "grown_length"]
 
 T = TypeVar("T")
 
@@ -49,15 +51,23 @@ def grown_length(end: int, rows: int) -> int:
 def grow(build: Callable[[int], T], end: int, rows: int) -> T | None:
     """``build(length)`` for the length :func:`grown_length` chooses, or ``None``.
 
-    Called for ``end > rows``. ``build`` raises ``ValueError`` when a length is refused
-    (the memory limit): a refused doubling is retried at ``end``, the length the call
-    needs, and a refused ``end`` gives ``None``: compute the call's rows directly and
-    keep the table as it is.
+    Called for ``end > rows``. ``build`` raises :class:`MemoryLimitError` when a length is
+    refused: a refused doubling is retried at ``end``, the length the call needs, and a
+    refused ``end`` gives ``None``: compute the call's rows directly and keep the table as
+    it is. Any other error of ``build`` propagates.
+
+    Example:
+        >>> def build(length):  # a builder whose limit is 150 rows
+        ...     if length > 150:
+        ...         raise MemoryLimitError(f"{length} rows")
+        ...     return length
+        >>> grow(build, 130, 100), grow(build, 140, 100), grow(build, 160, 100)
+        (130, 140, None)
     """
     target = grown_length(end, rows)
     for length in dict.fromkeys((target, end)):  # the doubled length, then the one needed
         try:
             return build(length)
-        except ValueError:
+        except MemoryLimitError:
             continue
     return None

@@ -307,8 +307,8 @@ class PositionTables:
     them per format (never a torch ``meta`` tensor), and grows all of them together
     when positions known while a call runs pass their end (:meth:`cover`), following
     :mod:`posenc.core.positions`: at least doubling, and when the memory limit (a
-    ``ValueError`` of ``derive``) refuses, leaving them as they are so that the layer
-    computes the call's rows directly.
+    ``MemoryLimitError`` of ``derive``) refuses, leaving them as they are so that the
+    layer computes the call's rows directly.
 
     Args:
         derive: ``(length, fmt) -> tuple of NumPy arrays``, each with ``length`` rows.

@@ -30,7 +30,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from .._checks import DEFAULT_MAX_BYTES, check_int, describe, format_bytes
+from .._checks import DEFAULT_MAX_BYTES, MemoryLimitError, check_int, describe, format_bytes
 from ..specs import AlibiSpec, FromSpec, T5Spec
 from ._backend import (
     PositionTables,
@@ -276,10 +276,10 @@ class ALiBiBias(_ScoreBias, FromSpec):
 
     def _derive(self, length: int, fmt: str) -> tuple[np.ndarray]:
         """``(num_heads, 2·length - 1)``: column ``r + length - 1`` holds the bias of ``key -
-        query = r``; a ValueError of the layer's own past the memory limit."""
+        query = r``; a MemoryLimitError of the layer's own past the memory limit."""
         nbytes = self.num_heads * (2 * length - 1) * _ITEMSIZE[fmt]
         if nbytes > DEFAULT_MAX_BYTES:
-            raise ValueError(
+            raise MemoryLimitError(
                 f"{type(self).__name__}: a table covering {length} positions for "
                 f"{self.num_heads} heads in {fmt} would need about {format_bytes(nbytes)}, "
                 f"more than the layer's limit of {format_bytes(DEFAULT_MAX_BYTES)}; build the "
@@ -294,7 +294,7 @@ class ALiBiBias(_ScoreBias, FromSpec):
         """The ``(num_heads, q, k)`` bias of one call from the core, without any table."""
         nbytes = self.num_heads * q * k * _ITEMSIZE[fmt]
         if nbytes > DEFAULT_MAX_BYTES:
-            raise ValueError(
+            raise MemoryLimitError(
                 f"{type(self).__name__}: the bias of {self.num_heads} heads x {q} queries x "
                 f"{k} keys at start_index={start} in {fmt} would need about "
                 f"{format_bytes(nbytes)}, more than the layer's limit of "
@@ -309,7 +309,7 @@ class ALiBiBias(_ScoreBias, FromSpec):
                 return self._direct(q, k, start, fmt)  # a table that long is refused
             try:
                 (table,) = self._tables.get(fmt)  # (H, 2L - 1)
-            except ValueError:  # a wider format than the tables grown so far: refused
+            except MemoryLimitError:  # a wider format than the tables grown so far: refused
                 return self._direct(q, k, start, fmt)
             index = _relative_positions(q, k, start) + (self._tables.length - 1)  # (q, k)
             return ops.take(table, index, axis=1)  # (H, q, k)

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_int, describe
-from ..core.positions import grow
+from ..core.positions import MemoryLimitError, grow
 
 __all__ = [
     "FORMATS",
@@ -327,7 +327,7 @@ class PositionTables(DerivedBuffers):
                 return None
         try:
             return self._tables_in(dtype, device)
-        except ValueError:  # a copy in another dtype refused by the memory limit
+        except MemoryLimitError:  # a copy in another dtype refused by the memory limit
             return None
 
     def _table_rows(
