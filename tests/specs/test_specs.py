@@ -246,6 +246,21 @@ def test_a_spec_subclass_keeps_its_parents_scheme_and_a_name_has_one_spec():
     assert tagged == TaggedAlibi(num_heads=4, tag="x")
     with pytest.raises(ValueError, match="TaggedAlibi.from_dict got a spec of scheme 't5'"):
         TaggedAlibi.from_dict({"scheme": "t5", "num_heads": 4})
+
+    @dataclass(frozen=True, kw_only=True)
+    class RenamedAlibi(AlibiSpec):  # a subclass with a scheme of its own reads only that
+        scheme = "renamed_alibi"
+
+    try:
+        with pytest.raises(ValueError, match="RenamedAlibi.from_dict got a spec of scheme"):
+            RenamedAlibi.from_dict({"scheme": "alibi", "num_heads": 4})
+        renamed = SchemeSpec.from_dict({"scheme": "renamed_alibi", "num_heads": 4})
+        assert type(renamed) is RenamedAlibi
+        assert renamed.to_dict()["scheme"] == "renamed_alibi"
+    finally:
+        from posenc.specs.base import _SPEC_CLASSES
+
+        del _SPEC_CLASSES["renamed_alibi"]
     with pytest.raises(ValueError, match="scheme 'alibi' has a spec already: AlibiSpec"):
 
         class OtherAlibi(SchemeSpec):

@@ -40,10 +40,12 @@ class SchemeSpec:
         if not name:
             return
         known = _SPEC_CLASSES.get(name)
+        # The same module and qualified name: the class defined again (a module reloaded,
+        # or a class statement run twice), which replaces the earlier one.
         same = known is not None and (known.__module__, known.__qualname__) == (
             cls.__module__,
             cls.__qualname__,
-        )  # the same class defined again (a module reloaded)
+        )
         if known is not None and not same:
             raise ValueError(f"scheme {name!r} has a spec already: {known.__qualname__}")
         _SPEC_CLASSES[name] = cls
@@ -77,8 +79,8 @@ class SchemeSpec:
                 f"unknown scheme {name!r} in a spec dict; valid: {sorted(_SPEC_CLASSES)}"
             )
         target = _SPEC_CLASSES[name]
-        if cls.scheme:  # on a scheme's class (or a subclass of it): that scheme only
-            if not issubclass(cls, target):
+        if cls.scheme:  # on a scheme's class (or a subclass keeping its name): that scheme
+            if name != cls.scheme:
                 raise ValueError(f"{cls.__name__}.from_dict got a spec of scheme {name!r}")
             target = cls
         accepted = {f.name for f in dataclasses.fields(target)}
