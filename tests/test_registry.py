@@ -7,6 +7,7 @@ with the core's numbers computed from the spec, and with the formula written out
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -107,11 +108,16 @@ def test_pytorch_length_dependent():
         HEAD_DIM, scaling=band.STRETCH, scaling_params=band.STRETCH_PARAMS, qk_layout="bshd"
     )
     x = torch.from_numpy(X)  # 6 positions
-    for offset, length in [(0, 8), (3, 9), (10, 16), (0, 8)]:  # past L₀ = 8, then back
+    # Past L₀ = 8; growing; shorter but past L₀ (the module keeps 16); back under L₀.
+    for offset, length in [(0, 8), (3, 9), (10, 16), (4, 16), (0, 8)]:
         q, _ = module(x, x, offset=offset)
         expected = band.stretched_rotation(X, np.arange(offset, offset + 6), length)
         np.testing.assert_allclose(q.numpy(), expected, rtol=0, atol=4e-6)
     assert module.attention_factor == 1.25
+    positions = torch.tensor([0, 1, 2, 3, 4, 11])  # L = 12
+    q, _ = module(x, x, positions=positions)
+    expected = band.stretched_rotation(X, positions.numpy(), 12)
+    np.testing.assert_allclose(q.numpy(), expected, rtol=0, atol=4e-6)
 
 
 def test_keras_length_dependent():
@@ -121,13 +127,55 @@ def test_keras_length_dependent():
     from posenc.keras import RotaryEmbedding
 
     layer = RotaryEmbedding(scaling=band.STRETCH, scaling_params=band.STRETCH_PARAMS, max_length=16)
-    for start, length in [(0, 8), (3, 9), (10, 16), (0, 8)]:  # past L₀ = 8, then back
+    # The layer is stateless: each call's own length L = start + 6 (as the module on a
+    # fresh start), so (4, 10) uses L = 10 where the stateful module keeps 16.
+    for start, length in [(0, 8), (3, 9), (10, 16), (4, 10), (0, 8)]:
         got = keras.ops.convert_to_numpy(layer(X, start_index=start))
         expected = band.stretched_rotation(X, np.arange(start, start + 6), length)
         np.testing.assert_allclose(got, expected, rtol=0, atol=4e-6)
+    positions = np.array([0, 1, 2, 3, 4, 11])  # L = 12
+    got = keras.ops.convert_to_numpy(layer(X, positions=positions))
+    np.testing.assert_allclose(got, band.stretched_rotation(X, positions, 12), rtol=0, atol=4e-6)
     tokens = keras.Input(shape=(6, 2, HEAD_DIM))
     with pytest.raises(ValueError, match=r"scaling='stretch'.*start_index is a symbolic"):
         layer(tokens, start_index=keras.Input(batch_shape=(), dtype="int32"))
+
+
+def test_a_scaling_with_its_own_length_rule_is_followed_by_torch_and_keras():
+    # Like LongRoPE: one fixed length (32) whenever a call passes L₀ = 8.
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Stepped(band.StretchScaling):
+        name = "stepped"
+
+        def scaled_length(self, length, current):
+            return 32 if length > self.original_max_position_embeddings else current
+
+    posenc.register_rope_scaling("stepped", Stepped)
+    try:
+        expected = band.stretched_rotation(X, np.arange(3, 9), 32)  # L = 9 uses 32
+        rotated = []
+        if importlib.util.find_spec("torch"):
+            import torch
+
+            from posenc.torch import RotaryEmbedding
+
+            module = RotaryEmbedding(
+                HEAD_DIM, scaling="stepped", scaling_params=band.STRETCH_PARAMS, qk_layout="bshd"
+            )
+            rotated.append(module(torch.from_numpy(X), torch.from_numpy(X), offset=3)[0].numpy())
+        if importlib.util.find_spec("keras"):
+            import keras
+
+            from posenc.keras import RotaryEmbedding as KerasRotary
+
+            layer = KerasRotary(scaling="stepped", scaling_params=band.STRETCH_PARAMS)
+            rotated.append(keras.ops.convert_to_numpy(layer(X, start_index=3)))
+        if not rotated:
+            _require("torch", "keras")
+        for got in rotated:
+            np.testing.assert_allclose(got, expected, rtol=0, atol=4e-6)
+    finally:
+        posenc.unregister_rope_scaling("stepped")
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])

@@ -409,8 +409,9 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         """
         assert self._tables is not None  # built
         original = self._original()
-        if self._per_length and end is not None and end > original:
-            return self._values(exact[0], self._scaled(end), fmt, start=exact[1])
+        length = original if end is None else self._scaling.scaled_length(end, original)
+        if self._per_length and length > original:  # a stateless dynamic_rope_update
+            return self._values(exact[0], self._scaled(length), fmt, start=exact[1])
         if not self._two_variants:
             variant = "base"
         else:  # long factors past the original length; a traced length selects in-graph
