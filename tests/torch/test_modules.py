@@ -298,6 +298,8 @@ def test_bad_input(call, error, match, cls):
         (lambda: TokenEmbedding(10, 4, padding_idx=10), ValueError, "padding_idx must be in 0..9, got 10"),
         (lambda: InputEmbedding(10, 4, positional="rope"), ValueError, "'rope'"),
         (lambda: InputEmbedding(10, 4, positional=3), TypeError, "got 3"),
+        (lambda: InputEmbedding(10, 4, positional=posenc.vocab.Vocabulary(["a"])), TypeError,
+         "positional must be a name or an nn.Module"),
         (lambda: exact_table(4, 4, dtype=torch.int32), TypeError, "torch.int32"),
     ],
 )  # fmt: skip
@@ -334,12 +336,16 @@ def test_review_regressions():
 
 
 def test_input_embedding_takes_any_input_encoding_by_its_role():
-    class Shifted:  # not a module: the sinusoids of the positions one later
+    class Shifted(torch.nn.Module):  # the sinusoids of the positions one later
         def __init__(self):
+            super().__init__()
             self.inner = SinusoidalPositionalEncoding(8, dropout=0.0)
 
         def encode(self, x, *, positions=None, offset=0):
             return self.inner(x, offset=offset + 1)
+
+        def forward(self, x, *, positions=None, offset=0):
+            raise AssertionError("an InputEncoding is used through its encode")
 
     torch.manual_seed(0)
     layer = InputEmbedding(20, 8, positional=Shifted(), dropout=0.0, scale=False)

@@ -70,6 +70,9 @@ class MultiHeadAttention(nn.Module):
             your own; ``head_dim`` must be ``d_model // num_heads`` and ``qk_layout``
             ``"bhsd"``) or a :class:`~posenc.torch.protocols.ScoreBias`
             (:class:`ALiBiBias`, :class:`T5RelativeBias`, ...; with ``num_heads`` heads).
+            A scheme that plays both roles both rotates and biases. Make a scheme with
+            parameters or buffers an ``nn.Module``: then they train, save and move with
+            the attention (another object is kept as a plain attribute).
         causal: Mask future keys (decoder) or not (encoder).
         dropout: Dropout on the attention weights (training only).
         bias: Whether the projections have biases.

@@ -35,7 +35,7 @@ from ._backend import (
     positions_end,
     to_tensor,
 )
-from .protocols import EncodesInput, InputEncoding
+from .protocols import EncodesInput
 
 
 def exact_table(
@@ -347,10 +347,10 @@ class InputEmbedding(nn.Module):
     Args:
         vocab_size: Number of token ids.
         d_model: Width of the embeddings.
-        positional: ``"sinusoidal"``, ``"learned"``, ``"none"`` or ``"nope"`` (NoPE), an
-            :class:`~posenc.torch.protocols.InputEncoding` (any object with
-            ``encode(x, *, positions=None, offset=0)``), or a module whose call follows
-            that convention.
+        positional: ``"sinusoidal"``, ``"learned"``, ``"none"`` or ``"nope"`` (NoPE), or a
+            module: an :class:`~posenc.torch.protocols.InputEncoding` (its ``encode`` is
+            used) or one whose call is ``(x, *, positions=None, offset=0)``. A module,
+            so that its parameters train, save and move with this one.
         dropout: Dropout after the addition.
         max_length: Initial table size (sinusoidal) or number of positions (learned).
         base: Sinusoid base ``n``.
@@ -368,7 +368,7 @@ class InputEmbedding(nn.Module):
         vocab_size: int,
         d_model: int,
         *,
-        positional: str | nn.Module | InputEncoding = "sinusoidal",
+        positional: str | nn.Module = "sinusoidal",
         dropout: float = 0.1,
         max_length: int = 5000,
         base: float = 10000.0,
@@ -377,16 +377,14 @@ class InputEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         self.tokens = TokenEmbedding(vocab_size, d_model, scale=scale, padding_idx=padding_idx)
-        self.positional: Any
-        if isinstance(positional, str):  # (a str has an .encode of its own)
-            self.positional = self._named(positional, d_model, dropout, max_length, base)
-        elif isinstance(positional, (nn.Module, InputEncoding)):
-            self.positional = positional
-        else:
+        if isinstance(positional, str):
+            positional = self._named(positional, d_model, dropout, max_length, base)
+        elif not isinstance(positional, nn.Module):
             raise TypeError(
-                "positional must be a name, an input encoding (with .encode) or an "
-                f"nn.Module, got {describe(positional)}"
+                "positional must be a name or an nn.Module (an input encoding such as "
+                f"SinusoidalPositionalEncoding), got {describe(positional)}"
             )
+        self.positional = positional
 
     @staticmethod
     def _named(
@@ -399,11 +397,13 @@ class InputEmbedding(nn.Module):
         if positional in ("none", "nope"):
             return NoPositionalEncoding(d_model, dropout)
         raise ValueError(
-            "positional must be 'sinusoidal', 'learned', 'none', 'nope', an input "
-            f"encoding (with .encode) or an nn.Module, got {describe(positional)}"
+            "positional must be 'sinusoidal', 'learned', 'none', 'nope' or an "
+            f"nn.Module, got {describe(positional)}"
         )
 
     def forward(self, ids: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
+        # An InputEncoding's role is its encode (looked up by name: cheaper than a
+        # runtime-protocol isinstance); any other module is called.
         encode = getattr(self.positional, "encode", self.positional)
         encoded: Tensor = encode(self.tokens(ids), positions=positions, offset=offset)
         return encoded
