@@ -581,3 +581,11 @@ def test_docstring_examples(module):
     )
     assert result.failed == 0
     assert result.attempted > 0
+
+
+def test_a_bench_scheme_the_model_cannot_build_is_refused(monkeypatch):
+    import posenc.bench.model as model
+
+    monkeypatch.setattr(model, "SCHEMES", (*SCHEMES, "xpos"))  # marked for the bench
+    with pytest.raises(ValueError, match=r"scheme 'xpos' has no place in the bench model yet"):
+        GPTConfig(vocab_size=11, scheme="xpos")

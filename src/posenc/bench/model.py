@@ -65,16 +65,38 @@ def _no_encoding(config: GPTConfig) -> nn.Module:
     return NoPositionalEncoding(config.d_model)
 
 
-#: The bench's schemes by where they act: on the input embeddings (these builders) or
-#: inside attention (the rest; their input is left as it is). Every scheme the registry
-#: marks for the bench has a place here: GPTConfig refuses any other.
+def _rope(config: GPTConfig, scaling: str | None = None, **params: Any) -> RotaryEmbedding:
+    return RotaryEmbedding(
+        config.head_dim,
+        max_length=config.max_positions,
+        scaling=scaling,
+        scaling_params=params or None,
+    )
+
+
+def _alibi(config: GPTConfig) -> ALiBiBias:
+    return ALiBiBias(config.n_heads)
+
+
+def _t5(config: GPTConfig) -> T5RelativeBias:
+    return T5RelativeBias(config.n_heads, bidirectional=False)
+
+
+#: The bench's schemes by where they act, a builder each: on the input embeddings, or
+#: in every attention layer (a fresh module per layer; their input is left as it is).
+#: Every scheme the registry marks for the bench has a place here: GPTConfig refuses any
+#: other.
 _INPUT_ENCODINGS: dict[str, Callable[[GPTConfig], nn.Module]] = {
     "nope": _no_encoding,
     "learned": _learned,
     "sinusoidal": _sinusoidal,
 }
-_ATTENTION_SCHEMES = ("rope", "alibi", "t5")
-MODEL_SCHEMES = (*_INPUT_ENCODINGS, *_ATTENTION_SCHEMES)
+_IN_ATTENTION: dict[str, Callable[[GPTConfig], QueryKeyRotation | ScoreBias]] = {
+    "rope": _rope,
+    "alibi": _alibi,
+    "t5": _t5,
+}
+MODEL_SCHEMES = (*_INPUT_ENCODINGS, *_IN_ATTENTION)
 
 
 @dataclass(frozen=True)
@@ -241,28 +263,10 @@ class GPT(nn.Module):
         # copy task in about half the steps that GPT-2's N(0, 0.02) needs.
         self.head = nn.Linear(C, config.vocab_size, bias=False)
 
-    def _attention_position(
-        self, scaling: str | None = None, **params: Any
-    ) -> QueryKeyRotation | ScoreBias | None:
-        """A fresh module for one attention layer (None for the absolute schemes)."""
-        config = self.config
-        if config.scheme == "rope":
-            return self._rotary(scaling, **params)
-        if config.scheme == "alibi":
-            return ALiBiBias(config.n_heads)
-        if config.scheme == "t5":
-            return T5RelativeBias(config.n_heads, bidirectional=False)
-        return None  # an input encoding (_INPUT_ENCODINGS) and none in attention
-
-    def _rotary(self, scaling: str | None = None, **params: Any) -> RotaryEmbedding:
-        """A fresh RoPE module for one attention layer (the scheme ``"rope"``)."""
-        config = self.config
-        return RotaryEmbedding(
-            config.head_dim,
-            max_length=config.max_positions,
-            scaling=scaling,
-            scaling_params=params or None,
-        )
+    def _attention_position(self) -> QueryKeyRotation | ScoreBias | None:
+        """A fresh module for one attention layer (None for the input encodings)."""
+        build = _IN_ATTENTION.get(self.config.scheme)
+        return None if build is None else build(self.config)
 
     def forward(self, tokens: Tensor) -> Tensor:
         if not isinstance(tokens, Tensor) or tokens.dim() != 2:
@@ -316,7 +320,7 @@ class GPT(nn.Module):
         saved = [block.attn.position for block in blocks]
         try:
             for block in blocks:
-                block.attn.position = self._rotary(scaling, **params).to(device)
+                block.attn.position = _rope(self.config, scaling, **params).to(device)
             yield self
         finally:
             for block, position in zip(blocks, saved, strict=True):
