@@ -20,7 +20,9 @@ How the table is built (and why it is both exact and fast):
   element, in chunks.
 
 Either way the float64 values are within a few 1e-16 of the exact ones and are then
-correctly rounded to the requested format.
+correctly rounded to the requested format: the rare entry whose float64 value is too
+close to a rounding midpoint to decide is computed again (:mod:`posenc.core.rounding`),
+so a position's row does not depend on the path, the table length or the threads.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ from .phasors import (
     run_parallel,
     workers_for,
 )
-from .precision import CONTAINERS, resolve_dtype, round_to_format, unit_phasors
+from .precision import CONTAINERS, resolve_dtype, unit_phasors
+from .rounding import round_pairs_into
 
 
 def sinusoidal(
@@ -196,13 +199,17 @@ def _range_table(
         coarse *= leaf_phasors(start, 1, hi, lo)
     coarse = 1j * np.conj(coarse)  # e^{i(π/2 - (start+aB)ω)}, (A, m)
 
-    direct = layout == "interleaved" and d % 2 == 0 and fmt in ("float32", "float64")
+    # float64 interleaved output of even width: the (sin, cos) pairs are exactly the
+    # (real, imag) parts of a complex array, so the product is written straight into it.
+    # Every other format goes through the rounding test of posenc.core.rounding.
+    direct = layout == "interleaved" and d % 2 == 0 and fmt == "float64"
     if direct:
-        # (sin, cos) pairs are exactly the (real, imag) parts of a complex array.
-        z = out.view(np.complex64 if fmt == "float32" else np.complex128)  # (L, m)
+        z = out.view(np.complex128)  # (L, m)
     workers = workers_for(threads, length * m, n_blocks)
     # Chunks bound the temporaries and give each thread at least one.
-    blocks_per_chunk = max(1, min(CHUNK_ELEMENTS // (block * m), -(-n_blocks // workers)))
+    # (Smaller ones when the rounding test runs on them: its passes then stay in cache.)
+    chunk = CHUNK_ELEMENTS if direct else _TESTED_CHUNK
+    blocks_per_chunk = max(1, min(chunk // (block * m), -(-n_blocks // workers)))
 
     def fill(a0: int) -> None:
         a1 = min(a0 + blocks_per_chunk, n_blocks)
@@ -214,11 +221,15 @@ def _range_table(
         product = (fine * coarse[a0:a1, None]).reshape(-1, m)[:count]
         if direct:
             z[rows] = product
-        else:
-            _write(out[rows], product.real, product.imag, fmt, layout)
+            return
+        positions = start + np.arange(rows.start, rows.stop, dtype=np.float64)
+        _write(out[rows], product.view(np.float64), fmt, layout, positions, hi, lo)
 
     run_parallel(fill, range(0, n_blocks, blocks_per_chunk), workers)
     return out
+
+
+_TESTED_CHUNK = 1 << 15  # complex values per chunk that goes through the rounding test
 
 
 def _array_table(
@@ -229,22 +240,39 @@ def _array_table(
     step = max(1, CHUNK_ELEMENTS // hi.size)
     for i in range(0, flat.size, step):
         sin, cos = unit_phasors(flat[i : i + step, None], hi, lo)
-        _write(out[i : i + step], sin, cos, fmt, layout)
+        pairs = np.empty((sin.shape[0], 2 * hi.size))
+        pairs[:, 0::2], pairs[:, 1::2] = sin, cos
+        _write(out[i : i + step], pairs, fmt, layout, flat[i : i + step], hi, lo)
     return out.reshape((*positions.shape, d))
 
 
-def _write(out: np.ndarray, sin: np.ndarray, cos: np.ndarray, fmt: str, layout: str) -> None:
-    """Round float64 ``sin`` (…, m) and ``cos`` (…, ≥ d//2) into ``out`` (…, d)."""
+def _write(
+    out: np.ndarray,
+    pairs: np.ndarray,
+    fmt: str,
+    layout: str,
+    positions: np.ndarray,
+    hi: np.ndarray,
+    lo: np.ndarray,
+) -> None:
+    """Correctly round float64 ``(sin, cos)`` pairs (rows, 2m) into ``out`` (rows, d).
+
+    ``positions`` (rows,) and the turns ``hi``, ``lo`` (m,) are what the pairs are the
+    sines and cosines of: the few entries whose rounding their float64 value cannot
+    decide are computed again from them (:mod:`posenc.core.rounding`).
+    """
     d = out.shape[-1]
     m, h = (d + 1) // 2, d // 2
-    if fmt == "bfloat16":  # NumPy has no correctly rounding cast to bfloat16
-        sin, cos = round_to_format(sin, fmt), round_to_format(cos[..., :h], fmt)
+    if layout == "interleaved" and d == pairs.shape[1] and out.flags.c_contiguous:
+        round_pairs_into(out, pairs, positions, hi, lo, ("sin", "cos"), fmt)
+        return
+    rounded = np.empty(pairs.shape, out.dtype)
+    round_pairs_into(rounded, pairs, positions, hi, lo, ("sin", "cos"), fmt)
     if layout == "interleaved":
-        out[..., 0::2] = sin
-        out[..., 1::2] = cos[..., :h]
+        out[...] = rounded[:, :d]
     else:
-        out[..., :m] = sin
-        out[..., m:] = cos[..., :h]
+        out[:, :m] = rounded[:, 0::2]
+        out[:, m:] = rounded[:, 1 : 2 * h : 2]
 
 
 def layout_permutation(d_model: int, source: str, target: str) -> np.ndarray:

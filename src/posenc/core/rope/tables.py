@@ -26,7 +26,8 @@ from ..._checks import (
     describe,
 )
 from ..phasors import CHUNK_ELEMENTS, contiguous_range, phasors
-from ..precision import CONTAINERS, FORMATS, resolve_dtype, round_to_format, turns_of, unit_phasors
+from ..precision import CONTAINERS, FORMATS, resolve_dtype, turns_of, unit_phasors
+from ..rounding import round_pairs_into
 
 __all__ = [
     "ROPE_LAYOUTS",
@@ -163,30 +164,70 @@ def rope_table_values(
             raise ValueError("positions must lie within ±2**53 to be represented exactly")
         for r0 in range(0, length, rows):
             n = min(rows, length - r0)
-            z = phasors(float(first + r0), n, hi, lo)  # e^{ikθ}, (n, m)
-            _write(cos[r0 : r0 + n], z.real, fmt, layout, scale)
-            _write(sin[r0 : r0 + n], z.imag, fmt, layout, scale)
+            z = phasors(float(first + r0), n, hi, lo)  # e^{ikθ} = cos + i sin, (n, m)
+            at = first + r0 + np.arange(n, dtype=np.float64)
+            _write(
+                cos[r0 : r0 + n],
+                sin[r0 : r0 + n],
+                z.view(np.float64),
+                fmt,
+                layout,
+                scale,
+                at,
+                hi,
+                lo,
+            )
     else:
         flat = np.asarray(positions, dtype=np.float64).reshape(-1, 1)
         for r0 in range(0, count, rows):
-            s, c = unit_phasors(flat[r0 : r0 + rows], hi, lo)
-            _write(cos[r0 : r0 + rows], c, fmt, layout, scale)
-            _write(sin[r0 : r0 + rows], s, fmt, layout, scale)
+            at = flat[r0 : r0 + rows]
+            s, c = unit_phasors(at, hi, lo)
+            pairs = np.empty((at.shape[0], 2 * m))
+            pairs[:, 0::2], pairs[:, 1::2] = c, s
+            _write(
+                cos[r0 : r0 + rows],
+                sin[r0 : r0 + rows],
+                pairs,
+                fmt,
+                layout,
+                scale,
+                at[:, 0],
+                hi,
+                lo,
+            )
     return cos.reshape((*shape, 2 * m)), sin.reshape((*shape, 2 * m))
 
 
-def _write(out: np.ndarray, values: np.ndarray, fmt: str, layout: str, scale: float) -> None:
-    """Round float64 ``values`` (rows, m) once into ``out`` (rows, 2m) in ``layout``."""
+def _write(
+    cos: np.ndarray,
+    sin: np.ndarray,
+    pairs: np.ndarray,
+    fmt: str,
+    layout: str,
+    scale: float,
+    positions: np.ndarray,
+    hi: np.ndarray,
+    lo: np.ndarray,
+) -> None:
+    """Correctly round ``scale ·`` the float64 ``(cos, sin)`` pairs (rows, 2m) into the
+    tables ``cos`` and ``sin`` (rows, 2m) in ``layout``.
+
+    The pairs are the phasors of ``positions`` (rows,) at the turns ``hi + lo`` (m,);
+    entries their float64 value cannot round are computed again
+    (:func:`posenc.core.rounding.round_phasor_pairs`).
+    """
     if scale != 1.0:
-        values = values * scale
-    rounded = round_to_format(values, fmt)
-    m = values.shape[-1]
-    if layout == "half":
-        out[:, :m] = rounded
-        out[:, m:] = rounded
-    else:
-        out[:, 0::2] = rounded
-        out[:, 1::2] = rounded
+        pairs = pairs * scale
+    rounded = np.empty(pairs.shape, cos.dtype)
+    round_pairs_into(rounded, pairs, positions, hi, lo, ("cos", "sin"), fmt, scale)
+    m = hi.size
+    for out, values in ((cos, rounded[:, 0::2]), (sin, rounded[:, 1::2])):
+        if layout == "half":
+            out[:, :m] = values
+            out[:, m:] = values
+        else:
+            out[:, 0::2] = values
+            out[:, 1::2] = values
 
 
 def pair_layout(values: np.ndarray, layout: str) -> np.ndarray:
