@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from .._checks import check_choice
+from .._extras import require
 from ..cli.base import UsageError
 from .records import RESULTS_FILE, load_records
 from .spec import SCHEMES, TASKS, RunSpec, check_rope_eval_scaling
@@ -194,6 +195,7 @@ def _check_report_only(args: argparse.Namespace, given: list[str]) -> None:
 
 def _run_spec_json(args: argparse.Namespace, given: list[str], runner: ModuleType) -> int:
     """``--spec-json``: run that one spec and print its record as one JSON line."""
+    require("torch", "posenc bench", extra="posenc[bench]")
     extra = given + (["--out"] if args.out is not None else [])
     if extra or args.jobs != 1:
         extra = extra or ["--jobs"]
@@ -254,6 +256,7 @@ def _execute(
     report: ModuleType,
 ) -> int:
     """Run ``specs`` into ``out``, print the summary and the reports; the exit status."""
+    require("torch", "posenc bench", extra="posenc[bench]")  # before any worker starts
     try:
         outcome = runner.execute(
             specs, out, jobs=args.jobs, resume=args.resume, progress=not args.no_progress

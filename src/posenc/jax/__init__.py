@@ -28,6 +28,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .._extras import missing
+
+try:
+    import jax  # noqa: F401
+except ImportError as exc:
+    raise missing("jax", "posenc.jax", exc) from exc
+
 from .bias import alibi_bias, alibi_slopes, t5_bias
 from .encodings import sinusoidal, sinusoidal_nd
 from .rope import apply_rope, rope_tables

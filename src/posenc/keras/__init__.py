@@ -17,6 +17,13 @@ Example:
     512
 """
 
+from .._extras import missing
+
+try:
+    import keras  # noqa: F401
+except ImportError as exc:
+    raise missing("keras", "posenc.keras", exc) from exc
+
 from .bias import ALiBiBias, T5RelativeBias
 from .embeddings import LearnedPositionalEmbedding, SinusoidalPositionalEncodingND
 from .layers import SinusoidalPositionalEncoding, generate_positional_encoding

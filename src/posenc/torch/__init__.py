@@ -7,6 +7,13 @@ Example:
     torch.Size([2, 10, 512])
 """
 
+from .._extras import missing
+
+try:
+    import torch  # noqa: F401
+except ImportError as exc:
+    raise missing("torch", "posenc.torch", exc) from exc
+
 from .attention import KVCache, MultiHeadAttention
 from .bias import ALiBiBias, T5RelativeBias
 from .modules import (
