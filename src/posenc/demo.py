@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from ._files import atomic_write
 from .analysis import min_pairwise_distance, offset_distances, relative_map
 from .core.alibi import alibi_slopes
 from .core.frequencies import frequencies
@@ -202,7 +203,8 @@ def run_demo(
         "table_100x512.csv": sinusoidal(100, 512, dtype=np.float64),
     }
     for name, values in tables.items():
-        np.savetxt(output / name, values, delimiter=",", fmt="%.17g")
+        with atomic_write(output / name) as file:
+            np.savetxt(file, values, delimiter=",", fmt="%.17g")
 
     written = []
     if plots:
@@ -220,7 +222,8 @@ def run_demo(
 
     report = property_report()
     report["seconds"] = round(time.perf_counter() - start, 2)
-    (output / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    with atomic_write(output / "report.json") as file:
+        file.write(json.dumps(report, indent=2) + "\n")
     length, d = report["table"]
     say(f"properties checked on a {length} x {d} table (n={report['base']:g}):\n")
     say(

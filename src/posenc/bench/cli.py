@@ -22,7 +22,7 @@ from typing import Any
 from .._checks import check_choice
 from .._extras import require
 from ..cli.base import UsageError
-from .records import RESULTS_FILE, load_records
+from .records import RESULTS_FILE, FolderInUseError, load_records
 from .spec import SCHEMES, TASKS, RunSpec, check_rope_eval_scaling
 
 __all__ = ["add_parser", "run"]
@@ -261,7 +261,7 @@ def _execute(
         outcome = runner.execute(
             specs, out, jobs=args.jobs, resume=args.resume, progress=not args.no_progress
         )
-    except FileExistsError as exc:
+    except (FileExistsError, FolderInUseError) as exc:
         raise UsageError(f"posenc bench: {exc}") from None
     except KeyboardInterrupt:
         results = out / runner.RESULTS_FILE

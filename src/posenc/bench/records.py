@@ -5,16 +5,19 @@
 JSON (NaN and ±inf, from a diverged run, are written as ``null``) and is appended with
 one write call and made durable before the next (:func:`append_line`), so an
 interrupted bench leaves only whole lines, but for a last one torn by a dying machine,
-which :func:`load_records` cuts off when asked to repair. The runner writes these files
-and the reports read them.
+which :func:`load_records` sets aside when asked to repair (a whole record that only
+lacks its newline is kept). :func:`lock_folder` keeps a second bench out of a folder
+in use. The runner writes these files and the reports read them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +25,75 @@ from .._checks import describe
 
 __all__ = [
     "FAILURES_FILE",
+    "LOCK_FILE",
     "RESULTS_FILE",
+    "FolderInUseError",
     "append_line",
     "finite",
     "json_line",
     "load_records",
+    "lock_folder",
     "results_path",
 ]
 
 RESULTS_FILE = "results.jsonl"
 FAILURES_FILE = "failures.jsonl"
+LOCK_FILE = ".posenc-bench.lock"
+
+
+class FolderInUseError(RuntimeError):
+    """Another process holds the lock of a bench output folder."""
+
+
+@contextlib.contextmanager
+def lock_folder(folder: Path) -> Iterator[None]:
+    """Hold the lock of the output folder ``folder`` (created if needed) while inside.
+
+    The lock is an advisory ``flock`` on ``folder/.posenc-bench.lock``, which holds the
+    holder's pid and is removed when the holder leaves. The system drops the lock when
+    the holder exits however it ends (``SIGKILL`` included), so a lock file left behind
+    never blocks a later bench. Where ``fcntl`` does not exist (Windows) nothing is
+    locked.
+
+    Raises:
+        FolderInUseError: Another process holds it (the message gives its pid).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    path = folder / LOCK_FILE
+    descriptor = _take_lock(path, fcntl)
+    try:
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # still holding it: a waiting opener sees a new file
+        os.close(descriptor)  # releases the lock
+
+
+def _take_lock(path: Path, fcntl: Any) -> int:
+    """An open descriptor of ``path`` holding its exclusive ``flock``."""
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 64, 0).decode("ascii", "replace").strip()
+            os.close(descriptor)
+            raise FolderInUseError(
+                f"{path.parent} is in use by another posenc bench (pid {holder or 'unknown'}); "
+                "wait for it to finish or choose another --out folder"
+            ) from None
+        try:  # the holder before may have removed the file after this open: try again
+            if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
+                return descriptor
+        except FileNotFoundError:
+            pass
+        os.close(descriptor)
 
 
 def load_records(path: str | os.PathLike[str], *, repair: bool = False) -> list[dict[str, Any]]:
@@ -39,8 +101,10 @@ def load_records(path: str | os.PathLike[str], *, repair: bool = False) -> list[
 
     Args:
         path: The output folder or its ``results.jsonl``. A missing file has no records.
-        repair: Cut off a last line that lacks its newline (a run killed while its line
-            was written); without it, such a line is an error.
+        repair: Make the file whole again. A last line that lacks its newline but is a
+            complete record gets its newline (it is kept either way); one that is not (a
+            run killed while its line was written) is moved to ``results.jsonl.torn``
+            and cut off. Without ``repair`` such a torn line is an error.
 
     Returns:
         One dict per line (blank lines are skipped).
@@ -62,15 +126,26 @@ def load_records(path: str | os.PathLike[str], *, repair: bool = False) -> list[
     data = file.read_bytes()
     if data and not data.endswith(b"\n"):
         cut = data.rfind(b"\n") + 1
-        if not repair:
+        if _is_record(data[cut:]):  # whole, only its newline is missing: keep it
+            if repair:
+                append_line(file, "\n")
+                data += b"\n"
+        elif not repair:
             raise ValueError(
                 f"{file}: the last line is incomplete (a run was interrupted while it was "
-                "written); resume=True (posenc bench --resume) removes it"
+                "written); resume=True (posenc bench --resume) sets it aside"
             )
-        with open(file, "r+b") as handle:
-            handle.truncate(cut)
-        print(f"{file}: removed an incomplete last line", file=sys.stderr)
-        data = data[:cut]
+        else:
+            aside = file.with_name(file.name + ".torn")
+            with open(aside, "ab") as handle:  # kept, never deleted: the user's bytes
+                handle.write(data[cut:] + b"\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            with open(file, "r+b") as handle:
+                handle.truncate(cut)
+                os.fsync(handle.fileno())
+            print(f"{file}: moved an incomplete last line to {aside}", file=sys.stderr)
+            data = data[:cut]
     records = []
     for number, line in enumerate(data.decode("utf-8").splitlines(), start=1):
         if not line.strip():
@@ -85,6 +160,15 @@ def load_records(path: str | os.PathLike[str], *, repair: bool = False) -> list[
             )
         records.append(record)
     return records
+
+
+def _is_record(line: bytes) -> bool:
+    """Whether ``line`` is a whole run record: a JSON object with a string ``"key"``."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(record, dict) and isinstance(record.get("key"), str)
 
 
 def results_path(path: str | os.PathLike[str]) -> Path:

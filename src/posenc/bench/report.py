@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._checks import check_choice, describe
+from .._files import atomic_write
 from .records import RESULTS_FILE, finite, load_records
 from .spec import ROPE_EVAL_SCALINGS, SCHEMES, TASKS
 
@@ -399,7 +400,8 @@ def plot(
     for ax in axes[len(tables) :]:
         ax.set_visible(False)
     path = Path(path)
-    fig.savefig(path, dpi=dpi)
+    with atomic_write(path, "wb") as file:  # never half a picture
+        fig.savefig(file, dpi=dpi, format=path.suffix[1:] or "png")
     return path
 
 
@@ -472,7 +474,6 @@ def write_reports(
 
 def _write_text(path: Path, text: str) -> Path:
     """Write through a temporary file, so that a reader never sees half a report."""
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
+    with atomic_write(path) as file:
+        file.write(text)
     return path

@@ -32,7 +32,14 @@ from types import MappingProxyType
 from typing import Any
 
 from .._checks import check_choice, check_int, describe
-from .records import FAILURES_FILE, RESULTS_FILE, append_line, json_line, load_records
+from .records import (
+    FAILURES_FILE,
+    RESULTS_FILE,
+    append_line,
+    json_line,
+    load_records,
+    lock_folder,
+)
 from .report import write_reports
 from .spec import SCHEMES, TASKS, RunSpec
 from .workers import (
@@ -328,8 +335,9 @@ def execute(
     """Run every spec once, appending one JSON line per finished run to ``results.jsonl``.
 
     Each line is written with one write call and fsynced before the next run is
-    recorded, so an interrupted bench leaves only whole lines (and ``resume=True``
-    removes a torn last line should the machine die mid-write). A run that raises does
+    recorded, so an interrupted bench leaves only whole lines (and ``resume=True`` sets
+    a torn last line aside, to ``results.jsonl.torn``, should the machine die
+    mid-write; a whole record that only lacks its newline is kept). A run that raises does
     not stop the others: it is reported on stderr (spec and error), appended to
     ``failures.jsonl`` (spec, error and traceback; each execute starts the file afresh)
     and listed in :attr:`Outcome.failures`. A worker process that dies (killed,
@@ -359,6 +367,8 @@ def execute(
 
     Raises:
         FileExistsError: The results file exists, is not empty and ``resume`` is False.
+        posenc.bench.records.FolderInUseError: Another bench is writing into ``out_dir``
+            (each bench holds a lock on its output folder while it runs).
         TypeError: A spec is not a :class:`RunSpec`, or an argument has the wrong type.
         ValueError: ``jobs < 1``, a run given twice, or a results file with a line that
             is not a record.
@@ -382,13 +392,25 @@ def execute(
     if run_fn is not None and not callable(run_fn):
         raise TypeError(f"run_fn must be callable or None, got {describe(run_fn)}")
     out = Path(out_dir)
+    with lock_folder(out):
+        return _execute_locked(specs, out, jobs, resume, progress, run_fn)
+
+
+def _execute_locked(
+    specs: list[RunSpec],
+    out: Path,
+    jobs: int,
+    resume: bool,
+    progress: bool,
+    run_fn: RunFn | None,
+) -> Outcome:
+    """:func:`execute` once this process holds the output folder's lock."""
     results = out / RESULTS_FILE
     if not resume and results.exists() and results.stat().st_size > 0:
         raise FileExistsError(
             f"{results} already exists: pass --resume (resume=True) to skip the runs it "
             "holds, or choose another --out folder"
         )
-    out.mkdir(parents=True, exist_ok=True)
     done = {record["key"] for record in load_records(results, repair=True)}
     todo = [spec for spec in specs if spec.key() not in done]
     failures_path = out / FAILURES_FILE

@@ -15,6 +15,8 @@ import json
 import multiprocessing
 import os
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
@@ -124,13 +126,23 @@ def _stop(pool: concurrent.futures.ProcessPoolExecutor) -> None:
 
 
 def _init_worker(threads: int, import_torch: bool) -> None:
-    """Worker start: limit the threads so that the workers share the cores."""
+    """Worker start: limit the threads so that the workers share the cores, and end
+    this worker when the bench's process dies."""
+    parent = os.getppid()
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[variable] = str(threads)
     if import_torch:
         import torch
 
         torch.set_num_threads(threads)
+
+
+def _exit_with(parent: int) -> None:
+    """End this process once ``parent`` has gone (it is then adopted by another)."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def _worker_run(run_fn: RunFn | None, spec: RunSpec) -> tuple[bool, Any, str]:

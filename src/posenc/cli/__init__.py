@@ -63,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except BrokenPipeError:  # e.g. `posenc table ... | head`
         return 0
+    except OSError as exc:  # a file that cannot be written or read: one line, no traceback
+        print(f"posenc {_command_of(argv)}: error: {exc}", file=sys.stderr)
+        return 2
     return status or 0
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import FORMULAS, LAYOUTS
+from .._files import atomic_write, check_output_path
 from ..core.alibi import MODES as ALIBI_MODES
 from ..core.precision import FORMATS
 from ..core.rope import ROPE_LAYOUTS, ROPE_SCALING_SPECS
@@ -142,16 +143,19 @@ def run(args: argparse.Namespace) -> None:
         raise UsageError(f"posenc table: --precision must be >= 0, got {args.precision}")
     if args.length < 0:
         raise ValueError(f"--length must be >= 0, got {args.length}")
+    if args.output is not None:
+        check_output_path(args.output)  # before the work, not after it
     table = SCHEME_TABLES[args.scheme](args)
     if args.format == "npy":
         if isinstance(table.npy, dict):  # several arrays: an .npz archive at the given path
             arrays: dict[str, Any] = table.npy  # Any: or mypy fits **arrays to allow_pickle: bool
-            with open(args.output, "wb") as file:
+            with atomic_write(args.output, "wb") as file:
                 np.savez(file, **arrays)
             print(f"wrote {args.output} (npz: {', '.join(table.npy)})")
             return
         # bfloat16 is stored as float32 holding exact bfloat16 values (portable .npy).
-        np.save(args.output, table.npy)
+        with atomic_write(args.output, "wb") as file:
+            np.save(file, table.npy)
         shape = "x".join(str(n) for n in table.npy.shape)
         print(f"wrote {args.output} ({shape} {table.npy.dtype})")
         return
@@ -168,7 +172,8 @@ def run(args: argparse.Namespace) -> None:
     if args.output is None:
         sys.stdout.write(text)
     else:
-        args.output.write_text(text)
+        with atomic_write(args.output) as file:
+            file.write(text)
         print(f"wrote {args.output}")
 
 

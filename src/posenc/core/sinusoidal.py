@@ -229,7 +229,7 @@ def _range_table(
     return out
 
 
-_TESTED_CHUNK = 1 << 15  # complex values per chunk that goes through the rounding test
+_TESTED_CHUNK = 1 << 16  # complex values per chunk that goes through the rounding test
 
 
 def _array_table(

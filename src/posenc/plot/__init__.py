@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .._checks import describe
+from .._files import atomic_write
 from ._figure import figure_class
 from .bias import alibi, t5
 from .frequencies import dimensions, similarity, sinusoids, wavelength_spectrum
@@ -147,5 +148,6 @@ def save(fig: Figure, path: str | os.PathLike[str], dpi: float = 100) -> Path:
             f"path must end in one of {sorted('.' + s for s in supported)} to pick the "
             f"format, got {str(path)!r}"
         )
-    fig.savefig(path, dpi=dpi, format=suffix)
+    with atomic_write(path, "wb") as file:
+        fig.savefig(file, dpi=dpi, format=suffix)
     return path
