@@ -390,3 +390,32 @@ def test_start_needs_an_int_length_and_stays_exact():
         table_values(2, 4, start=2**60, **options)
     shifted = table_values(3, 4, start=1000, **options)
     assert_array_equal(shifted, posenc.sinusoidal(np.arange(1000, 1003), 4, dtype="float64"))
+
+
+@pytest.mark.parametrize(
+    ("d", "n", "formula"),
+    [
+        (64, 10000.0, "paper"),
+        (4097, 500000.0, "paper"),
+        (512, 10000.0, "tensor2tensor"),
+        (200_001, 10000.0, "tensor2tensor"),
+    ],
+)
+def test_frequencies_are_double_doubles_of_the_exact_values(d, n, formula):
+    """``ω_i`` to float64 and ``ω_i / 2π`` as a double-double, against mpmath, for widths
+    up to 200,001 (a million frequencies take milliseconds: no decimal arithmetic each)."""
+    mpmath = pytest.importorskip("mpmath")
+    from posenc.core.frequencies import frequency_table
+
+    omega, hi, lo = frequency_table(d, n, formula)
+    with mpmath.workdps(60):
+        for i in np.unique(np.linspace(0, omega.size - 1, 60).astype(int)).tolist():
+            if formula == "paper":
+                exact = mpmath.mpf(n) ** (-mpmath.mpf(2 * i) / d)
+            else:
+                exact = mpmath.exp(-i * mpmath.log(n) / max(d // 2 - 1, 1))
+            turns = exact / (2 * mpmath.pi)
+            assert omega[i] == float(exact)
+            assert (
+                abs(mpmath.mpf(hi[i]) + mpmath.mpf(lo[i]) - turns) <= turns * mpmath.mpf(2) ** -102
+            )

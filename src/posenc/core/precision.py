@@ -5,7 +5,7 @@ of 2**-53, whatever the position, and only then rounded to the requested format.
 things make that possible:
 
 * frequencies are held as double-doubles (``hi + lo``) in *turns* per position
-  (``ω / 2π``), computed once with :mod:`decimal` at 50 significant digits;
+  (``ω / 2π``), within about 2**-104 (relative) of the exact values;
 * ``position × frequency`` is formed exactly with Dekker's product, and the whole turns
   are removed before the only rounding that matters, so ``sin`` and ``cos`` are always
   evaluated on an angle in ``[-π, π]`` that is accurate to about 1e-16.
@@ -16,9 +16,7 @@ A float32 angle, as every peer library forms it, has an absolute error of
 
 from __future__ import annotations
 
-import decimal
 import re
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -152,23 +150,40 @@ def _dtype_name(dtype: Any) -> str | None:
     return name
 
 
-# 2π to 64 significant digits, for turning arbitrary float64 frequencies into turns.
-_TWO_PI_DECIMAL = decimal.Decimal(
-    "6.283185307179586476925286766559005768394338798750211641949889185"
-)
-_TURNS_CONTEXT = decimal.Context(prec=50)
+# 1/(2π) as a double-double: within 2**-107 (relative) of the exact value.
+INV_TWO_PI = (0.15915494309189535, -9.839338337591243e-18)
+_LARGEST_FREQUENCY = 2.0**900  # two_prod splits without overflow below 2**996
+
+
+def dd_mul(
+    a_hi: np.ndarray, a_lo: np.ndarray, b_hi: Any, b_lo: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """The double-double product ``(a_hi + a_lo)(b_hi + b_lo)``, within ~2**-104 (relative).
+
+    Example:
+        >>> hi, lo = dd_mul(np.array([3.0]), np.array([0.0]), *INV_TWO_PI)
+        >>> hi.tolist(), bool(abs(lo[0]) <= 2**-53 * hi[0])
+        ([0.477464829275686], True)
+    """
+    p, e = two_prod(a_hi, np.asarray(b_hi, dtype=np.float64))
+    e = e + (a_hi * b_lo + a_lo * b_hi)
+    hi = p + e
+    lo = e - (hi - p)  # exact: the rounding error of hi = p + e (|e| is far below |p|)
+    return hi, lo
 
 
 def turns_of(omega: Any) -> tuple[np.ndarray, np.ndarray]:
     """``ω / 2π`` as a double-double ``(hi, lo)``, each float64 ``ω`` taken as exact.
 
     This is what :func:`unit_phasors` needs for frequencies that are only known as
-    float64 numbers (scaled RoPE frequencies, user-supplied ``inv_freq``): the quotient
-    is computed with :mod:`decimal` at 50 significant digits, so ``hi + lo`` is within
-    about 2**-106 (relative) of the exact ``ω / 2π``. Results are cached per input.
+    float64 numbers (scaled RoPE frequencies, user-supplied ``inv_freq``): ``ω`` times
+    ``1/2π`` held as a double-double, with an exact product (Dekker's), so ``hi + lo`` is
+    within about 2**-104 (relative) of the exact ``ω / 2π``. Vectorised: the cost is a
+    few NumPy operations per frequency, however many there are.
 
     Args:
-        omega: Finite float64 values (any shape), radians per position.
+        omega: Finite float64 values (any shape) below ``2**900`` in magnitude, radians
+            per position.
 
     Returns:
         ``(hi, lo)``: read-only float64 arrays of ``omega``'s shape, ``|lo| <= ulp(hi)/2``.
@@ -180,23 +195,14 @@ def turns_of(omega: Any) -> tuple[np.ndarray, np.ndarray]:
         >>> bool(abs(lo[0]) < 2**-53 * hi[0])
         True
     """
-    values = np.ascontiguousarray(omega, dtype=np.float64)
+    values = np.array(omega, dtype=np.float64)
     if not np.all(np.isfinite(values)):
         raise ValueError(f"frequencies must be finite, got {describe(omega)} with inf or nan")
-    hi, lo = _turns_cached(values.tobytes())
-    return hi.reshape(values.shape), lo.reshape(values.shape)
-
-
-@lru_cache(maxsize=512)
-def _turns_cached(key: bytes) -> tuple[np.ndarray, np.ndarray]:
-    values = np.frombuffer(key, dtype=np.float64)
-    ctx = _TURNS_CONTEXT
-    hi = np.empty(values.size)
-    lo = np.empty(values.size)
-    for i, w in enumerate(values.tolist()):
-        turns = ctx.divide(decimal.Decimal(w), _TWO_PI_DECIMAL)  # Decimal(float) is exact
-        hi[i] = float(turns)
-        lo[i] = float(ctx.subtract(turns, decimal.Decimal(hi[i])))
+    if values.size and np.abs(values).max() >= _LARGEST_FREQUENCY:
+        raise ValueError(
+            f"frequencies must be below 2**900 radians per position, got {np.abs(values).max():g}"
+        )
+    hi, lo = dd_mul(values, np.zeros_like(values), *INV_TWO_PI)
     hi.flags.writeable = False
     lo.flags.writeable = False
     return hi, lo
