@@ -134,11 +134,19 @@ def check_positions(value: Any, name: str = "positions") -> np.ndarray:
     if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
         bad = array[~np.isfinite(array)].ravel()[0]
         raise ValueError(f"{name} must be finite, got {bad!r} among them")
-    if array.dtype.kind in "iu" and array.size:
-        largest = max(abs(int(array.min())), abs(int(array.max())))
-        if largest > 2**53:
+    if array.size:
+        low, high = array.min(), array.max()
+        largest = max(abs(int(low)), abs(int(high))) if array.dtype.kind in "iu" else None
+        if largest is not None and largest > 2**53:
             raise ValueError(
-                f"integer {name} must lie within ±2**53 to be represented exactly, got {largest}"
+                f"integer {name} must lie within ±2**53 to be represented exactly, got "
+                f"{largest:.6g}"
+            )
+        if largest is None and max(-float(low), float(high)) > 2.0**53:
+            # beyond it the angle reduction is no longer exact (and at ~1e300 it overflows)
+            raise ValueError(
+                f"{name} must lie within ±2**53 (about 9.007e15), got "
+                f"{float(high) if float(high) > 2.0**53 else float(low):.6g}"
             )
     return array
 
@@ -160,10 +168,19 @@ class MemoryLimitError(ValueError):
     """
 
 
-def check_memory(nbytes: int, what: str, max_bytes: int | None) -> None:
-    """Refuse work whose estimated peak memory exceeds ``max_bytes``."""
+def check_memory(nbytes: int, what: str, max_bytes: int | None, *, fix: str | None = None) -> None:
+    """Refuse work whose estimated peak memory exceeds ``max_bytes``.
+
+    ``fix`` says what to do instead where the caller has no ``max_bytes`` argument to
+    raise (a module's fixed limit); by default the message points to ``max_bytes``.
+    """
     if max_bytes is None or nbytes <= max_bytes:
         return
+    if fix is not None:
+        raise MemoryLimitError(
+            f"{what} would need about {format_bytes(nbytes)}, more than the limit of "
+            f"{format_bytes(max_bytes)}; {fix}"
+        )
     raise MemoryLimitError(
         f"{what} would need about {format_bytes(nbytes)}, more than max_bytes="
         f"{format_bytes(max_bytes)}; pass a larger max_bytes (or max_bytes=None) if you "

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
+import posenc
 from posenc.core.alibi import alibi_bias, alibi_bias_values, alibi_slopes
 from posenc.core.nope import nope as nope_table
 from posenc.core.precision import round_to_format
@@ -384,3 +385,14 @@ def test_nope_bad_input(positions, d_model, kwargs, error, match):
 
 
 # ---------------------------------------------------------------------------------------
+
+
+def test_a_head_count_past_the_limit_is_refused_at_once():
+    from posenc.core.alibi import MAX_HEADS
+
+    with pytest.raises(
+        ValueError, match=r"num_heads must be at most 65536 \(2\*\*16\), got 1000000"
+    ):
+        posenc.alibi_slopes(10**6)
+    with pytest.raises(ValueError, match="num_heads must be at most 65536"):
+        posenc.alibi_bias(4, num_heads=MAX_HEADS + 1)

@@ -747,3 +747,25 @@ def test_registry_functions_share_one_signature():
         assert inv_freq.dtype == np.float64, name
         assert inv_freq.shape == (4,), name
         assert isinstance(attention, float), name
+
+
+@pytest.mark.parametrize(
+    ("config", "seq_len", "message"),
+    [
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048,
+          "beta_fast": 1e308}, None, r"cannot be computed \(math domain error\); check its parameters"),
+        ({"rope_type": "dynamic", "factor": 1e300, "original_max_position_embeddings": 4096},
+         10**6, r"cannot be computed \(.*out of range.*\); check its parameters"),
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048,
+          "mscale": -10.0, "mscale_all_dim": 1.0}, None, "attention factor -0.339263"),
+    ],
+)  # fmt: skip
+def test_parameters_far_outside_their_range_give_a_value_error(config, seq_len, message):
+    from posenc.core.rope import as_rope_scaling
+
+    def compute():  # a spec refuses what it can at construction, the rest when computed
+        spec, _ = as_rope_scaling(config)
+        return spec.frequencies(64, 10000.0, seq_len=seq_len)
+
+    with pytest.raises(ValueError, match=message):
+        compute()

@@ -419,3 +419,19 @@ def test_frequencies_are_double_doubles_of_the_exact_values(d, n, formula):
             assert (
                 abs(mpmath.mpf(hi[i]) + mpmath.mpf(lo[i]) - turns) <= turns * mpmath.mpf(2) ** -102
             )
+
+
+@pytest.mark.parametrize(
+    ("positions", "message"),
+    [
+        (
+            np.array([1.3e300]),
+            r"positions must lie within ±2\*\*53 \(about 9\.007e15\), got 1\.3e\+300",
+        ),
+        (np.array([0.5, -1e17]), r"got -1e\+17"),
+        (np.array([2**60]), r"integer positions must lie within ±2\*\*53 .* got 1\.15292e\+18"),
+    ],
+)
+def test_positions_past_2_53_are_refused_not_nan(positions, message):
+    with pytest.raises(ValueError, match=message):
+        posenc.sinusoidal(positions, 4)

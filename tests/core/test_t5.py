@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_array_equal
 
+import posenc
 from posenc.core import t5
 from posenc.core.t5 import relative_position_bucket, relative_positions, t5_bias
 
@@ -420,3 +421,19 @@ def test_edges_are_cached_and_read_only():
     assert t5._log_edges(16, 128, "hf") is edges
     # 8 log buckets of max_exact * 16^(k/8) = 8·2^(k/2): 11.3, 16, 22.6, 32, 45.3, 64, 90.5
     assert edges.tolist() == [math.ceil(8 * 2 ** (k / 2)) for k in range(1, 8)]
+
+
+def test_a_bucket_count_past_the_limit_is_refused_at_once():
+    with pytest.raises(
+        ValueError, match=r"num_buckets must be at most 65536 \(2\*\*16; T5 uses 32\)"
+    ):
+        posenc.relative_position_bucket(np.arange(4), num_buckets=10**12, max_distance=10**13)
+
+
+def test_the_bucket_table_of_a_huge_max_distance_is_refused_with_what_to_do():
+    from posenc.specs import T5Spec
+
+    spec = T5Spec(num_heads=8, max_distance=10**9)  # the bias itself needs no table
+    with pytest.raises(ValueError, match="use a smaller max_distance"):
+        spec.bucket_table()
+    assert posenc.t5_bias(np.zeros((32, 8)), 4, max_distance=10**12).shape == (8, 4, 4)

@@ -58,9 +58,20 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
         Enables Input Length Extrapolation", ICLR 2022, §3;
         https://github.com/ofirpress/attention_with_linear_biases (``get_slopes``).
     """
-    num_heads = check_int(num_heads, "num_heads", minimum=1)
-    slopes: np.ndarray = _slopes(num_heads).copy()
+    slopes: np.ndarray = _slopes(check_heads(num_heads)).copy()
     return slopes
+
+
+MAX_HEADS = 1 << 16
+"""The most heads :func:`alibi_slopes` computes (each slope is a 50-digit exponential)."""
+
+
+def check_heads(num_heads: Any) -> int:
+    """An int ``1 <= num_heads <= MAX_HEADS``."""
+    number = check_int(num_heads, "num_heads", minimum=1)
+    if number > MAX_HEADS:
+        raise ValueError(f"num_heads must be at most {MAX_HEADS} (2**16), got {number}")
+    return number
 
 
 @lru_cache(maxsize=64)
@@ -173,7 +184,7 @@ def _bias(
     out_dtype: np.dtype,
     max_bytes: int | None,
 ) -> np.ndarray:
-    num_heads = check_int(num_heads, "num_heads", minimum=1)
+    num_heads = check_heads(num_heads)
     mode = check_choice(mode, "mode", MODES)
     query_length, key_length, offset = check_lengths(query_length, key_length, offset)
     check_memory(

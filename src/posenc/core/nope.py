@@ -10,16 +10,23 @@ other scheme and build it through the same call; this module is that call.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
 import numpy as np
 
-from .._checks import check_d_model, check_length, check_positions
+from .._checks import DEFAULT_MAX_BYTES, check_d_model, check_length, check_memory, check_positions
 from .precision import resolve_dtype
 
 
-def nope(positions: Any, d_model: int, *, dtype: Any = np.float32) -> np.ndarray:
+def nope(
+    positions: Any,
+    d_model: int,
+    *,
+    dtype: Any = np.float32,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+) -> np.ndarray:
     """The "no positional encoding" table: zeros, shaped like :func:`posenc.sinusoidal`'s.
 
     Adding it to token embeddings changes nothing, so a model built with it sees
@@ -30,6 +37,8 @@ def nope(positions: Any, d_model: int, *, dtype: Any = np.float32) -> np.ndarray
             finite integer or fractional positions; only the shape is used.
         d_model: Width of the encoding, an int >= 1.
         dtype: float16, bfloat16 (needs ``ml_dtypes``), float32 or float64.
+        max_bytes: Refuse (``ValueError``) a table larger than this; ``None`` removes
+            the limit.
 
     Returns:
         Zeros of shape ``(L, d_model)`` for an int, else ``positions.shape + (d_model,)``.
@@ -58,4 +67,5 @@ def nope(positions: Any, d_model: int, *, dtype: Any = np.float32) -> np.ndarray
         )
     else:
         shape = check_positions(positions).shape
+    check_memory(math.prod(shape) * d_model * np_dtype.itemsize, "this NoPE table", max_bytes)
     return np.zeros((*shape, d_model), np_dtype)

@@ -12,13 +12,17 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_int
+from .._checks import DEFAULT_MAX_BYTES, check_int, check_memory
 
 __all__ = ["check_lengths", "diagonal_expand", "diagonal_positions", "relative_positions"]
 
 
 def relative_positions(
-    query_length: int, key_length: int | None = None, *, offset: int = 0
+    query_length: int,
+    key_length: int | None = None,
+    *,
+    offset: int = 0,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> np.ndarray:
     """The matrix of relative positions ``key position - query position``.
 
@@ -32,6 +36,8 @@ def relative_positions(
         key_length: Number of keys, an int >= 0; ``None`` means ``offset +
             query_length`` (every cached token and the queries themselves).
         offset: Position of the first query, an int >= 0.
+        max_bytes: Refuse (``ValueError``) a result larger than this; ``None`` removes
+            the limit.
 
     Returns:
         int64 array of shape ``(query_length, key_length)``.
@@ -45,6 +51,7 @@ def relative_positions(
         array([[-3, -2, -1,  0]])
     """
     query_length, key_length, offset = check_lengths(query_length, key_length, offset)
+    check_memory(query_length * key_length * 8, "this relative-position matrix", max_bytes)
     positions = diagonal_positions(query_length, key_length, offset)
     return diagonal_expand(positions, query_length, key_length)
 
@@ -71,7 +78,8 @@ def diagonal_positions(query_length: int, key_length: int, offset: int) -> np.nd
     ``j - i + Q - 1`` here.
     """
     start = -(query_length - 1) - offset
-    return np.arange(start, start + max(query_length + key_length - 1, 0), dtype=np.int64)
+    count = query_length + key_length - 1 if query_length and key_length else 0
+    return np.arange(start, start + count, dtype=np.int64)
 
 
 def diagonal_expand(per_diagonal: np.ndarray, query_length: int, key_length: int) -> np.ndarray:

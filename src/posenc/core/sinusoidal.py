@@ -161,7 +161,7 @@ def table_values(
         span = (span[0] + start, span[1])
     if span is not None and abs(span[0]) + span[1] > 2**53:
         raise ValueError(
-            f"positions {span[0]} .. {span[0] + span[1] - 1} must lie within ±2**53 to be "
+            f"positions {span[0]:.6g} .. {span[0] + span[1] - 1:.6g} must lie within ±2**53 to be "
             "represented exactly"
         )
     shape = (span[1],) if span is not None else np.shape(positions)

@@ -195,6 +195,11 @@ def t5_bias(
 # Buckets
 
 
+MAX_BUCKETS = 1 << 16
+"""The most buckets :func:`check_bucket_options` accepts: each log bucket's first distance
+is found by bisection, once per (num_buckets, max_distance)."""
+
+
 def check_bucket_options(
     bidirectional: Any,
     num_buckets: Any,
@@ -212,6 +217,10 @@ def check_bucket_options(
     bidirectional = bool(bidirectional)
     minimum = 4 if bidirectional else 2
     num_buckets = check_int(num_buckets, name, minimum=1)
+    if num_buckets > MAX_BUCKETS:
+        raise ValueError(
+            f"{name} must be at most {MAX_BUCKETS} (2**16; T5 uses 32), got {num_buckets}"
+        )
     if num_buckets < minimum:
         why = "two per direction" if bidirectional else "one exact bucket and one log bucket"
         raise ValueError(

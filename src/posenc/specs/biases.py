@@ -11,8 +11,9 @@ from .._checks import (
     DEFAULT_MAX_BYTES,
     check_choice,
     check_int,
+    check_memory,
 )
-from ..core.alibi import MODES, alibi_bias_values, alibi_slopes
+from ..core.alibi import MODES, alibi_bias_values, alibi_slopes, check_heads
 from ..core.t5 import bucket_values, check_bucket_options
 from .base import SchemeSpec
 
@@ -37,7 +38,7 @@ class AlibiSpec(SchemeSpec):
     mode: str = "causal"
 
     def __post_init__(self) -> None:
-        self._set("num_heads", check_int(self.num_heads, "num_heads", minimum=1))
+        self._set("num_heads", check_heads(self.num_heads))
         self._set("mode", check_choice(self.mode, "mode", MODES))
 
     def slopes(self) -> np.ndarray:
@@ -112,6 +113,14 @@ class T5Spec(SchemeSpec):
         """The bucket of every distance ``-max_distance .. max_distance`` (index ``d + max``).
 
         Farther distances share the end buckets, so a front end clamps ``key - query`` to
-        ``±max_distance`` and gathers from this table.
+        ``±max_distance`` and gathers from this table. Its memory is checked first (a
+        ``ValueError`` past 4 GiB, ``max_distance`` of about 2.7e8).
         """
+        check_memory(
+            (2 * self.max_distance + 1) * 8 * 2,
+            f"the bucket table of max_distance={self.max_distance} (2·max_distance + 1 entries)",
+            DEFAULT_MAX_BYTES,
+            fix="use a smaller max_distance (T5 uses 128; every distance past it shares the "
+            "last bucket)",
+        )
         return self.buckets(np.arange(-self.max_distance, self.max_distance + 1))

@@ -133,6 +133,18 @@ def check_offset(offset: Any, name: str) -> int:
     return int(offset)
 
 
+def check_offset_or_positions(offset: Any, positions: Any, name: str) -> int:
+    """:func:`check_offset`, and a ``ValueError`` for an offset given with ``positions``
+    (positions are absolute: an offset beside them would be silently ignored)."""
+    number = check_offset(offset, name)
+    if positions is not None and number:
+        raise ValueError(
+            f"{name}: give positions= or offset=, not both (got offset={number} with "
+            "positions); positions are absolute: add the offset to them"
+        )
+    return number
+
+
 def check_position_tensor(
     positions: Any,
     batch: int | None,

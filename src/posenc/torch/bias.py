@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_int, describe
+from .._checks import DEFAULT_MAX_BYTES, check_int, check_memory, describe
 from ..specs import AlibiSpec, FromSpec, T5Spec
-from ._backend import DerivedBuffers, check_offset
+from ._backend import DerivedBuffers, check_offset_or_positions, format_of
 from .protocols import BiasesScores
 
 
@@ -37,19 +37,22 @@ def _relative_positions(
     key_positions: Tensor | None,
     device: torch.device,
     name: str,
+    entry_bytes: int,
 ) -> Tensor:
-    """``key position - query position``: ``(q, k)``, or ``(batch, q, k)`` when given."""
+    """``key position - query position``: ``(q, k)``, or ``(batch, q, k)`` when given.
+
+    ``entry_bytes`` is what the caller then needs per ``(q, k)`` entry (all heads): the
+    memory of the whole call is checked before anything is allocated.
+    """
     query_length = _length(query_length, "query_length")
-    offset = check_offset(offset, name)
+    offset = check_offset_or_positions(offset, positions, name)
     if key_length is None:
         key_length = offset + query_length
     key_length = _length(key_length, "key_length")
-    if positions is None:
-        positions = torch.arange(offset, offset + query_length, device=device)
-    if key_positions is None:
-        key_positions = torch.arange(key_length, device=device)
     for value, what, size in ((positions, "positions", query_length),
                               (key_positions, "key_positions", key_length)):  # fmt: skip
+        if value is None:
+            continue
         if (
             not isinstance(value, Tensor)
             or value.is_floating_point()
@@ -62,12 +65,23 @@ def _relative_positions(
                 f"{name}: {what} must have shape ({size},) or (batch, {size}), "
                 f"got {tuple(value.shape)}"
             )
-    batches = {t.shape[0] for t in (positions, key_positions) if t.dim() == 2} - {1}
+    given = [t for t in (positions, key_positions) if t is not None and t.dim() == 2]
+    batches = {t.shape[0] for t in given} - {1}
     if len(batches) > 1:
         raise ValueError(
             f"{name}: positions and key_positions have different batch sizes "
-            f"{tuple(positions.shape)} and {tuple(key_positions.shape)}"
+            f"{tuple(given[0].shape)} and {tuple(given[1].shape)}"
         )
+    check_memory(
+        max(batches, default=1) * query_length * key_length * (8 + entry_bytes),
+        f"{name}'s bias for {query_length} queries and {key_length} keys",
+        DEFAULT_MAX_BYTES,
+        fix="compute it in blocks of queries (positions=, key_positions=)",
+    )
+    if positions is None:
+        positions = torch.arange(offset, offset + query_length, device=device)
+    if key_positions is None:
+        key_positions = torch.arange(key_length, device=device)
     return key_positions.to(device).unsqueeze(-2) - positions.to(device).unsqueeze(-1)
 
 
@@ -129,15 +143,19 @@ class ALiBiBias(DerivedBuffers, BiasesScores, FromSpec):
         dtype: torch.dtype = torch.float32,
         device: torch.device | None = None,
     ) -> Tensor:
+        format_of(dtype)  # a float dtype: an integer one would truncate the bias
         device = self.slopes.device if device is None else device
+        # per entry: the float64 product and the result, for every head
+        per_entry = self.num_heads * (8 + torch.empty((), dtype=dtype).element_size())
         rel = _relative_positions(
-            query_length, key_length, offset, positions, key_positions, device, "ALiBiBias"
-        )  # (..., q, k), key - query
+            query_length, key_length, offset, positions, key_positions, device, "ALiBiBias",
+            per_entry,
+        )  # (..., q, k), key - query  # fmt: skip
         distance = rel.clamp(max=0) if self.mode == "causal" else -rel.abs()  # (..., q, k) ≤ 0
         slopes = self.slopes.to(device).view(-1, 1, 1)  # (H, 1, 1), float64
         # float64 product of an exact slope and an integer, rounded once to dtype.
         bias = slopes * distance.to(torch.float64).unsqueeze(-3)  # (..., H, q, k)
-        return bias.to(dtype)
+        return bias.to(dtype)  # (format_of has refused a dtype that is not floating)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, mode={self.mode!r}"
@@ -213,11 +231,16 @@ class T5RelativeBias(DerivedBuffers, BiasesScores, FromSpec):
         dtype: torch.dtype | None = None,
         device: torch.device | None = None,
     ) -> Tensor:
+        if dtype is not None:
+            format_of(dtype)  # a float dtype: an integer one would truncate the weights
         weight = self.relative_attention_bias.weight  # (num_buckets, H)
         device = weight.device if device is None else device
+        # per entry: the bucket index and the bias of every head (and a cast)
+        per_entry = 8 + self.num_heads * weight.element_size() * 2
         rel = _relative_positions(
-            query_length, key_length, offset, positions, key_positions, device, "T5RelativeBias"
-        )  # (..., q, k)
+            query_length, key_length, offset, positions, key_positions, device,
+            "T5RelativeBias", per_entry,
+        )  # (..., q, k)  # fmt: skip
         index = rel.clamp(-self.max_distance, self.max_distance) + self.max_distance
         buckets = self.buckets.to(device)[index]  # (..., q, k)
         bias = nn.functional.embedding(buckets, weight)  # (..., q, k, H)

@@ -27,7 +27,7 @@ from ..specs import FromSpec, LearnedSpec, NopeSpec, SinusoidalSpec
 from ._backend import (
     PositionTables,
     apply_dropout,
-    check_offset,
+    check_offset_or_positions,
     check_position_tensor,
     eager_only,
     format_of,
@@ -176,9 +176,8 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput, FromSpec):
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         name = type(self).__name__
         _check_input(x, self.d_model, name)
-        if positions is None:
-            offset = check_offset(offset, name)
-        else:
+        offset = check_offset_or_positions(offset, positions, name)
+        if positions is not None:
             _check_positions(positions, x, name)
         (pe,) = self._table_rows(
             x.dtype, x.device, offset=offset, count=x.shape[-2], positions=positions, name=name
@@ -239,8 +238,8 @@ class LearnedPositionalEmbedding(EncodesInput, FromSpec):
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         _check_input(x, self.d_model, type(self).__name__)
         seq = x.shape[-2]
+        offset = check_offset_or_positions(offset, positions, type(self).__name__)
         if positions is None:
-            offset = check_offset(offset, type(self).__name__)
             if offset + seq > self.max_length:
                 raise self._too_long(offset + seq - 1)
             pe = self.weight[offset : offset + seq]  # (seq, d)
@@ -280,9 +279,8 @@ class NoPositionalEncoding(EncodesInput, FromSpec):
 
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         _check_input(x, self.d_model, type(self).__name__)
-        if positions is None:
-            check_offset(offset, type(self).__name__)
-        else:
+        check_offset_or_positions(offset, positions, type(self).__name__)
+        if positions is not None:
             _check_positions(positions, x, type(self).__name__)
         return apply_dropout(self.dropout, x)
 

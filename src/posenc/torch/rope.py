@@ -29,7 +29,7 @@ from ..core.rope import RopeScaling, as_rope_scaling, rope_permutation
 from ..specs import FromSpec, RopeSpec
 from ._backend import (
     PositionTables,
-    check_offset,
+    check_offset_or_positions,
     check_position_tensor,
     eager_only,
     format_of,
@@ -247,8 +247,8 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
         seq_axis = 2 if self.qk_layout == "bhsd" else 1
         check_qk(q, k, self.head_dim, self.qk_layout, name)
         batch, seq = q.shape[0], q.shape[seq_axis]
+        offset = check_offset_or_positions(offset, positions, name)
         if positions is None:
-            offset = check_offset(offset, name)
             end = offset + seq
         else:
             check_rope_positions(positions, batch, seq, name)

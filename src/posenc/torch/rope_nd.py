@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from .._checks import check_choice, check_int, describe
 from ..specs import AxialRopeSpec, FromSpec, XPosSpec
-from ._backend import PositionTables, check_offset, eager_only, format_of, to_tensor
+from ._backend import PositionTables, check_offset_or_positions, eager_only, format_of, to_tensor
 from .protocols import RotatesQueriesKeys
 from .rope import (
     DERIVED_KEYS,
@@ -167,9 +167,8 @@ class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
         seq_axis = 2 if self.qk_layout == "bhsd" else 1
         check_qk(q, k, self.head_dim, self.qk_layout, name)
         batch, seq = q.shape[0], q.shape[seq_axis]
-        if positions is None:
-            offset = check_offset(offset, name)
-        else:
+        offset = check_offset_or_positions(offset, positions, name)
+        if positions is not None:
             check_rope_positions(positions, batch, seq, name)
         tables = self._table_rows(
             self.cos.dtype,

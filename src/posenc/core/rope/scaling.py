@@ -20,6 +20,7 @@ per frequency pair) run in :meth:`RopeScaling.frequencies`, when the width is kn
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -109,8 +110,25 @@ class RopeScaling:
                     "seq_len applies only to methods that do (dynamic_ntk, longrope, ...)"
                 )
             seq_len = check_int(seq_len, "seq_len", minimum=1)
-        inv_freq, attention = self._inv_freq(d, base, seq_len)
-        return np.asarray(inv_freq, dtype=np.float64), float(attention)
+        where = f"RoPE scaling {self!r} at rotary_dim={d}, base={base!r}, seq_len={seq_len}"
+        try:
+            with np.errstate(over="raise", divide="raise", invalid="raise"):
+                inv_freq, attention = self._inv_freq(d, base, seq_len)
+                frequencies = np.asarray(inv_freq, dtype=np.float64)
+                attention = float(attention)
+        except (ArithmeticError, FloatingPointError, ValueError) as exc:
+            # a parameter far outside its useful range: overflow, a log of a negative, ...
+            raise ValueError(f"{where} cannot be computed ({exc}); check its parameters") from None
+        if frequencies.shape != (d // 2,) or not np.all(np.isfinite(frequencies)):
+            raise ValueError(
+                f"{where} gives inverse frequencies that are not {d // 2} finite numbers"
+            )
+        if not (math.isfinite(attention) and attention > 0):
+            raise ValueError(
+                f"{where} gives the attention factor {attention!r}; it must be finite and > 0 "
+                "(the cos/sin tables are multiplied by it)"
+            )
+        return frequencies, attention
 
     @property
     def original_length(self) -> int | None:
