@@ -314,9 +314,13 @@ def test_tables_grow_for_static_positions():
     layer = RotaryEmbedding(scaling="linear", scaling_params={"factor": 2.0}, max_length=4)
     assert_rotated(layer(X), core_rope(X, "linear", {"factor": 2.0}, 12), X)
     assert layer.table_length >= 12
-    out = layer(X[:, :3], start_index=100)
+    out = layer(X[:, :3], start_index=20)  # starts within twice the table: it grows
+    assert_rotated(out, core_rope(X[:, :3], "linear", {"factor": 2.0}, np.arange(20, 23)), X)
+    assert layer.table_length >= 23
+    grown = layer.table_length
+    out = layer(X[:, :3], start_index=100)  # far past it: only these rows, from the core
     assert_rotated(out, core_rope(X[:, :3], "linear", {"factor": 2.0}, np.arange(100, 103)), X)
-    assert layer.table_length >= 103
+    assert layer.table_length == grown
     np.testing.assert_array_equal(
         to_numpy(layer.cos),
         rope_tables(layer.table_length, rope_scaling("linear", 16, factor=2.0)[0])[0],

@@ -8,11 +8,13 @@ same way:
 get the exact rows, at any position:
 
 * inside the table: gathered from it;
-* past it: the table grows to hold them, at least doubling so that decoding one token at
-  a time grows it rarely (:func:`grown_length`; a doubled table the memory limit refuses
-  falls back to the length needed);
-* when the memory limit refuses even that (decoding at position 10**9): only the rows of
-  the call are computed by the core, and the table stays as it was.
+* past it, for a call that starts within twice the table's length (a longer prompt,
+  decoding one token after another): the table grows to hold them, at least doubling so
+  that decoding one token at a time grows it rarely (:func:`grown_length`; a doubled
+  table the memory limit refuses falls back to the length needed);
+* for a call that starts farther (decoding at position 10**7 with a table of 2048
+  rows), or when the memory limit refuses even the length needed: only the rows of the
+  call are computed by the core, and the table stays as it was.
 
 A learned embedding has no rows past its table: there a ``ValueError`` says so.
 
@@ -48,10 +50,12 @@ def grown_length(end: int, rows: int) -> int:
     return rows if end <= rows else max(end, 2 * rows)
 
 
-def grow(build: Callable[[int], T], end: int, rows: int) -> T | None:
+def grow(build: Callable[[int], T], end: int, rows: int, *, start: int | None = None) -> T | None:
     """``build(length)`` for the length :func:`grown_length` chooses, or ``None``.
 
-    Called for ``end > rows``. ``build`` raises :class:`MemoryLimitError` when a length is
+    Called for ``end > rows``. A call whose first position ``start`` (when known) lies
+    past ``2 · rows`` gives ``None`` at once: its rows are computed directly rather than
+    every row before them. ``build`` raises :class:`MemoryLimitError` when a length is
     refused: a refused doubling is retried at ``end``, the length the call needs, and a
     refused ``end`` gives ``None``: compute the call's rows directly and keep the table as
     it is. Any other error of ``build`` propagates.
@@ -63,7 +67,10 @@ def grow(build: Callable[[int], T], end: int, rows: int) -> T | None:
         ...     return length
         >>> grow(build, 130, 100), grow(build, 140, 100), grow(build, 160, 100)
         (130, 140, None)
+        >>> grow(build, 120, 50, start=119)  # one row, far past the table: not grown
     """
+    if start is not None and start > 2 * rows:
+        return None
     target = grown_length(end, rows)
     for length in dict.fromkeys((target, end)):  # the doubled length, then the one needed
         try:

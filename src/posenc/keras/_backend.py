@@ -349,8 +349,10 @@ class PositionTables:
         }
         self.length = length
 
-    def cover(self, end: int, fmt: str) -> bool:
-        """Grow to hold rows ``0 .. end-1``; whether they are held now."""
+    def cover(self, end: int, fmt: str, start: int | None = None) -> bool:
+        """Grow to hold rows ``0 .. end-1`` for a call whose first position is ``start``
+        (if known); whether they are held now (:func:`posenc.core.positions.grow`: a
+        call far past the table does not grow it)."""
         if end > self.length:
-            grow(lambda length: self.extend(length, (fmt,)), end, self.length)
+            grow(lambda length: self.extend(length, (fmt,)), end, self.length, start=start)
         return end <= self.length

@@ -234,8 +234,8 @@ class SinusoidalPositionalEncoding(keras.layers.Layer, FromSpec):
         if (
             isinstance(start, int)
             and isinstance(seq, int)
-            and not self._tables.cover(start + seq, fmt)
-        ):  # a table that long is refused: the rows of this call, from the core
+            and not self._tables.cover(start + seq, fmt, start)
+        ):  # far past the table, or refused: the rows of this call, from the core
             rows = to_tensor(self.spec.table(seq, fmt=fmt, start=start), fmt)
         else:
             (table,) = self._tables.get(fmt)  # (rows, d)

@@ -416,7 +416,8 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
             variant = "base"
         else:  # long factors past the original length; a traced length selects in-graph
             variant = "" if end is None else "long" if end > original else "short"
-        if end is not None and not self._tables.cover(end, fmt):  # refused: from the core
+        first = exact[1] if isinstance(exact[0], int) else None  # a run's first position
+        if end is not None and not self._tables.cover(end, fmt, first):  # far or refused
             return self._values(exact[0], self._frequencies[variant], fmt, start=exact[1])
 
         def rows(name: str) -> tuple[Any, Any]:

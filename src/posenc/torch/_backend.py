@@ -323,9 +323,16 @@ class PositionTables(DerivedBuffers):
         return other
 
     def _covering(
-        self, end: int, dtype: torch.dtype, device: torch.device, name: str
+        self,
+        end: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        name: str,
+        start: int | None = None,
     ) -> tuple[Tensor, ...] | None:
-        """The tables in ``dtype`` grown to hold rows ``0 .. end-1``; ``None``: refused."""
+        """The tables in ``dtype`` grown to hold rows ``0 .. end-1`` for a call whose first
+        position is ``start`` (if known); ``None``: not grown (far, or refused), compute
+        the call's rows directly (:func:`posenc.core.positions.grow`)."""
         rows = self.table_length
         if end > rows:
             if is_traced():
@@ -334,8 +341,8 @@ class PositionTables(DerivedBuffers):
                     f"rows built; under torch.compile or torch.export call .extend({end}) "
                     "before compiling"
                 )
-            grow(self.extend, end, rows)
-            if end > self.table_length:  # refused by the memory limit
+            grow(self.extend, end, rows, start=start)
+            if end > self.table_length:  # far past the table, or refused by the limit
                 return None
         try:
             return self._tables_in(dtype, device)
@@ -359,8 +366,8 @@ class PositionTables(DerivedBuffers):
         (one past the largest position) may be given when the caller has read it.
         """
         if positions is None:
-            tables = self._covering(offset + count, dtype, device, name)
-            if tables is None:  # a table that long is refused: only this call's rows
+            tables = self._covering(offset + count, dtype, device, name, start=offset)
+            if tables is None:  # far past the table, or refused: only this call's rows
                 return self._derive(count, offset, dtype, device)
             return tuple(t[offset : offset + count] for t in tables)
         if end is None:
