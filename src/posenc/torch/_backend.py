@@ -23,6 +23,9 @@ tensors) and :class:`DerivedBuffers`, the base of modules whose buffers the core
 from __future__ import annotations
 
 import numbers
+import os
+import sys
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -202,6 +205,16 @@ def apply_dropout(dropout: nn.Dropout, x: Tensor) -> Tensor:
 # The table lifecycle
 
 
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside PyTorch and posenc: a warning from
+    a load-state-dict hook then points to the user's ``load_state_dict`` call."""
+    own = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(own):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
+
+
 class DerivedBuffers(nn.Module):
     """Base of the modules whose buffers the core derives (tables, slopes, buckets).
 
@@ -231,7 +244,47 @@ class DerivedBuffers(nn.Module):
         *args: Any,
     ) -> None:
         for key in self._dropped_keys:
-            state_dict.pop(prefix + key, None)
+            value = state_dict.pop(prefix + key, None)
+            if isinstance(value, Tensor):
+                self._compare_derived(prefix + key, value)
+
+    def _own_value(self, key: str) -> Any:
+        """This module's value of a derived key, to compare a checkpoint's with; ``None``
+        where it has none (state of another library's own design)."""
+        own = getattr(self, key, None)
+        return own if isinstance(own, (Tensor, np.ndarray)) else None
+
+    def _compare_derived(self, key: str, value: Tensor) -> None:
+        """Warn when a checkpoint's derived ``value`` is not this module's own: the module
+        keeps its own (derived from its options), so a difference means the checkpoint
+        was made with other options (base, scaling, width) or computed inexactly."""
+        own = self._own_value(key.rsplit(".", 1)[-1])
+        if own is None or value.is_complex() or value.device.type == "meta":
+            return
+        mine = own.detach().cpu().double().numpy() if isinstance(own, Tensor) else own
+        theirs = value.detach().cpu().double().numpy()
+        what = f"{type(self).__name__}: the checkpoint's {key!r}"
+        if mine.size != theirs.size:
+            warnings.warn(
+                f"{what} has shape {tuple(theirs.shape)}, this module's {tuple(mine.shape)}; "
+                "the module keeps its own, derived from its options (were they different "
+                "when the checkpoint was made?)",
+                stacklevel=_caller_level(),
+            )
+            return
+        difference = float(np.max(np.abs(mine.reshape(theirs.shape) - theirs), initial=0.0))
+        scale = float(np.max(np.abs(mine), initial=0.0)) or 1.0
+        if value.is_floating_point():  # a few units in its last place: rounding only
+            same = difference <= 8 * torch.finfo(value.dtype).eps * scale
+        else:
+            same = difference == 0
+        if not same:
+            warnings.warn(
+                f"{what} differs from this module's by up to {difference:.3g}; the module "
+                "keeps its own, derived from its options (were they different when the "
+                "checkpoint was made?)",
+                stacklevel=_caller_level(),
+            )
 
     def _derive_buffers(self, dtype: torch.dtype, device: torch.device) -> dict[str, Tensor]:
         """The buffers for a module now in ``dtype`` on ``device``, from the core."""
