@@ -53,8 +53,22 @@ def check_length(value: Any, name: str = "length") -> int:
     return check_int(value, name, minimum=0)
 
 
+MAX_WIDTH = 1 << 24
+"""The widest encoding accepted (``d_model``, ``head_dim``, ``channels``): 16,777,216,
+far past any model, so that a mistyped width is an error at once, never minutes of
+frequencies or an allocation that fails deep inside NumPy."""
+
+
+def check_width(value: Any, name: str, *, minimum: int = 1) -> int:
+    """An int width in ``[minimum, MAX_WIDTH]``."""
+    number = check_int(value, name, minimum=minimum)
+    if number > MAX_WIDTH:
+        raise ValueError(f"{name} must be at most 2**24 = {MAX_WIDTH}, got {number:.6g}")
+    return number
+
+
 def check_d_model(value: Any) -> int:
-    return check_int(value, "d_model", minimum=1)
+    return check_width(value, "d_model")
 
 
 def check_positive(value: Any, name: str) -> float:
@@ -189,8 +203,16 @@ def check_memory(nbytes: int, what: str, max_bytes: int | None, *, fix: str | No
 
 
 def format_bytes(nbytes: int | float) -> str:
+    """``nbytes`` in B, KiB, ... TiB (``:.3g`` past 1000 TiB).
+
+    Example:
+        >>> format_bytes(512), format_bytes(3 * 2**30), format_bytes(2**80)
+        ('512 B', '3.0 GiB', '1.1e+12 TiB')
+    """
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(nbytes) < 1024 or unit == "TiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+            if unit == "B":
+                return f"{nbytes:.0f} {unit}"
+            return f"{nbytes:.1f} {unit}" if abs(nbytes) < 1000 else f"{nbytes:.3g} {unit}"
         nbytes /= 1024
     raise AssertionError("unreachable")

@@ -44,6 +44,7 @@ from .._checks import (
     check_choice,
     check_int,
     check_memory,
+    check_width,
     describe,
 )
 from .precision import CONTAINERS, resolve_dtype
@@ -76,7 +77,7 @@ def check_shape(shape: Any, layout: str) -> tuple[int, ...]:
 
 def check_channels(channels: Any, n_axes: int, layout: str) -> int:
     """Channel count valid for ``layout`` on ``n_axes`` axes (see :func:`sinusoidal_nd`)."""
-    count = check_int(channels, "channels", minimum=1)
+    count = check_width(channels, "channels")
     if layout == "mae":
         multiple = 2 * n_axes  # sin and cos halves per axis
         if count % multiple:

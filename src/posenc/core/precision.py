@@ -139,6 +139,8 @@ def resolve_dtype(dtype: Any) -> tuple[str, Any]:
 def _dtype_name(dtype: Any) -> str | None:
     if isinstance(dtype, str):
         return dtype
+    if isinstance(dtype, (np.generic, np.ndarray)):  # a value, not a dtype
+        return None
     try:
         np_dtype = np.dtype(dtype)
     except TypeError:
@@ -197,10 +199,13 @@ def turns_of(omega: Any) -> tuple[np.ndarray, np.ndarray]:
     """
     values = np.array(omega, dtype=np.float64)
     if not np.all(np.isfinite(values)):
-        raise ValueError(f"frequencies must be finite, got {describe(omega)} with inf or nan")
+        raise ValueError(
+            f"frequencies (inv_freq) must be finite, got {describe(omega)} with inf or nan"
+        )
     if values.size and np.abs(values).max() >= _LARGEST_FREQUENCY:
         raise ValueError(
-            f"frequencies must be below 2**900 radians per position, got {np.abs(values).max():g}"
+            "frequencies (inv_freq) must be below 2**900 radians per position, got "
+            f"{np.abs(values).max():g}"
         )
     hi, lo = dd_mul(values, np.zeros_like(values), *INV_TWO_PI)
     hi.flags.writeable = False

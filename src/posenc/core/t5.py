@@ -231,9 +231,9 @@ def check_bucket_options(
     max_distance = check_int(max_distance, "max_distance", minimum=1)
     if max_distance <= max_exact:
         raise ValueError(
-            f"max_distance must be > max_exact = {max_exact} (the distances below it have "
-            f"one bucket each; the log-spaced buckets span max_exact .. max_distance), got "
-            f"{max_distance}"
+            f"max_distance must be > max_exact = {max_exact} ({name}={num_buckets}: the "
+            f"distances below max_exact have one bucket each; the log-spaced buckets span "
+            f"max_exact .. max_distance), got {max_distance}"
         )
     compat = check_choice(compat, "compat", COMPATS)
     return bidirectional, num_buckets, max_distance, compat

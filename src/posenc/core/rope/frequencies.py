@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._checks import check_base, check_int
+from ..._checks import check_base, check_int, check_width
 from ..frequencies import frequency_table
 
 __all__ = ["check_rotary_dim", "rope_frequencies"]
@@ -19,7 +19,7 @@ def check_rotary_dim(head_dim: Any, rotary_dim: Any) -> int:
         >>> check_rotary_dim(64, 32), check_rotary_dim(64, None)
         (32, 64)
     """
-    head_dim = check_int(head_dim, "head_dim", minimum=1)
+    head_dim = check_width(head_dim, "head_dim")
     if rotary_dim is None:
         rotary_dim = head_dim
         what = f"head_dim (the default rotary_dim), got {head_dim}"

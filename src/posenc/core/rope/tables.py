@@ -142,6 +142,12 @@ def rope_table_values(
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
     layout = check_choice(layout, "layout", ROPE_LAYOUTS)
     scale = check_real(scale, "scale")
+    largest = float(np.finfo(CONTAINERS[fmt]).max) if fmt != "bfloat16" else 3.3895313892515355e38
+    if abs(scale) > largest:
+        raise ValueError(
+            f"scale must be at most {largest:.4g} in magnitude in {fmt} (the tables are "
+            f"cos and sin times scale), got {scale!r}"
+        )
     inv_freq = check_inv_freq(inv_freq)
     container = CONTAINERS[fmt]
     span = contiguous_range(positions)

@@ -20,6 +20,7 @@ from ..._checks import (
     check_memory,
     check_positions,
     check_real,
+    check_width,
 )
 from ..precision import resolve_dtype, round_to_format, two_prod
 from ..rope import (
@@ -47,10 +48,17 @@ XposCentre = float | XposConvention
 
 
 def _check_head_dim(head_dim: Any) -> int:
-    d = check_int(head_dim, "head_dim", minimum=2)
+    d = check_width(head_dim, "head_dim", minimum=2)
     if d % 2:
         raise ValueError(f"xPos scales pairs of features, so head_dim must be even, got {d}")
     return d
+
+
+def _count(positions: Any) -> int | None:
+    """The length an int ``positions`` stands for (checked), else ``None``."""
+    if isinstance(positions, numbers.Integral) and not isinstance(positions, (bool, np.bool_)):
+        return check_int(positions, "positions (a length)", minimum=0)
+    return None
 
 
 def _as_positions(positions: Any, name: str) -> np.ndarray:
@@ -198,6 +206,9 @@ def xpos_scales(
     role = check_choice(role, "role", ("query", "key"))
     layout = check_choice(layout, "layout", ROPE_LAYOUTS)
     fmt, np_dtype = resolve_dtype(dtype)
+    count = _count(positions)
+    if count is not None:  # an int length: check before the positions are made
+        check_memory(count * d * 16, "these xPos scales", max_bytes)
     p = _as_positions(positions, "positions")
     check_memory(p.size * d * 16, "these xPos scales", max_bytes)
     sign = 1.0 if role == "query" else -1.0
