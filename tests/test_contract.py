@@ -205,3 +205,75 @@ def test_the_table_command_exits_0_or_2_with_one_line(option, value):
         assert "Traceback" not in err.getvalue(), (argv, err.getvalue())
         assert len([line for line in lines if line.startswith(("error", "posenc"))]) == 1, lines
     assert time.perf_counter() - start < LIMIT_SECONDS
+
+
+def torch_calls() -> dict[str, Callable[..., Any]]:
+    """Each PyTorch module's call, taking ``offset`` and ``positions`` as given."""
+    import torch
+
+    from posenc.torch import (
+        ALiBiBias,
+        LearnedPositionalEmbedding,
+        RotaryEmbedding,
+        SinusoidalPositionalEncoding,
+        T5RelativeBias,
+    )
+
+    x, q = torch.ones(1, 4, 8), torch.ones(1, 2, 4, 8)
+    sinusoidal = SinusoidalPositionalEncoding(8, dropout=0.0, max_length=16)
+    learned = LearnedPositionalEmbedding(16, 8, dropout=0.0)
+    rope = RotaryEmbedding(8, max_length=16)
+    alibi, t5 = ALiBiBias(2), T5RelativeBias(2)
+    return {
+        "sinusoidal": lambda **kw: sinusoidal(x, **kw),
+        "learned": lambda **kw: learned(x, **kw),
+        "rope": lambda **kw: rope(q, q, **kw),
+        "alibi": lambda **kw: alibi(4, 6, **kw),
+        "t5": lambda **kw: t5(4, 6, **kw),
+    }
+
+
+def hostile_tensors() -> st.SearchStrategy[Any]:
+    import torch
+
+    return st.sampled_from([
+        torch.tensor([0, 1, 2, 3], dtype=torch.int8), torch.tensor([0, 1, 2, 3], dtype=torch.uint8),
+        torch.tensor([-1, 0, 1, 2]), torch.tensor([0.0, 1.0, 2.0, 3.0]), torch.tensor([True] * 4),
+        torch.tensor(3), torch.tensor([], dtype=torch.int64), torch.arange(8)[::2],
+        torch.tensor([2**40, 1, 2, 3]), torch.tensor([[0, 1, 2, 3]] * 2), torch.arange(4).view(1, 4),
+        torch.tensor([0, 1, 2, 3], dtype=torch.int16), [0, 1, 2, 3], np.arange(4), None,
+    ])  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_torch_module_answers_right_or_refuses_clearly(data):
+    import torch
+
+    calls = torch_calls()
+    name = data.draw(st.sampled_from(sorted(calls)), label="module")
+    argument = data.draw(st.sampled_from(["offset", "positions"]), label="argument")
+    value = data.draw(
+        hostile_values() if argument == "offset" else hostile_tensors(), label="value"
+    )
+    start = time.perf_counter()
+    error: Exception | None = None
+    try:
+        result = calls[name](**{argument: value})
+    except (ValueError, TypeError) as exc:
+        error = exc
+    if error is not None:
+        assert argument in str(error), f"{name}({argument}={value!r}): {error}"
+    else:
+        if argument == "offset":
+            reference = calls[name](offset=plain(value))
+        elif value is None:
+            reference = calls[name]()
+        else:
+            reference = calls[name](positions=value.to(torch.int64).contiguous())
+        for mine, theirs in zip(result if isinstance(result, tuple) else (result,),
+                                reference if isinstance(reference, tuple) else (reference,),
+                                strict=True):  # fmt: skip
+            assert torch.equal(mine, theirs), f"{name}({argument}={value!r})"
+            assert torch.isfinite(mine).all(), f"{name}({argument}={value!r})"
+    assert time.perf_counter() - start < LIMIT_SECONDS

@@ -110,7 +110,7 @@ def gather_rows(table: Tensor, index: Tensor) -> Tensor:
     gather. A traced index cannot be checked, so an out-of-range one gives a row of NaN,
     the sentinel every front end uses (:mod:`posenc.core.positions`).
     """
-    index = index.to(table.device)
+    index = index.to(device=table.device, dtype=torch.int64)  # int8, uint8, ... too
     if not is_traced():
         return nn.functional.embedding(index, table)
     rows = table.shape[0]
@@ -131,9 +131,12 @@ def check_offset(offset: Any, name: str) -> int:
             f"{name}: offset must be an int >= 0, got {describe(offset)} "
             "(per-token positions go in positions=)"
         )
-    if offset < 0:
-        raise ValueError(f"{name}: offset must be an int >= 0, got {offset}")
-    return int(offset)
+    number = int(offset)
+    if number < 0:
+        raise ValueError(f"{name}: offset must be an int >= 0, got {number}")
+    if number > 2**53:
+        raise ValueError(f"{name}: offset must be at most 2**53, got {number:.6g}")
+    return number
 
 
 def check_offset_or_positions(offset: Any, positions: Any, name: str) -> int:
