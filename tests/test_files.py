@@ -89,3 +89,14 @@ def test_cli_output_replaces_a_file_whole(tmp_path, capsys):
     )
     assert np.load(path).shape == (2, 2)
     assert sorted(os.listdir(tmp_path)) == ["t.npy"]
+
+
+def test_cli_text_output_checks_its_size_first(capsys):
+    status = main(["table", "--length", "600000", "--d-model", "512", "--format", "json"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2
+    assert err == [
+        "posenc table: error: the json text of 307200000 numbers would need about 7.4 GiB, "
+        "more than the limit of 4.0 GiB; write --format npy --output FILE, or ask for fewer "
+        "positions"
+    ]

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import FORMULAS, LAYOUTS
+from .._checks import DEFAULT_MAX_BYTES, FORMULAS, LAYOUTS, check_memory
 from .._files import atomic_write, check_output_path
 from ..core.alibi import MODES as ALIBI_MODES
 from ..core.precision import FORMATS
@@ -25,7 +25,7 @@ from ..core.rope import ROPE_LAYOUTS, ROPE_SCALING_SPECS
 from ..core.t5 import COMPATS
 from ..schemes import scheme_names
 from .base import UsageError
-from .scheme_tables import SCHEME_TABLES
+from .scheme_tables import SCHEME_TABLES, Table
 
 __all__ = ["SCHEMES", "add_parser", "run"]
 
@@ -147,18 +147,15 @@ def run(args: argparse.Namespace) -> None:
         check_output_path(args.output)  # before the work, not after it
     table = SCHEME_TABLES[args.scheme](args)
     if args.format == "npy":
-        if isinstance(table.npy, dict):  # several arrays: an .npz archive at the given path
-            arrays: dict[str, Any] = table.npy  # Any: or mypy fits **arrays to allow_pickle: bool
-            with atomic_write(args.output, "wb") as file:
-                np.savez(file, **arrays)
-            print(f"wrote {args.output} (npz: {', '.join(table.npy)})")
-            return
-        # bfloat16 is stored as float32 holding exact bfloat16 values (portable .npy).
-        with atomic_write(args.output, "wb") as file:
-            np.save(file, table.npy)
-        shape = "x".join(str(n) for n in table.npy.shape)
-        print(f"wrote {args.output} ({shape} {table.npy.dtype})")
+        _write_npy(args.output, table)
         return
+    # text takes about 26 bytes a number, more than the table
+    check_memory(
+        table.csv.size * 26,
+        f"the {args.format} text of {table.csv.size} numbers",
+        DEFAULT_MAX_BYTES,
+        fix="write --format npy --output FILE, or ask for fewer positions",
+    )
     if args.format == "csv":
         text = _format_csv(table.csv, args)
     elif args.format == "json":
@@ -175,6 +172,21 @@ def run(args: argparse.Namespace) -> None:
         with atomic_write(args.output) as file:
             file.write(text)
         print(f"wrote {args.output}")
+
+
+def _write_npy(output: Path, table: Table) -> None:
+    """The table as ``.npy`` (or an ``.npz`` archive of several arrays) at ``output``."""
+    if isinstance(table.npy, dict):  # several arrays: an .npz archive at the given path
+        arrays: dict[str, Any] = table.npy  # Any: or mypy fits **arrays to allow_pickle: bool
+        with atomic_write(output, "wb") as file:
+            np.savez(file, **arrays)
+        print(f"wrote {output} (npz: {', '.join(table.npy)})")
+        return
+    # bfloat16 is stored as float32 holding exact bfloat16 values (portable .npy).
+    with atomic_write(output, "wb") as file:
+        np.save(file, table.npy)
+    shape = "x".join(str(n) for n in table.npy.shape)
+    print(f"wrote {output} ({shape} {table.npy.dtype})")
 
 
 def _resolve_scheme_options(args: argparse.Namespace) -> None:

@@ -403,10 +403,9 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
     ) -> tuple[Any, Any]:
         """The rows of one call, by posenc's out-of-range policy and the scaling's variant.
 
-        ``end`` is one past the largest position when known (else ``None``: traced);
-        ``exact`` is ``(positions, start)`` for the core when it must compute the rows;
-        the table rows are ``start .. start+seq-1`` (``where`` None) or at ``where``.
-        """
+        ``end``: one past the largest position (``None``: traced); ``exact``: the core's
+        ``(positions, start)`` (an int ``positions``: a run from ``start``) to compute the
+        rows; the table rows: ``start .. start+seq-1`` (``where`` None) or at ``where``."""
         assert self._tables is not None  # built
         original = self._original()
         length = original if end is None else self._scaling.scaled_length(end, original)
@@ -416,8 +415,8 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
             variant = "base"
         else:  # long factors past the original length; a traced length selects in-graph
             variant = "" if end is None else "long" if end > original else "short"
-        first = exact[1] if isinstance(exact[0], int) else None  # a run's first position
-        if end is not None and not self._tables.cover(end, fmt, first):  # far or refused
+        first = exact[1] if isinstance(exact[0], int) else None
+        if end is not None and not self._tables.cover(end, fmt, first):  # far, or refused
             return self._values(exact[0], self._frequencies[variant], fmt, start=exact[1])
 
         def rows(name: str) -> tuple[Any, Any]:

@@ -228,11 +228,11 @@ class LearnedPositionalEmbedding(EncodesInput, FromSpec):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight, mean=0.0, std=self.init_std)
 
-    def _too_long(self, last: int) -> ValueError:
+    def _too_long(self, last: int, given: str) -> ValueError:
         return ValueError(
             f"position {last} is beyond this learned embedding's max_length="
-            f"{self.max_length} (positions 0..{self.max_length - 1}); learned embeddings "
-            "cannot extrapolate: build it with a larger max_length"
+            f"{self.max_length} (positions 0..{self.max_length - 1}; {given}); learned "
+            "embeddings cannot extrapolate: build it with a larger max_length"
         )
 
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
@@ -241,13 +241,13 @@ class LearnedPositionalEmbedding(EncodesInput, FromSpec):
         offset = check_offset_or_positions(offset, positions, type(self).__name__)
         if positions is None:
             if offset + seq > self.max_length:
-                raise self._too_long(offset + seq - 1)
+                raise self._too_long(offset + seq - 1, f"asked by offset={offset} for {seq} rows")
             pe = self.weight[offset : offset + seq]  # (seq, d)
         else:
             _check_positions(positions, x, type(self).__name__)
             end = positions_end(positions, 0, type(self).__name__)
             if end > self.max_length:
-                raise self._too_long(end - 1)
+                raise self._too_long(end - 1, "the largest of positions=")
             pe = gather_rows(self.weight, positions)  # traced: NaN rows past the table
         return apply_dropout(self.dropout, x + pe.to(x.dtype))
 
