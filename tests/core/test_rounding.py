@@ -192,3 +192,17 @@ def test_exact_part_agrees_with_mpmath(position, turns, part):
 )
 def test_round_decimal(value, fmt, expected):
     assert round_decimal(decimal.Decimal(value), fmt) == expected
+
+
+@pytest.mark.parametrize("fmt", ["float32", "float16", "bfloat16"])
+def test_a_run_through_position_0_gives_exact_zeros_and_ones(fmt):
+    """From a negative start the phasor of position 0 is a product, not exactly 1: its
+    sines (about 1e-17) must still round to +0.0, the sign included."""
+    kw = {"base": 10000.0, "layout": "interleaved", "formula": "paper", "fmt": fmt}
+    run = table_values(20, 64, start=-7, **kw)
+    expected = np.tile([0.0, 1.0], 32).astype(run.dtype)
+    np.testing.assert_array_equal(
+        run[7].view(f"i{run.itemsize}"), expected.view(f"i{run.itemsize}")
+    )
+    gathered = direct(np.arange(-7.0, 13.0), lambda p: table_values(p, 64, **kw))
+    np.testing.assert_array_equal(run.view(f"i{run.itemsize}"), gathered.view(f"i{run.itemsize}"))

@@ -166,19 +166,24 @@ def round_pairs_into(
         flat_target[...] = round_to_format(flat, fmt)
         candidates = _near_midpoints(flat, fmt, error)
         values = flat[candidates]
-        decided = round_to_format(values - error, fmt) == round_to_format(values + error, fmt)
+        below, above = round_to_format(values - error, fmt), round_to_format(values + error, fmt)
+        bits = f"i{below.itemsize}"  # compare bits: -0.0 and +0.0 are two roundings
+        decided = below.view(bits) == above.view(bits)
         indices = candidates[~decided]
     if not indices.size:
         return
     rows, cols = np.divmod(indices, pairs.shape[1])
+    at_zero = float(round_to_format(np.array([scale]), fmt)[0])  # cos 0 · scale, rounded
     for r, c in zip(rows.tolist(), cols.tolist(), strict=True):
         position = float(positions[r])
-        if position == 0.0:  # the phasor of position 0 is exactly 1 on every path
-            flat_target[r * pairs.shape[1] + c] = flat[r * pairs.shape[1] + c]
-            continue
         j, part = divmod(c, 2)
-        exact = exact_part(position, float(hi[j]), float(lo[j]), parts[part], scale)
-        flat_target[r * pairs.shape[1] + c] = round_decimal(exact, fmt)
+        if position == 0.0:  # sin 0 = 0 and cos 0 = 1 exactly: no decimal work (a run
+            # starting at a negative position reaches 0 through products, not exactly)
+            value = 0.0 if parts[part] == "sin" else at_zero
+        else:
+            exact = exact_part(position, float(hi[j]), float(lo[j]), parts[part], scale)
+            value = round_decimal(exact, fmt)
+        flat_target[r * pairs.shape[1] + c] = value
 
 
 _SLICE = 1 << 15  # values per pass of the float32 test: its buffers stay in cache
