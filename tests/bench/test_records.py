@@ -61,9 +61,13 @@ def test_a_torn_last_line_is_set_aside_not_deleted(tmp_path, capsys):
 
 
 def test_the_lock_refuses_a_second_holder_and_is_released(tmp_path):
-    with lock_folder(tmp_path), pytest.raises(
-        FolderInUseError, match=rf"in use by another posenc bench \(pid {os.getpid()}\)"
-    ), lock_folder(tmp_path):
+    with (
+        lock_folder(tmp_path),
+        pytest.raises(
+            FolderInUseError, match=rf"in use by another posenc bench \(pid {os.getpid()}\)"
+        ),
+        lock_folder(tmp_path),
+    ):
         pass
     with lock_folder(tmp_path):  # free again
         pass
