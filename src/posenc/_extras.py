@@ -17,12 +17,10 @@ EXTRAS: dict[str, tuple[str, str]] = {
         "Keras 3 with a backend",
         "pip install 'posenc[tf]' (TensorFlow) or 'posenc[jax]' (JAX)",
     ),
-    "tensorflow": ("TensorFlow", "pip install 'posenc[tf]'"),
     "jax": ("JAX", "pip install 'posenc[jax]'"),
-    "flax": ("Flax", "pip install 'posenc[jax]'"),
-    "matplotlib": ("matplotlib", "pip install 'posenc[plot]'"),
-    "tqdm": ("tqdm", "pip install 'posenc[bench]'"),
 }
+# (Flax, matplotlib and tqdm are imported where they are used, whose messages say more:
+# posenc.jax.linen, posenc.plot._figure, posenc.bench.workers.load_tqdm.)
 
 
 def missing(
