@@ -277,3 +277,67 @@ def test_every_torch_module_answers_right_or_refuses_clearly(data):
             assert torch.equal(mine, theirs), f"{name}({argument}={value!r})"
             assert torch.isfinite(mine).all(), f"{name}({argument}={value!r})"
     assert time.perf_counter() - start < LIMIT_SECONDS
+
+
+def jax_calls() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]]:
+    import posenc.jax as pj
+
+    return {
+        "sinusoidal": (pj.sinusoidal, (6, 8), {"base": 100.0, "layout": "split"}),
+        "sinusoidal_nd": (pj.sinusoidal_nd, ((3, 4), 8), {"base": 100.0}),
+        "rope_tables": (pj.rope_tables, (5, 8), {"base": 100.0}),
+        "alibi_slopes": (pj.alibi_slopes, (8,), {}),
+        "alibi_bias": (pj.alibi_bias, (4, 6), {"num_heads": 4, "offset": 2}),
+        "t5_bias": (pj.t5_bias, (np.ones((8, 2)), 3, 4), {"max_distance": 16}),
+    }
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_jax_function_answers_right_or_refuses_clearly(data):
+    import inspect
+
+    calls = jax_calls()
+    name = data.draw(st.sampled_from(sorted(calls)), label="function")
+    function, args, kwargs = calls[name]
+    where = data.draw(
+        st.sampled_from(
+            [("positional", i) for i in range(len(args))] + [("keyword", k) for k in kwargs]
+        ),
+        label="argument",
+    )
+    value = data.draw(hostile_values(), label="value")
+    names = list(inspect.signature(function).parameters)
+    argument = names[int(where[1])] if where[0] == "positional" else str(where[1])
+
+    def with_value(v: Any) -> Any:
+        a, kw = list(args), dict(kwargs)
+        if where[0] == "positional":
+            a[int(where[1])] = v
+        else:
+            kw[str(where[1])] = v
+        return function(*a, **kw)
+
+    start = time.perf_counter()
+    error: Exception | None = None
+    try:
+        result = with_value(value)
+    except (ValueError, TypeError) as exc:
+        error = exc
+    message = str(error)
+    if isinstance(error, MemoryLimitError):
+        assert "max_bytes" in message or "limit" in message
+    elif error is not None:
+        assert argument in message or argument.rstrip("s") in message, (
+            f"jax.{name}({argument}={value!r}): {message}"
+        )
+    else:
+        reference = with_value(plain(value))
+        mine = result if isinstance(result, tuple) else (result,)
+        theirs = reference if isinstance(reference, tuple) else (reference,)
+        for a, b in zip(mine, theirs, strict=True):
+            assert np.array_equal(np.asarray(a), np.asarray(b)), f"jax.{name}({argument}={value!r})"
+            assert np.all(np.isfinite(np.asarray(a, dtype=np.float64))), (
+                f"jax.{name}({argument}={value!r})"
+            )
+    assert time.perf_counter() - start < LIMIT_SECONDS

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import describe
+from .._checks import DEFAULT_MAX_BYTES, check_memory, describe
 from ..core.precision import round_to_format
 from ..core.relative import check_lengths
 from ..core.t5 import check_bucket_options
@@ -179,7 +179,7 @@ def _t5_weights(weights: Any) -> jax.Array:
     else:
         try:
             array = jnp.asarray(weights)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise TypeError(
                 f"weights must be an array of shape (num_buckets, num_heads), got "
                 f"{describe(weights)}"
@@ -264,10 +264,17 @@ def t5_bias(
     query_length = static_int(query_length, "query_length", minimum=0)
     if key_length is not None:
         key_length = static_int(key_length, "key_length", minimum=0)
+    spec.check_table_memory()
     (buckets,) = _T5Buckets(spec, "int32").table(2 * max_distance + 1)  # (2·max + 1,)
     offset = check_offset(offset, "offset")
     if not is_traced(offset):
         query_length, key_length, offset = check_lengths(query_length, key_length, offset)
+        check_memory(  # the distances, the bucket indices and the bias of every head
+            query_length * key_length * (16 + spec.num_heads * weights.dtype.itemsize),
+            f"this T5 bias for {query_length} queries and {key_length} keys",
+            DEFAULT_MAX_BYTES,
+            fix="compute it in blocks of queries (offset=)",
+        )
         relative = (
             np.arange(key_length, dtype=np.int64)[None, :]
             - (offset + np.arange(query_length, dtype=np.int64))[:, None]

@@ -113,9 +113,15 @@ class T5Spec(SchemeSpec):
         """The bucket of every distance ``-max_distance .. max_distance`` (index ``d + max``).
 
         Farther distances share the end buckets, so a front end clamps ``key - query`` to
-        ``±max_distance`` and gathers from this table. Its memory is checked first (a
-        ``ValueError`` past 4 GiB, ``max_distance`` of about 2.7e8).
+        ``±max_distance`` and gathers from this table. Its memory is checked first
+        (:meth:`check_table_memory`).
         """
+        self.check_table_memory()
+        return self.buckets(np.arange(-self.max_distance, self.max_distance + 1))
+
+    def check_table_memory(self) -> None:
+        """A ``MemoryLimitError`` when the bucket table would pass 4 GiB (``max_distance``
+        of about 1.3e8), saying to lower ``max_distance``."""
         check_memory(
             (2 * self.max_distance + 1) * 8 * 2,
             f"the bucket table of max_distance={self.max_distance} (2·max_distance + 1 entries)",
@@ -123,4 +129,3 @@ class T5Spec(SchemeSpec):
             fix="use a smaller max_distance (T5 uses 128; every distance past it shares the "
             "last bucket)",
         )
-        return self.buckets(np.arange(-self.max_distance, self.max_distance + 1))
