@@ -341,3 +341,45 @@ def test_every_jax_function_answers_right_or_refuses_clearly(data):
                 f"jax.{name}({argument}={value!r})"
             )
     assert time.perf_counter() - start < LIMIT_SECONDS
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_keras_layer_takes_its_options_right_or_refuses_clearly(data):
+    import inspect
+
+    from posenc.keras import (
+        ALiBiBias,
+        LearnedPositionalEmbedding,
+        RotaryEmbedding,
+        SinusoidalPositionalEncoding,
+        T5RelativeBias,
+    )
+
+    layers = {
+        "SinusoidalPositionalEncoding": (SinusoidalPositionalEncoding, {"max_length": 16}),
+        "RotaryEmbedding": (RotaryEmbedding, {"max_length": 16}),
+        "ALiBiBias": (ALiBiBias, {"num_heads": 2}),
+        "T5RelativeBias": (T5RelativeBias, {"num_heads": 2}),
+        "LearnedPositionalEmbedding": (LearnedPositionalEmbedding, {"max_length": 16}),
+    }
+    name = data.draw(st.sampled_from(sorted(layers)), label="layer")
+    cls, options = layers[name]
+    parameters = [p for p in inspect.signature(cls).parameters if p != "kwargs"]
+    argument = data.draw(st.sampled_from(parameters), label="argument")
+    value = data.draw(hostile_values(), label="value")
+    error: Exception | None = None
+    try:
+        layer = cls(**{**options, argument: value})
+    except (ValueError, TypeError) as exc:
+        error = exc
+    if error is not None:
+        assert argument in str(error) or argument.rstrip("s") in str(error), (
+            f"{name}({argument}={value!r}): {error}"
+        )
+    else:
+        reference = cls(**{**options, argument: plain(value)})
+        mine, theirs = layer.get_config(), reference.get_config()
+        mine.pop("name", None)
+        theirs.pop("name", None)
+        assert mine == theirs, f"{name}({argument}={value!r})"

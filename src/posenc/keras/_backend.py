@@ -85,6 +85,24 @@ def check_float(dtype: Any, owner: str, what: str, hint: str = "") -> str:
     return name
 
 
+def get_initializer(value: Any, name: str) -> Any:
+    """``keras.initializers.get(value)`` for a name, a config, an initializer or a class.
+
+    Keras would also take a number or an array as a constant, but only some kinds of them
+    (``np.int8(-1)`` yes, ``-1`` no): a layer's initializer is refused as a number.
+    """
+    if not (value is None or isinstance(value, (str, dict)) or callable(value)):
+        raise ValueError(
+            f"{name} must be a Keras initializer, its name or its config, got {describe(value)}"
+        )
+    try:
+        return keras.initializers.get(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"{name} must be a Keras initializer, its name or its config, got {describe(value)}"
+        ) from exc
+
+
 def to_tensor(values: np.ndarray, fmt: str) -> Any:
     """A backend tensor of ``fmt`` holding ``values`` (already rounded to ``fmt``) exactly."""
     if fmt == "bfloat16":

@@ -30,13 +30,14 @@ import keras
 import numpy as np
 from keras import ops
 
-from .._checks import DEFAULT_MAX_BYTES, MemoryLimitError, check_int, describe, format_bytes
+from .._checks import DEFAULT_MAX_BYTES, MemoryLimitError, check_int, format_bytes
 from ..specs import AlibiSpec, FromSpec, T5Spec
 from ._backend import (
     PositionTables,
     cacheable,
     check_float,
     format_of,
+    get_initializer,
     nan_where_invalid,
     offset_rows,
     outside_traces,
@@ -428,13 +429,9 @@ class T5RelativeBias(_ScoreBias, FromSpec):
         self.num_heads, self.bidirectional = self.spec.num_heads, self.spec.bidirectional
         self.num_buckets, self.max_distance = self.spec.num_buckets, self.spec.max_distance
         self.compat = self.spec.compat
-        try:
-            self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(
-                "embeddings_initializer must be a Keras initializer, its name or its config, "
-                f"got {describe(embeddings_initializer)}"
-            ) from exc
+        self.embeddings_initializer = get_initializer(
+            embeddings_initializer, "embeddings_initializer"
+        )
         # The bucket of every distance -max_distance .. max_distance, in [0, num_buckets).
         self._bucket_values = self.spec.bucket_table().astype(np.int32)
         self._buckets: Any = None  # the same as a backend tensor, created on first use

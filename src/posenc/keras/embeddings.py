@@ -14,13 +14,14 @@ from typing import Any
 import keras
 from keras import ops
 
-from .._checks import check_int, check_probability, describe
+from .._checks import check_int, check_probability
 from ..core.nd import check_channels, check_shape
 from ..specs import SinusoidalNDSpec
 from ._backend import (
     cacheable,
     check_float,
     format_of,
+    get_initializer,
     outside_traces,
     start_position,
     table_rows,
@@ -115,13 +116,7 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         self.dropout = check_probability(dropout, "dropout")
         if initializer is None:
             initializer = keras.initializers.RandomNormal(mean=0.0, stddev=0.02)
-        try:
-            self.initializer = keras.initializers.get(initializer)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(
-                f"initializer must be a Keras initializer, its name or its config, got "
-                f"{describe(initializer)}"
-            ) from exc
+        self.initializer = get_initializer(initializer, "initializer")
         self._dropout_layer = _dropout_layer(self.dropout, self.dtype_policy)
         self.d_model: int | None = None
 

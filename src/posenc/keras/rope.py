@@ -14,7 +14,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from .._checks import check_base, check_choice, check_int
+from .._checks import check_base, check_choice, check_int, check_width
 from ..core.rope import ROPE_LAYOUTS, LongRopeScaling, as_rope_scaling
 from ..specs import FromSpec, RopeSpec
 from ._backend import (
@@ -190,7 +190,7 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         # width-dependent checks run now too.
         self._scaling, _ = as_rope_scaling(scaling, scaling_params, seq_len_owner="layer")
         if rotary_dim is not None:
-            rotary_dim = check_int(rotary_dim, "rotary_dim", minimum=2)
+            rotary_dim = check_width(rotary_dim, "rotary_dim", minimum=2)
             RopeSpec(
                 head_dim=rotary_dim if head_dim is None else head_dim,
                 base=self.base,

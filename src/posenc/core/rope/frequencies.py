@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._checks import check_base, check_int, check_width
+from ..._checks import check_base, check_width
 from ..frequencies import frequency_table
 
 __all__ = ["check_rotary_dim", "rope_frequencies"]
@@ -24,7 +24,7 @@ def check_rotary_dim(head_dim: Any, rotary_dim: Any) -> int:
         rotary_dim = head_dim
         what = f"head_dim (the default rotary_dim), got {head_dim}"
     else:
-        rotary_dim = check_int(rotary_dim, "rotary_dim", minimum=2)
+        rotary_dim = check_width(rotary_dim, "rotary_dim", minimum=2)
         what = f"rotary_dim, got {rotary_dim}"
         if rotary_dim > head_dim:
             raise ValueError(
