@@ -13,8 +13,8 @@ entry to the slow path); float64 tables are within :data:`PHASOR_ERROR` of the e
 values.
 
 "Exact" means ``sin`` and ``cos`` of ``2π k t`` for the position ``k`` and the
-frequency's turns ``t = hi + lo`` as held (a double-double within ``2**-106`` of
-``ω / 2π``), times the ``scale`` given.
+frequency's turns ``t = hi + lo`` as held (a double-double within about ``2**-104``
+of ``ω / 2π``), times the ``scale`` given.
 """
 
 from __future__ import annotations
@@ -32,10 +32,13 @@ __all__ = ["PHASOR_ERROR", "exact_part", "round_decimal", "round_pairs_into"]
 PHASOR_ERROR = 2.0**-47
 """Bound on ``|value - exact|`` for every float64 phasor component posenc computes.
 
-Measured error is below ``2**-50`` (a few ``1e-16``): the exact angle reduction leaves
-about ``2**-54`` turns and each level of the phasor recursion (at most six for runs of
-up to ``2**53`` positions) adds about ``2**-52``. The bound keeps a margin of 8 over
-that and costs nothing measurable: the entries it sends to the slow path are rare.
+Measured: the fast (run) and direct (gathered) paths differ by at most 2.1e-15 over
+every entry of whole tables up to 2,000,000 × 64 (sampled against decimal arithmetic,
+the fast path's error is at most 1.2e-15): the exact angle reduction leaves about
+``2**-54`` turns and each level of the phasor recursion adds about ``2**-52``. The
+bound (7.1e-15) keeps a margin of more than 3 over the largest difference seen; its
+size hardly matters to the speed (the entries it sends to the slow path are rare; the
+cost of the test is reading every value once more).
 """
 
 Part = Literal["sin", "cos"]
