@@ -64,8 +64,10 @@ def plain(value: Any) -> Any:
     return value
 
 
-# name -> (function, positional arguments, keyword arguments), all of them valid
-CALLS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = {
+Calls = dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]]
+"""name -> (function, positional arguments, keyword arguments), all of them valid."""
+
+CALLS: Calls = {
     "sinusoidal": (posenc.sinusoidal, (6, 8), {"base": 100.0, "layout": "split", "dtype": "float32"}),
     "sinusoidal_nd": (posenc.sinusoidal_nd, ((3, 4), 8), {"base": 100.0}),
     "frequencies": (posenc.frequencies, (8,), {"base": 100.0}),
@@ -92,21 +94,22 @@ CALLS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = {
 }  # fmt: skip
 
 
-def arguments(name: str) -> list[tuple[str, int | str]]:
+def arguments(calls: Calls, name: str) -> list[tuple[str, int | str]]:
     """Every argument of a call: ``("positional", index)`` or ``("keyword", key)``."""
-    _, args, kwargs = CALLS[name]
+    _, args, kwargs = calls[name]
     return [("positional", i) for i in range(len(args))] + [("keyword", k) for k in kwargs]
 
 
-def argument_names(name: str) -> list[str]:
+def argument_name(calls: Calls, name: str, where: tuple[str, int | str]) -> str:
     import inspect
 
-    function = CALLS[name][0]
-    return [p.name for p in inspect.signature(function).parameters.values()]
+    if where[0] == "keyword":
+        return str(where[1])
+    return list(inspect.signature(calls[name][0]).parameters)[int(where[1])]
 
 
-def call(name: str, where: tuple[str, int | str], value: Any) -> Any:
-    function, args, kwargs = CALLS[name]
+def call(calls: Calls, name: str, where: tuple[str, int | str], value: Any) -> Any:
+    function, args, kwargs = calls[name]
     args, kwargs = list(args), dict(kwargs)
     if where[0] == "positional":
         args[int(where[1])] = value
@@ -115,10 +118,51 @@ def call(name: str, where: tuple[str, int | str], value: Any) -> Any:
     return function(*args, **kwargs)
 
 
+def check_contract(
+    calls: Calls,
+    name: str,
+    where: tuple[str, int | str],
+    value: Any,
+    *,
+    limit_words: tuple[str, ...] = ("max_bytes",),
+    checked_elsewhere: tuple[str, ...] = (),
+) -> None:
+    """The right answer (that of the plain value, finite) or a one-line error naming the
+    argument, in time. ``checked_elsewhere``: functions whose arguments are checked as
+    part of another value (a table, a scaling's parameters); ``limit_words``: what a
+    memory refusal must mention."""
+    argument = argument_name(calls, name, where)
+    start = time.perf_counter()
+    error: Exception | None = None
+    try:
+        result = call(calls, name, where, value)
+    except (ValueError, TypeError) as exc:
+        error = exc
+    message = str(error)
+    if isinstance(error, MemoryLimitError):  # the size of the whole call: names the limit
+        assert any(word in message for word in limit_words), message
+    elif error is not None:
+        assert message
+        assert "\n" not in message.strip(), message
+        assert (
+            argument in message or argument.rstrip("s") in message or name in checked_elsewhere
+        ), f"{name}({argument}={value!r}): {message}"
+    else:
+        reference = call(calls, name, where, plain(value))
+        assert same(result, reference), f"{name}({argument}={value!r})"
+        for array in result if isinstance(result, tuple) else (result,):
+            array = np.asarray(array)
+            if array.dtype.kind == "f":
+                assert np.all(np.isfinite(array)), (
+                    f"{name}({argument}={value!r}) gave non-finite values"
+                )
+    assert time.perf_counter() - start < LIMIT_SECONDS, f"{name}({argument}={value!r}) was slow"
+
+
 def same(a: Any, b: Any) -> bool:
     if isinstance(a, tuple) and isinstance(b, tuple):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+    if hasattr(a, "__array__") or hasattr(b, "__array__"):  # NumPy and JAX arrays
         return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
     return bool(a == b)
 
@@ -127,38 +171,9 @@ def same(a: Any, b: Any) -> bool:
 @given(data=st.data())
 def test_every_function_answers_right_or_refuses_clearly(data):
     name = data.draw(st.sampled_from(sorted(CALLS)), label="function")
-    where = data.draw(st.sampled_from(arguments(name)), label="argument")
+    where = data.draw(st.sampled_from(arguments(CALLS, name)), label="argument")
     value = data.draw(hostile_values(), label="value")
-    argument = argument_names(name)[int(where[1])] if where[0] == "positional" else str(where[1])
-    start = time.perf_counter()
-    error: Exception | None = None
-    try:
-        result = call(name, where, value)
-    except (ValueError, TypeError) as exc:
-        error = exc
-    message = str(error)
-    if isinstance(error, MemoryLimitError):  # the size of the whole call: names the limit
-        assert "max_bytes" in message
-    elif error is not None:
-        assert message
-        assert "\n" not in message.strip(), message
-        assert (
-            argument in message
-            or argument.rstrip("s") in message
-            or (
-                # a value checked as part of another (a table, a scaling's parameters)
-                name in ("apply_rope", "rope_scaling")
-            )
-        ), f"{name}({argument}={value!r}): {message}"
-    else:
-        reference = call(name, where, plain(value))
-        assert same(result, reference), f"{name}({argument}={value!r})"
-        for array in result if isinstance(result, tuple) else (result,):
-            if isinstance(array, np.ndarray) and array.dtype.kind == "f":
-                assert np.all(np.isfinite(array)), (
-                    f"{name}({argument}={value!r}) gave non-finite values"
-                )
-    assert time.perf_counter() - start < LIMIT_SECONDS, f"{name}({argument}={value!r}) was slow"
+    check_contract(CALLS, name, where, value, checked_elsewhere=("apply_rope", "rope_scaling"))
 
 
 CLI_OPTIONS = {
@@ -279,7 +294,7 @@ def test_every_torch_module_answers_right_or_refuses_clearly(data):
     assert time.perf_counter() - start < LIMIT_SECONDS
 
 
-def jax_calls() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]]:
+def jax_calls() -> Calls:
     import posenc.jax as pj
 
     return {
@@ -295,52 +310,11 @@ def jax_calls() -> dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_jax_function_answers_right_or_refuses_clearly(data):
-    import inspect
-
     calls = jax_calls()
     name = data.draw(st.sampled_from(sorted(calls)), label="function")
-    function, args, kwargs = calls[name]
-    where = data.draw(
-        st.sampled_from(
-            [("positional", i) for i in range(len(args))] + [("keyword", k) for k in kwargs]
-        ),
-        label="argument",
-    )
+    where = data.draw(st.sampled_from(arguments(calls, name)), label="argument")
     value = data.draw(hostile_values(), label="value")
-    names = list(inspect.signature(function).parameters)
-    argument = names[int(where[1])] if where[0] == "positional" else str(where[1])
-
-    def with_value(v: Any) -> Any:
-        a, kw = list(args), dict(kwargs)
-        if where[0] == "positional":
-            a[int(where[1])] = v
-        else:
-            kw[str(where[1])] = v
-        return function(*a, **kw)
-
-    start = time.perf_counter()
-    error: Exception | None = None
-    try:
-        result = with_value(value)
-    except (ValueError, TypeError) as exc:
-        error = exc
-    message = str(error)
-    if isinstance(error, MemoryLimitError):
-        assert "max_bytes" in message or "limit" in message
-    elif error is not None:
-        assert argument in message or argument.rstrip("s") in message, (
-            f"jax.{name}({argument}={value!r}): {message}"
-        )
-    else:
-        reference = with_value(plain(value))
-        mine = result if isinstance(result, tuple) else (result,)
-        theirs = reference if isinstance(reference, tuple) else (reference,)
-        for a, b in zip(mine, theirs, strict=True):
-            assert np.array_equal(np.asarray(a), np.asarray(b)), f"jax.{name}({argument}={value!r})"
-            assert np.all(np.isfinite(np.asarray(a, dtype=np.float64))), (
-                f"jax.{name}({argument}={value!r})"
-            )
-    assert time.perf_counter() - start < LIMIT_SECONDS
+    check_contract(calls, name, where, value, limit_words=("max_bytes", "limit"))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
