@@ -206,3 +206,62 @@ def test_a_run_through_position_0_gives_exact_zeros_and_ones(fmt):
     )
     gathered = direct(np.arange(-7.0, 13.0), lambda p: table_values(p, 64, **kw))
     np.testing.assert_array_equal(run.view(f"i{run.itemsize}"), gathered.view(f"i{run.itemsize}"))
+
+
+def mp_xpos_scale(position: float, i: int, d: int, gamma: float, scale_base: float, centre: float):
+    """``ζ_i^((p - c)/B)`` by mpmath, ``γ`` and ``B`` the float64 numbers they are."""
+    zeta = (2 * i + mpmath.mpf(gamma) * d) / ((1 + mpmath.mpf(gamma)) * d)
+    return mpmath.exp((mpmath.mpf(position) - mpmath.mpf(centre)) * mpmath.log(zeta) / scale_base)
+
+
+def test_xpos_scales_are_within_their_error_bound_of_mpmath():
+    """The float64 scales before rounding lie within SCALE_ERROR / 8 (relative) of the
+    exact values, far from the centre too (exponents near ±700) and with a fractional
+    centre (p - c formed exactly)."""
+    from posenc.core.rope_nd.xpos import SCALE_ERROR, _xpos_scale_values
+
+    d, gamma, scale_base, centre = 64, 0.4, 512.0, 1234.375
+    rng = np.random.default_rng(7)
+    positions = rng.integers(-280_000, 280_000, 150).astype(np.float64)
+    for sign in (1.0, -1.0):
+        values = _xpos_scale_values(positions, d, gamma, sign * scale_base, centre)
+        for r, p in enumerate(positions.tolist()):
+            for i in (0, 1, 7, d // 2 - 1):
+                exact = mp_xpos_scale(p, i, d, gamma, sign * scale_base, centre)
+                if not mpmath.mpf("1e-300") < exact < mpmath.mpf("1e300"):
+                    continue
+                error = abs(mpmath.mpf(float(values[r, i])) / exact - 1)
+                assert error < SCALE_ERROR / 8, (p, i, sign, float(error))
+
+
+@pytest.mark.parametrize("fmt", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("role", ["query", "key"])
+def test_xpos_scales_made_to_lie_on_midpoints(fmt, role):
+    """scale_base chosen so that ζ_0^((p - c)/B) lies within ~1e-16 of a rounding midpoint
+    of ``fmt``: the scale is mpmath's rounding of the exact value (the float64 value
+    cannot decide it, so the test reaches the exact path)."""
+    from posenc.core.rope_nd.xpos import SCALE_ERROR
+
+    bits, d, gamma, position, centre = BITS[fmt], 8, 0.4, 3000.0, 17.5
+    zeta0 = mpmath.mpf(gamma) / (1 + mpmath.mpf(gamma))
+    sign = 1 if role == "query" else -1  # queries shrink past the centre, keys grow
+    for j in (0, 3, 17):
+        if role == "query":
+            target = 0.5 + 2.0**-bits * j + 2.0 ** -(bits + 1)  # a midpoint of fmt
+        else:
+            target = 1.25 + 2.0 ** -(bits - 1) * j + 2.0**-bits
+        scale_base = float(sign * (position - centre) * mpmath.log(zeta0) / mpmath.log(target))
+        scales = posenc.xpos_scales(
+            [position], d, gamma=gamma, scale_base=scale_base, centre=centre, role=role,
+            dtype=fmt, layout="half",
+        )  # fmt: skip
+        exact = mp_xpos_scale(position, 0, d, gamma, sign * scale_base, centre)
+        assert float(scales[0, 0]) == mp_round(exact, fmt) == float(scales[0, d // 2]), (j, exact)
+        value = float(
+            posenc.xpos_scales(
+                [position], d, gamma=gamma, scale_base=scale_base, centre=centre, role=role,
+                dtype="float64", layout="half",
+            )[0, 0]
+        )  # fmt: skip
+        below = round_to_format(np.array([value * (1 - SCALE_ERROR)]), fmt)
+        assert below != round_to_format(np.array([value * (1 + SCALE_ERROR)]), fmt)

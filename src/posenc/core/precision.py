@@ -44,6 +44,19 @@ CONTAINERS: dict[str, np.dtype[Any]] = {
 }
 
 
+def two_sum(a: np.ndarray, b: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Knuth's exact sum: ``a + b == s + e`` exactly, with ``s = fl(a + b)`` (no overflow).
+
+    Example:
+        >>> two_sum(np.array([2.0**53]), 1.0)
+        (array([9.00719925e+15]), array([1.]))
+    """
+    s = a + b
+    virtual = s - a
+    e = (a - (s - virtual)) + (b - virtual)
+    return s, e
+
+
 def two_prod(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Dekker's exact product: ``a * b == p + e`` exactly, with ``p = fl(a * b)``.
 

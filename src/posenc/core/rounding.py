@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import decimal
 import math
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import numpy as np
 
 from .precision import FORMATS, round_to_format
 
-__all__ = ["PHASOR_ERROR", "exact_part", "round_decimal", "round_pairs_into"]
+__all__ = ["PHASOR_ERROR", "exact_part", "round_decimal", "round_pairs_into", "round_relative"]
 
 PHASOR_ERROR = 2.0**-47
 """Bound on ``|value - exact|`` for every float64 phasor component posenc computes.
@@ -238,3 +239,41 @@ def _near_midpoints(values: np.ndarray, fmt: str, error: float) -> np.ndarray:
     np.bitwise_and(as_int, _ABS_BITS, out=low)
     near |= low < _SMALL_BITS
     return np.flatnonzero(near)
+
+
+def round_relative(
+    values: np.ndarray,
+    fmt: str,
+    relative: float,
+    exact: Callable[[np.ndarray], Iterable[decimal.Decimal]],
+) -> np.ndarray:
+    """Round float64 ``values``, each within ``relative · |value|`` of an exact value, to
+    ``fmt`` correctly (a container array of :func:`posenc.core.precision.round_to_format`).
+
+    An entry whose interval ``value · (1 ± relative)`` rounds to one number is decided;
+    the others are passed (as flat indices) to ``exact``, which gives their exact values
+    as decimals, and those are rounded with :func:`round_decimal`. float64 output is the
+    values as they are. ``relative`` must leave room for the rounding of the two products
+    (a few units of ``2**-53`` more than the values' own bound).
+
+    Example:
+        >>> import decimal
+        >>> third = decimal.Decimal(1) / decimal.Decimal(3)
+        >>> round_relative(np.array([1 / 3]), "float16", 2.0**-47,
+        ...                lambda i: [third] * i.size).tolist() == [np.float16(1 / 3)]
+        True
+    """
+    rounded = round_to_format(values, fmt)
+    if fmt == "float64" or not rounded.size:
+        return rounded
+    flat = np.ascontiguousarray(values).reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        below = round_to_format(flat * (1.0 - relative), fmt)
+        above = round_to_format(flat * (1.0 + relative), fmt)
+    bits = f"i{below.itemsize}"  # compare bits: -0.0 and +0.0 are two roundings
+    undecided = np.flatnonzero(below.view(bits) != above.view(bits))
+    if undecided.size:
+        out = rounded.reshape(-1)
+        for index, value in zip(undecided.tolist(), exact(undecided), strict=True):
+            out[index] = round_decimal(value, fmt)
+    return rounded

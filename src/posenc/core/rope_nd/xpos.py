@@ -8,6 +8,7 @@ from __future__ import annotations
 import decimal
 import math
 import numbers
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ from ..._checks import (
     check_real,
     check_width,
 )
-from ..precision import resolve_dtype, round_to_format, two_prod
+from ..precision import resolve_dtype, two_prod, two_sum
 from ..rope import (
     ROPE_LAYOUTS,
     RopeLayout,
@@ -32,6 +33,7 @@ from ..rope import (
     rope_frequencies,
     rope_table_values,
 )
+from ..rounding import round_relative
 
 __all__ = [
     "XPOS_CENTRES",
@@ -95,25 +97,62 @@ def xpos_centre(positions: Any, convention: Literal["torchscale", "lucidrains"])
     return float(math.ceil(total / 2) if convention == "torchscale" else math.floor(total / 2))
 
 
+_EXACT = decimal.Context(prec=60)
+
+SCALE_ERROR = 2.0**-47
+"""Bound on the relative error of every float64 xPos scale before rounding: the
+exponent ``(p - c) · log(ζ_i)/B`` is exact to about ``2**-100`` of itself, NumPy's
+``exp`` is within a few ulp and the correction adds one rounding. Measured against
+mpmath over positions within ±280,000 of the centre (exponents up to ±700): at most
+2.2e-16, about ``2**-52``; the bound keeps a margin of 30."""
+
+
 @lru_cache(maxsize=64)
-def _log_zeta_dd(head_dim: int, gamma: float, scale_base: float) -> tuple[np.ndarray, np.ndarray]:
-    """``log(ζ_i) / B`` as a double-double ``(hi, lo)``, ``(d/2,)``, at 50 digits.
+def _log_zeta(head_dim: int, gamma: float, scale_base: float) -> tuple[decimal.Decimal, ...]:
+    """``log(ζ_i) / B`` to 60 digits, ``i < d/2``.
 
     ``ζ_i = (2i + γd) / ((1 + γ)d)`` with the float64 ``γ`` and ``B`` taken as exact.
     """
-    ctx = decimal.Context(prec=50)
+    ctx = _EXACT
     g, b = decimal.Decimal(gamma), decimal.Decimal(scale_base)
     denominator = ctx.multiply(ctx.add(1, g), head_dim)
-    hi = np.empty(head_dim // 2)
-    lo = np.empty(head_dim // 2)
-    for i in range(head_dim // 2):
-        zeta = ctx.divide(ctx.add(2 * i, ctx.multiply(g, head_dim)), denominator)
-        w = ctx.divide(zeta.ln(ctx), b)
-        hi[i] = float(w)
-        lo[i] = float(ctx.subtract(w, decimal.Decimal(hi[i])))
+    return tuple(
+        ctx.divide(ctx.divide(ctx.add(2 * i, ctx.multiply(g, head_dim)), denominator).ln(ctx), b)
+        for i in range(head_dim // 2)
+    )
+
+
+@lru_cache(maxsize=64)
+def _log_zeta_dd(head_dim: int, gamma: float, scale_base: float) -> tuple[np.ndarray, np.ndarray]:
+    """``log(ζ_i) / B`` as a double-double ``(hi, lo)``, ``(d/2,)``."""
+    exact = _log_zeta(head_dim, gamma, scale_base)
+    hi = np.array([float(w) for w in exact])
+    lo = np.array(
+        [float(_EXACT.subtract(w, decimal.Decimal(h))) for w, h in zip(exact, hi, strict=True)]
+    )
     hi.flags.writeable = False
     lo.flags.writeable = False
     return hi, lo
+
+
+def _exact_scales(
+    positions: np.ndarray, head_dim: int, gamma: float, scale_base: float, centre: float
+) -> Callable[[np.ndarray], list[decimal.Decimal]]:
+    """The exact scales ``exp((p - c) · log(ζ_i)/B)`` at flat indices of the
+    ``(*positions.shape, d/2)`` values, to 60 digits."""
+    logs = _log_zeta(head_dim, gamma, scale_base)
+    flat, c = positions.reshape(-1), decimal.Decimal(centre)
+
+    def exact(indices: np.ndarray) -> list[decimal.Decimal]:
+        rows, pairs = np.divmod(indices, head_dim // 2)
+        return [
+            _EXACT.multiply(_EXACT.subtract(decimal.Decimal(float(flat[r])), c), logs[i]).exp(
+                _EXACT
+            )
+            for r, i in zip(rows.tolist(), pairs.tolist(), strict=True)
+        ]
+
+    return exact
 
 
 def _xpos_scale_values(
@@ -126,13 +165,13 @@ def _xpos_scale_values(
     correction: large exponents do not amplify a rounded argument.
     """
     hi, lo = _log_zeta_dd(head_dim, gamma, scale_base)
-    x = positions[..., None] - centre
-    p, e = two_prod(x, hi)
-    tail = x * lo + e
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
+        x, x_tail = two_sum(positions[..., None], np.float64(-centre))  # p - c, exactly
+        p, e = two_prod(x, hi)
+        tail = x * lo + x_tail * hi + e
         value = np.exp(p)
     if not np.all(np.isfinite(value)):
-        _too_far(x)
+        _too_far(positions - centre)
     scales: np.ndarray = value + value * tail
     return scales
 
@@ -141,7 +180,7 @@ def _too_far(distance: np.ndarray, fmt: str = "float64") -> None:
     raise ValueError(
         f"xPos scales overflow {fmt} at a distance |p - centre| = {np.abs(distance).max():g} "
         "from the centre; centre the positions (centre= near their middle, or "
-        "xpos_centre(...)) or use a wider dtype"
+        "xpos_centre(...)), a larger scale_base or a wider dtype"
     )
 
 
@@ -168,9 +207,13 @@ def xpos_scales(
     ``scale[..., j] = ζ_i^(±(p - centre)/scale_base)`` with ``ζ_i = (2i/d + γ)/(1 + γ)``,
     ``i`` the pair of column ``j`` in ``layout``, ``+`` for queries and ``-`` for keys.
     Computed as ``exp(±(p - c) · log(ζ_i)/B)`` in float64 with the exponent formed exactly
-    (``log(ζ_i)/B`` held as a double-double; ``γ`` and ``B`` taken as the exact float64
-    numbers they are), within ~2 ulp of float64 at any position, then rounded once; a key
-    scale is the rounded reciprocal, not the reciprocal of a rounded query scale.
+    (``log(ζ_i)/B`` held as a double-double, ``p - c`` as an exact sum; ``γ`` and ``B``
+    taken as the exact float64 numbers they are), within :data:`SCALE_ERROR` of the exact
+    value at any position, then rounded once; where that bound cannot decide the rounding
+    (the value lies too near a midpoint of ``dtype``) the scale is computed again to 60
+    digits (:func:`posenc.core.rounding.round_relative`), so every entry is the correctly
+    rounded exact value. A key scale is the rounded reciprocal, not the reciprocal of a
+    rounded query scale.
 
     Recipe: with ``cos, sin = rope_tables(positions, rope_frequencies(d), layout=...)``
     the xPos query is ``apply_rope(q, cos·s_q, sin·s_q)`` and the key
@@ -213,8 +256,9 @@ def xpos_scales(
     check_memory(p.size * d * 16, "these xPos scales", max_bytes)
     sign = 1.0 if role == "query" else -1.0
     values = _xpos_scale_values(p, d, gamma, sign * scale_base, centre)
+    exact = _exact_scales(p, d, gamma, sign * scale_base, centre)
     with np.errstate(over="ignore"):
-        rounded = round_to_format(values, fmt)
+        rounded = round_relative(values, fmt, SCALE_ERROR, exact)
     if not np.all(np.isfinite(rounded)):
         _too_far(p - centre, fmt)
     return pair_layout(rounded, layout).astype(np_dtype)
