@@ -6,6 +6,7 @@ the spec; the last ones run the real training for one step through ``posenc benc
 
 from __future__ import annotations
 
+import datetime
 import doctest
 import importlib
 import json
@@ -269,11 +270,13 @@ def test_a_failing_run_is_reported_and_the_others_are_written(tmp_path, capsys):
     assert "run failed: copy/rope seed 0: RuntimeError: boom at seed 0" in err
     assert json.dumps(rope[0].to_dict()) in err
 
+    assert all(datetime.datetime.fromisoformat(f["time"]).tzinfo for f in failures)
+
     retry = Counting()
     outcome = execute(specs, tmp_path, resume=True, progress=False, run_fn=retry)
     assert retry.calls == rope
     assert outcome.ok
-    assert not (tmp_path / "failures.jsonl").exists()
+    assert strict_lines(tmp_path / "failures.jsonl") == failures  # a log: kept as it was
 
 
 def test_an_interrupted_bench_keeps_its_finished_runs(tmp_path):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -339,12 +340,12 @@ def execute(
     a torn last line aside, to ``results.jsonl.torn``, should the machine die
     mid-write; a whole record that only lacks its newline is kept). A run that raises does
     not stop the others: it is reported on stderr (spec and error), appended to
-    ``failures.jsonl`` (spec, error and traceback; each execute starts the file afresh)
-    and listed in :attr:`Outcome.failures`. A worker process that dies (killed,
-    out of memory) fails its run and the runs still queued; ``resume=True`` runs them
-    again. At the end ``results.md``, ``summary.json`` and ``accuracy.png`` are rewritten
-    from every record of the results file (:func:`posenc.bench.report.write_reports`),
-    also when the bench is interrupted.
+    ``failures.jsonl`` (spec, error, traceback and UTC time; a log that every execute
+    appends to and none clears) and listed in :attr:`Outcome.failures`. A worker process
+    that dies (killed, out of memory) fails its run and the runs still queued;
+    ``resume=True`` runs them again. At the end ``results.md``, ``summary.json`` and
+    ``accuracy.png`` are rewritten from every record of the results file
+    (:func:`posenc.bench.report.write_reports`), also when the bench is interrupted.
 
     Args:
         specs: The runs, e.g. from :func:`expand`; the same run (key) at most once.
@@ -414,7 +415,6 @@ def _execute_locked(
     done = {record["key"] for record in load_records(results, repair=True)}
     todo = [spec for spec in specs if spec.key() not in done]
     failures_path = out / FAILURES_FILE
-    failures_path.unlink(missing_ok=True)
     failures: list[Failure] = []
     ran = 0
 
@@ -425,7 +425,13 @@ def _execute_locked(
 
     def failed(spec: RunSpec, error: str, trace: str, write: Callable[[str], None]) -> None:
         failures.append(Failure(spec, error, trace))
-        entry = {"key": spec.key(), "spec": spec.to_dict(), "error": error, "traceback": trace}
+        entry = {
+            "key": spec.key(),
+            "spec": spec.to_dict(),
+            "error": error,
+            "traceback": trace,
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
         append_line(failures_path, json_line(entry))
         write(f"run failed: {label(spec)}: {error}\n  spec: {json.dumps(spec.to_dict())}")
 
