@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -30,29 +31,29 @@ from posenc.core.positions import MemoryLimitError
 LIMIT_SECONDS = 5.0
 
 
+HOSTILE_VALUES: list[Any] = [
+    # integers, Python and NumPy
+    0, 1, 3, -1, -(2**63), 2**63, 10**12, 10**30,
+    np.int8(-1), np.int8(3), np.uint8(200), np.int16(7), np.uint64(2**64 - 1), np.int64(5),
+    np.intp(4), np.int32(-5),
+    # floats: signed zeros, tiny, huge, NaN/inf, NumPy float types
+    0.0, -0.0, 0.5, 2.0, 1e-320, 1e308, -1e308, math.nan, math.inf, -math.inf,
+    np.float32(3.0), np.float16(2.0), np.float64(4.5), np.float32(math.nan),
+    # arrays: empty, 0-d, non-contiguous, narrow and unsigned, NaN/inf, bool, str
+    np.array([], dtype=np.int64), np.array(3), np.array(2.5), np.arange(6)[::2],
+    np.arange(8, dtype=np.int8), np.arange(4, dtype=np.uint8), np.array([-1], np.int8),
+    np.array([np.nan, 1.0]), np.array([np.inf]), np.zeros((2, 3))[:, ::2],
+    np.array([True, False]), np.array(["a", "b"]), np.array([1e300]),
+    np.arange(4, dtype=np.uint64), np.zeros((0, 4)), np.ones((2, 2), np.float16),
+    # everything else
+    None, True, False, "abc", "", [], [[1], [1, 2]], (), object(), complex(1, 2),
+    [1.5, "x"], {"a": 1}, b"x",
+]  # fmt: skip
+"""Values a user may pass by mistake or on purpose."""
+
+
 def hostile_values() -> st.SearchStrategy[Any]:
-    """Values a user may pass by mistake or on purpose."""
-    ints = st.sampled_from([0, 1, 3, -1, -(2**63), 2**63, 10**12, 10**30])
-    numpy_ints = st.sampled_from([
-        np.int8(-1), np.int8(3), np.uint8(200), np.int16(7), np.uint64(2**64 - 1),
-        np.int64(5), np.intp(4), np.int32(-5),
-    ])  # fmt: skip
-    floats = st.sampled_from([
-        0.0, -0.0, 0.5, 2.0, 1e-320, 1e308, -1e308, math.nan, math.inf, -math.inf,
-        np.float32(3.0), np.float16(2.0), np.float64(4.5), np.float32(math.nan),
-    ])  # fmt: skip
-    arrays = st.sampled_from([
-        np.array([], dtype=np.int64), np.array(3), np.array(2.5), np.arange(6)[::2],
-        np.arange(8, dtype=np.int8), np.arange(4, dtype=np.uint8), np.array([-1], np.int8),
-        np.array([np.nan, 1.0]), np.array([np.inf]), np.zeros((2, 3))[:, ::2],
-        np.array([True, False]), np.array(["a", "b"]), np.array([1e300]),
-        np.arange(4, dtype=np.uint64), np.zeros((0, 4)), np.ones((2, 2), np.float16),
-    ])  # fmt: skip
-    other = st.sampled_from([
-        None, True, False, "abc", "", [], [[1], [1, 2]], (), object(), complex(1, 2),
-        [1.5, "x"], {"a": 1}, b"x",
-    ])  # fmt: skip
-    return st.one_of(ints, numpy_ints, floats, arrays, other)
+    return st.sampled_from(HOSTILE_VALUES)
 
 
 def plain(value: Any) -> Any:
@@ -176,50 +177,97 @@ def test_every_function_answers_right_or_refuses_clearly(data):
     check_contract(CALLS, name, where, value, checked_elsewhere=("apply_rope", "rope_scaling"))
 
 
-CLI_OPTIONS = {
-    "--length": "4",
-    "--d-model": "4",
-    "--base": "100",
-    "--dtype": "float32",
-    "--layout": "interleaved",
-    "--format": "csv",
-    "--precision": "4",
-}
+COMMANDS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "table sinusoidal": (
+        ["table", "--scheme", "sinusoidal"],
+        {"--length": "4", "--d-model": "4", "--base": "100", "--dtype": "float32",
+         "--layout": "interleaved", "--format": "csv", "--precision": "4", "--start": "2",
+         "--formula": "paper", "--output": "{out}/t.csv"},
+    ),
+    "table rope": (
+        ["table", "--scheme", "rope"],
+        {"--length": "4", "--head-dim": "8", "--rotary-dim": "4", "--rope-layout": "half",
+         "--scaling": "yarn", "--factor": "2", "--original-max-position-embeddings": "4",
+         "--scaling-param": "beta_fast=16", "--format": "json", "--dtype": "bfloat16"},
+    ),
+    "table alibi": (
+        ["table", "--scheme", "alibi"],
+        {"--length": "4", "--heads": "3", "--mode": "symmetric", "--format": "npy",
+         "--output": "{out}/a.npy"},
+    ),
+    "table t5": (
+        ["table", "--scheme", "t5"],
+        {"--length": "5", "--num-buckets": "8", "--max-distance": "16", "--compat": "exact",
+         "--format": "text"},
+    ),
+    "plot": (
+        ["plot", "rope-score"],
+        {"--output": "{out}/p.png", "--length": "16", "--head-dim": "8", "--base": "100",
+         "--factor": "2", "--original-max-position-embeddings": "8", "--dpi": "20"},
+    ),
+    "plot t5": (
+        ["plot", "t5"],
+        {"--output": "{out}/t5.png", "--length": "8", "--heads": "2", "--num-buckets": "8",
+         "--max-distance": "16", "--dpi": "20"},
+    ),
+    "embed": (["embed", "the cat"], {"--d-model": "4", "--base": "100", "--seed": "1",
+                                     "--backend": "numpy"}),
+    "demo": (["demo", "--no-plots"], {"--output": "{out}/demo"}),
+    "bench": (
+        ["bench", "--dry-run"],
+        {"--tasks": "copy", "--schemes": "rope", "--seeds": "2", "--steps": "3",
+         "--eval-lengths": "8", "--d-model": "16", "--layers": "1", "--heads": "2",
+         "--batch-size": "4", "--lr": "0.001", "--eval-samples": "4", "--jobs": "1",
+         "--out": "{out}/bench", "--device": "cpu"},
+    ),
+}  # fmt: skip
 CLI_VALUES = [
-    "nan",
-    "inf",
-    "-1",
-    "0",
-    "1e400",
-    "",
-    "abc",
-    "99999999999999999999",
-    "-0",
-    "1.5",
-    "--",
-]
+    "nan", "inf", "-1", "0", "1e400", "", "abc", "99999999999999999999", "-0", "1.5", "--",
+    "{out}", "{out}/missing/x", "1e-320", "-inf", "1,2", "\x00",
+]  # fmt: skip
 
 
-@settings(max_examples=120, deadline=None)
-@given(option=st.sampled_from(sorted(CLI_OPTIONS)), value=st.sampled_from(CLI_VALUES))
-def test_the_table_command_exits_0_or_2_with_one_line(option, value):
-    argv = ["table"]
-    for key, default in CLI_OPTIONS.items():
-        argv += [key, value if key == option else default]
-    out, err = io.StringIO(), io.StringIO()
-    start = time.perf_counter()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            status = main(argv)
-        except SystemExit as exc:  # argparse's own errors
-            status = exc.code
-    assert status in (0, 2), (argv, status, err.getvalue())
-    if status == 2:
-        lines = err.getvalue().strip().splitlines()
-        assert lines, argv
-        assert "Traceback" not in err.getvalue(), (argv, err.getvalue())
-        assert len([line for line in lines if line.startswith(("error", "posenc"))]) == 1, lines
-    assert time.perf_counter() - start < LIMIT_SECONDS
+@contextlib.contextmanager
+def working_directory(path: str) -> Iterator[None]:
+    """Run in ``path`` (so that outputs at relative paths land there), then return."""
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_command_exits_0_or_2_with_one_line(data):
+    import tempfile
+
+    command = data.draw(st.sampled_from(sorted(COMMANDS)), label="command")
+    prefix, options = COMMANDS[command]
+    option = data.draw(st.sampled_from(sorted(options)), label="option")
+    value = data.draw(st.sampled_from(CLI_VALUES), label="value")
+    with tempfile.TemporaryDirectory() as out, working_directory(out):  # relative paths
+        argv = list(prefix)
+        for key, default in options.items():
+            argv += [key, (value if key == option else default).replace("{out}", out)]
+        stdout, stderr = io.StringIO(), io.StringIO()
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                status = main(argv)
+            except SystemExit as exc:  # argparse's own errors
+                status = exc.code
+        err = stderr.getvalue()
+        assert status in (0, 2), (argv, status, err)
+        assert "Traceback" not in err, (argv, err)
+        if status == 2:
+            lines = err.strip().splitlines()
+            assert len([line for line in lines if line.startswith(("error", "posenc"))]) == 1, (
+                argv,
+                lines,
+            )
+        assert time.perf_counter() - start < 2 * LIMIT_SECONDS, argv
 
 
 def torch_calls() -> dict[str, Callable[..., Any]]:
@@ -357,3 +405,320 @@ def test_every_keras_layer_takes_its_options_right_or_refuses_clearly(data):
         mine.pop("name", None)
         theirs.pop("name", None)
         assert mine == theirs, f"{name}({argument}={value!r})"
+
+
+def torch_constructors() -> dict[str, tuple[type, dict[str, Any], Callable[[Any], Any]]]:
+    """Each PyTorch module: its class, valid options, and a call of a built module."""
+    import torch
+
+    from posenc import torch as pt
+
+    x, q, tokens = torch.ones(1, 4, 8), torch.ones(1, 2, 4, 8), torch.tensor([[1, 2, 3]])
+    grid = torch.ones(1, 2, 3, 8)
+    return {
+        "ALiBiBias": (pt.ALiBiBias, {"num_heads": 2, "mode": "causal"}, lambda m: m(4, 6)),
+        "AxialRotaryEmbedding": (
+            pt.AxialRotaryEmbedding,
+            {"head_dim": 8, "n_axes": 2, "base": 100.0, "sections": None, "mode": "axial",
+             "layout": "half", "qk_layout": "bhsd"},
+            lambda m: m(q, q, coords=torch.tensor([[0, 0], [0, 1], [1, 0], [1, 1]])),
+        ),
+        "InputEmbedding": (
+            pt.InputEmbedding,
+            {"vocab_size": 5, "d_model": 8, "positional": "sinusoidal", "dropout": 0.0,
+             "max_length": 16, "base": 100.0, "scale": True, "padding_idx": 0},
+            lambda m: m(tokens),
+        ),
+        "LearnedPositionalEmbedding": (
+            pt.LearnedPositionalEmbedding, {"max_length": 16, "d_model": 8, "dropout": 0.0,
+                                            "init_std": 0.02}, lambda m: m(x),
+        ),
+        "MultiHeadAttention": (
+            pt.MultiHeadAttention, {"d_model": 8, "num_heads": 2, "position": None,
+                                    "causal": True, "dropout": 0.0, "bias": False},
+            lambda m: m(x),
+        ),
+        "NoPositionalEncoding": (
+            pt.NoPositionalEncoding, {"d_model": 8, "dropout": 0.0}, lambda m: m(x)
+        ),
+        "RotaryEmbedding": (
+            pt.RotaryEmbedding,
+            {"head_dim": 8, "base": 100.0, "rotary_dim": 4, "layout": "half",
+             "scaling": "yarn", "scaling_params": {"factor": 2.0,
+                                                   "original_max_position_embeddings": 4},
+             "max_length": 16, "qk_layout": "bhsd"},
+            lambda m: m(q, q, offset=2),
+        ),
+        "SinusoidalPositionalEncoding": (
+            pt.SinusoidalPositionalEncoding,
+            {"d_model": 8, "dropout": 0.0, "max_length": 16, "base": 100.0,
+             "layout": "interleaved", "formula": "paper"},
+            lambda m: m(x),
+        ),
+        "SinusoidalPositionalEncodingND": (
+            pt.SinusoidalPositionalEncodingND,
+            {"channels": 8, "layout": "positional-encodings", "base": 100.0, "dropout": 0.0,
+             "ndim": 2},
+            lambda m: m(grid),
+        ),
+        "T5RelativeBias": (
+            pt.T5RelativeBias, {"num_heads": 2, "bidirectional": True, "num_buckets": 8,
+                                "max_distance": 16, "compat": "hf"}, lambda m: m(4, 6),
+        ),
+        "TokenEmbedding": (
+            pt.TokenEmbedding, {"vocab_size": 5, "d_model": 8, "scale": True,
+                                "padding_idx": 0}, lambda m: m(tokens),
+        ),
+        "XPosRotaryEmbedding": (
+            pt.XPosRotaryEmbedding,
+            {"head_dim": 8, "base": 100.0, "gamma": 0.4, "scale_base": 512, "centre": 0.0,
+             "layout": "interleaved", "max_length": 16, "qk_layout": "bhsd"},
+            lambda m: m(q, q),
+        ),
+    }  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_torch_module_takes_its_options_right_or_refuses_clearly(data):
+    import torch
+
+    modules = torch_constructors()
+    name = data.draw(st.sampled_from(sorted(modules)), label="module")
+    cls, options, use = modules[name]
+    argument = data.draw(st.sampled_from(sorted(options)), label="argument")
+    value = data.draw(hostile_values(), label="value")
+    start = time.perf_counter()
+    error: Exception | None = None
+    try:
+        torch.manual_seed(0)
+        module = cls(**{**options, argument: value})
+    except (ValueError, TypeError) as exc:
+        error = exc
+    if error is not None:
+        message = str(error)
+        assert "\n" not in message.strip(), message
+        assert (
+            argument in message
+            or argument.rstrip("s") in message
+            or (argument.startswith("scaling") and message.startswith("RoPE scaling"))
+        ), f"{name}({argument}={value!r}): {message}"
+        return
+    torch.manual_seed(0)  # the same initial weights
+    reference = cls(**{**options, argument: plain(value)})
+    outcomes = []  # the call's result or error, with the value and with its plain value
+    for built in (module.eval(), reference.eval()):  # eval: no dropout draws
+        try:
+            outcomes.append(use(built))
+        except (ValueError, TypeError) as exc:  # the fixed input no longer fits
+            outcomes.append(f"{type(exc).__name__}: {exc}")
+    mine, theirs = outcomes
+    if isinstance(mine, str):
+        assert mine == theirs, f"{name}({argument}={value!r}): {mine}"
+        assert "\n" not in mine.strip(), mine
+    else:
+        for a, b in zip(mine if isinstance(mine, tuple) else (mine,),
+                        theirs if isinstance(theirs, tuple) else (theirs,),
+                        strict=True):  # fmt: skip
+            assert torch.isfinite(a).all(), f"{name}({argument}={value!r})"
+            assert torch.equal(a, b), f"{name}({argument}={value!r})"
+    assert time.perf_counter() - start < LIMIT_SECONDS, f"{name}({argument}={value!r}) was slow"
+
+
+def keras_message(error: Exception) -> str:
+    """The message posenc raised inside a Keras layer's ``call``, without the call
+    context Keras adds around it (its traceback filtering, on by default)."""
+    message = str(error)
+    if message.startswith("Exception encountered when calling"):
+        message = message.split("\n\n")[1].replace("\x1b[1m", "").replace("\x1b[0m", "")
+    return message
+
+
+def keras_calls() -> dict[str, tuple[Any, Any, tuple[str, ...]]]:
+    """Each Keras layer, an input, and the call arguments it takes besides the input."""
+    from posenc import keras as pk
+
+    x, q = np.ones((1, 4, 8), np.float32), np.ones((1, 4, 2, 8), np.float32)
+    scores = np.zeros((1, 2, 4, 6), np.float32)
+    return {
+        "SinusoidalPositionalEncoding": (
+            pk.SinusoidalPositionalEncoding(max_length=16),
+            x,
+            ("start_index",),
+        ),
+        "LearnedPositionalEmbedding": (
+            pk.LearnedPositionalEmbedding(max_length=16),
+            x,
+            ("start_index",),
+        ),
+        "RotaryEmbedding": (pk.RotaryEmbedding(max_length=16), q, ("start_index", "positions")),
+        "ALiBiBias": (pk.ALiBiBias(num_heads=2), scores, ("start_index",)),
+        "T5RelativeBias": (pk.T5RelativeBias(num_heads=2), scores, ("start_index",)),
+    }
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_keras_layer_call_answers_right_or_refuses_clearly(data):
+    calls = keras_calls()
+    name = data.draw(st.sampled_from(sorted(calls)), label="layer")
+    layer, inputs, taken = calls[name]
+    argument = data.draw(st.sampled_from(taken), label="argument")
+    value = data.draw(hostile_values(), label="value")
+    start = time.perf_counter()
+    error: Exception | None = None
+    try:
+        result = layer(inputs, **{argument: value})
+    except (ValueError, TypeError) as exc:
+        error = exc
+    if error is not None:
+        message = keras_message(error)
+        assert "\n" not in message.strip(), message
+        assert argument in message or argument.rstrip("s") in message, (
+            f"{name}({argument}={value!r}): {message}"
+        )
+    else:
+        plain_value = plain(value)
+        reference = (
+            layer(inputs) if plain_value is None else layer(inputs, **{argument: plain_value})
+        )
+        mine, theirs = np.asarray(result), np.asarray(reference)
+        assert np.array_equal(mine, theirs), f"{name}({argument}={value!r})"
+        assert np.all(np.isfinite(mine)), f"{name}({argument}={value!r})"
+    assert time.perf_counter() - start < LIMIT_SECONDS, f"{name}({argument}={value!r}) was slow"
+
+
+def flax_modules() -> dict[str, tuple[type, dict[str, Any], tuple[Any, ...], dict[str, Any]]]:
+    """Each Flax module: its class, valid options, and valid call arguments."""
+    from posenc.jax import linen as pl
+
+    x, grid = np.ones((1, 4, 8), np.float32), np.ones((1, 2, 3, 8), np.float32)
+    q = np.ones((1, 4, 2, 8), np.float32)
+    return {
+        "ALiBiBias": (
+            pl.ALiBiBias, {"num_heads": 2, "mode": "causal", "max_length": 16, "dtype": "float32"},
+            (4,), {"key_length": 6, "offset": 2},
+        ),
+        "T5RelativeBias": (
+            pl.T5RelativeBias,
+            {"num_heads": 2, "bidirectional": True, "num_buckets": 8, "max_distance": 16,
+             "compat": "hf"},
+            (4,), {"key_length": 6, "offset": 2},
+        ),
+        "LearnedPositionalEmbedding": (
+            pl.LearnedPositionalEmbedding, {"max_length": 16, "init_std": 0.02, "dropout_rate": 0.0},
+            (x,), {"start_index": 2},
+        ),
+        "RotaryEmbedding": (
+            pl.RotaryEmbedding,
+            {"base": 100.0, "rotary_dim": 4, "layout": "half", "scaling": "linear",
+             "scaling_params": {"factor": 2.0}, "max_length": 16},
+            (q,), {"start_index": 2},
+        ),
+        "RotaryEmbedding positions": (
+            pl.RotaryEmbedding, {"max_length": 16}, (q,), {"positions": np.array([3, 1, 2, 0])},
+        ),
+        "SinusoidalPositionalEncoding": (
+            pl.SinusoidalPositionalEncoding,
+            {"max_length": 16, "base": 100.0, "layout": "split", "formula": "paper",
+             "dropout_rate": 0.0},
+            (x,), {"start_index": 2},
+        ),
+        "SinusoidalPositionalEncodingND": (
+            pl.SinusoidalPositionalEncodingND,
+            {"layout": "positional-encodings", "base": 100.0, "dropout_rate": 0.0}, (grid,), {},
+        ),
+    }  # fmt: skip
+
+
+def flax_outcome(
+    cls: type, options: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """The module's output (init and apply with one key), or the error it raised."""
+    import jax
+
+    try:
+        module = cls(**options)
+        variables = module.init(jax.random.PRNGKey(0), *args, **kwargs)
+        return np.asarray(module.apply(variables, *args, **kwargs))
+    except (ValueError, TypeError) as exc:
+        return exc
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_flax_module_answers_right_or_refuses_clearly(data):
+    modules = flax_modules()
+    name = data.draw(st.sampled_from(sorted(modules)), label="module")
+    cls, options, args, kwargs = modules[name]
+    where = data.draw(
+        st.sampled_from(
+            [("option", key) for key in options]
+            + [("call", i) for i in range(len(args))]
+            + [("call", key) for key in kwargs]
+        ),
+        label="argument",
+    )
+    value = data.draw(hostile_values(), label="value")
+    start = time.perf_counter()
+
+    def outcome(value: Any) -> Any:
+        opts, call_args, call_kwargs = dict(options), list(args), dict(kwargs)
+        if where[0] == "option":
+            opts[str(where[1])] = value
+        elif isinstance(where[1], int):
+            call_args[where[1]] = value
+        else:
+            call_kwargs[where[1]] = value
+        return flax_outcome(cls, opts, tuple(call_args), call_kwargs)
+
+    result = outcome(value)
+    if isinstance(where[1], int):
+        argument = "x" if "Bias" not in name else "query_length"
+    else:
+        argument = str(where[1])
+    if isinstance(result, Exception):
+        message = str(result)
+        assert "\n" not in message.strip(), message
+        assert (
+            argument in message
+            or argument.rstrip("s") in message
+            or (argument.startswith("scaling") and message.startswith("RoPE scaling"))
+            or (argument == "x" and "input" in message)
+        ), f"{name}({argument}={value!r}): {message}"
+    else:
+        reference = outcome(plain(value))
+        assert not isinstance(reference, Exception), (name, argument, value, reference)
+        assert np.array_equal(result, reference), f"{name}({argument}={value!r})"
+        assert np.all(np.isfinite(result)), f"{name}({argument}={value!r})"
+    assert time.perf_counter() - start < LIMIT_SECONDS, f"{name}({argument}={value!r}) was slow"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    function=st.sampled_from(["sinusoidal", "rope_tables"]),
+    dtype=st.sampled_from(["int8", "uint8", "int16", "uint16", "int32", "uint32"]),
+    values=st.lists(st.integers(-(2**31), 2**32 - 1), min_size=1, max_size=6),
+)
+def test_traced_positions_give_the_rows_or_nan(function, dtype, values):
+    """Positions known only inside ``jax.jit``, in any integer dtype: the core's row where
+    the position lies in the table, NaN rows elsewhere (never a wrapped index)."""
+    import jax
+
+    import posenc.jax as pj
+
+    info = np.iinfo(dtype)
+    positions = np.array([v for v in values if info.min <= v <= info.max] or [0], dtype=dtype)
+    make = getattr(pj, function)
+    traced = jax.jit(lambda p: make(p, 8, max_length=8))(positions)
+    for table, part in zip(
+        traced if isinstance(traced, tuple) else (traced,),
+        make(8, 8) if function == "rope_tables" else (make(8, 8),),
+        strict=True,
+    ):
+        got, rows = np.asarray(table), np.asarray(part)
+        for i, p in enumerate(positions.tolist()):
+            if 0 <= p < 8:
+                assert np.array_equal(got[i], rows[p]), (dtype, p)
+            else:
+                assert np.all(np.isnan(got[i])), (dtype, p)

@@ -39,18 +39,30 @@ def describe(value: Any) -> str:
     return f"{text} ({type(value).__name__})"
 
 
-def check_int(value: Any, name: str, *, minimum: int) -> int:
-    """An integer (not bool, not float) that is at least ``minimum``."""
+def check_int(value: Any, name: str, *, minimum: int, maximum: int | None = None) -> int:
+    """An integer (not bool, not float) in ``[minimum, maximum]``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int >= {minimum}, got {describe(value)}")
     number = int(value)
     if number < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        bound = f"2**{maximum.bit_length() - 1} = " if maximum & (maximum - 1) == 0 else ""
+        raise ValueError(f"{name} must be at most {bound}{maximum}, got {number:.6g}")
     return number
 
 
 def check_length(value: Any, name: str = "length") -> int:
     return check_int(value, name, minimum=0)
+
+
+MAX_POSITIONS = 1 << 53
+"""The most positions a table may hold: past 2**53 positions are no longer exact floats."""
+
+
+def check_max_length(value: Any, name: str = "max_length") -> int:
+    """A table length: an int in ``[1, 2**53]``."""
+    return check_int(value, name, minimum=1, maximum=MAX_POSITIONS)
 
 
 MAX_WIDTH = 1 << 24
@@ -65,6 +77,30 @@ def check_width(value: Any, name: str, *, minimum: int = 1) -> int:
     if number > MAX_WIDTH:
         raise ValueError(f"{name} must be at most 2**24 = {MAX_WIDTH}, got {number:.6g}")
     return number
+
+
+MAX_WEIGHTS = 1 << 32
+"""The most entries one trainable weight tensor may have (16 GiB in float32): several
+times the largest embedding table of any released model, so that a mistyped size is
+an error at once, never an allocation that fails inside a framework or fills memory."""
+
+
+def check_weights(sizes: dict[str, int], what: str) -> None:
+    """Refuse a weight tensor of ``sizes`` (argument name -> size) past :data:`MAX_WEIGHTS`.
+
+    Example:
+        >>> check_weights({"vocab_size": 10**9, "d_model": 4096}, "this token embedding")
+        Traceback (most recent call last):
+        ...
+        ValueError: this token embedding of vocab_size=1000000000 x d_model=4096 would have \
+4.1e+12 weights, more than 2**32; give smaller sizes
+    """
+    count = math.prod(sizes.values())
+    if count > MAX_WEIGHTS:
+        shape = " x ".join(f"{name}={size}" for name, size in sizes.items())
+        raise ValueError(
+            f"{what} of {shape} would have {count:.2g} weights, more than 2**32; give smaller sizes"
+        )
 
 
 def check_d_model(value: Any) -> int:
@@ -170,6 +206,7 @@ class MemoryLimitError(ValueError):
 
     A ``ValueError``, so code that catches those keeps working; the front ends catch this
     one alone when a table would outgrow the limit (:mod:`posenc.core.positions`).
+    ``what``, ``nbytes`` and ``max_bytes`` say what was refused (``None`` where unknown).
 
     Example:
         >>> import posenc
@@ -181,6 +218,30 @@ class MemoryLimitError(ValueError):
         this positional-encoding table would need about 1.9 TiB
     """
 
+    def __init__(
+        self,
+        message: str,
+        *,
+        what: str | None = None,
+        nbytes: int | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.what, self.nbytes, self.max_bytes = what, nbytes, max_bytes
+
+    def naming(self, given: str, fix: str) -> MemoryLimitError:
+        """The same refusal said of the arguments ``given`` (``"max_length=..."``) of a
+        caller that has no ``max_bytes`` to raise (a module), with ``fix`` as the remedy."""
+        if self.what is None or self.nbytes is None or self.max_bytes is None:
+            return MemoryLimitError(f"{given}: {self}")
+        return MemoryLimitError(
+            f"{given}: {self.what} would need about {format_bytes(self.nbytes)}, "
+            f"more than the limit of {format_bytes(self.max_bytes)}; {fix}",
+            what=self.what,
+            nbytes=self.nbytes,
+            max_bytes=self.max_bytes,
+        )
+
 
 def check_memory(nbytes: int, what: str, max_bytes: int | None, *, fix: str | None = None) -> None:
     """Refuse work whose estimated peak memory exceeds ``max_bytes``.
@@ -191,15 +252,17 @@ def check_memory(nbytes: int, what: str, max_bytes: int | None, *, fix: str | No
     if max_bytes is None or nbytes <= max_bytes:
         return
     if fix is not None:
-        raise MemoryLimitError(
+        message = (
             f"{what} would need about {format_bytes(nbytes)}, more than the limit of "
             f"{format_bytes(max_bytes)}; {fix}"
         )
-    raise MemoryLimitError(
-        f"{what} would need about {format_bytes(nbytes)}, more than max_bytes="
-        f"{format_bytes(max_bytes)}; pass a larger max_bytes (or max_bytes=None) if you "
-        "really want it"
-    )
+    else:
+        message = (
+            f"{what} would need about {format_bytes(nbytes)}, more than max_bytes="
+            f"{format_bytes(max_bytes)}; pass a larger max_bytes (or max_bytes=None) if you "
+            "really want it"
+        )
+    raise MemoryLimitError(message, what=what, nbytes=nbytes, max_bytes=max_bytes)
 
 
 def format_bytes(nbytes: int | float) -> str:

@@ -81,7 +81,7 @@ def test_spec_dicts_are_checked():
         (lambda: RopeSpec(head_dim=8, scaling="yarn"), TypeError, r"missing \['factor', 'orig"),
         (lambda: RopeSpec(head_dim=2, scaling=posenc.NTKScaling(factor=2.0)), ValueError, "d > 2"),
         (lambda: XPosSpec(head_dim=8, centre="torchscale"), TypeError, "fixed number"),
-        (lambda: AxialRopeSpec(head_dim=16, n_axes=3), ValueError, "equally over 3 axes"),
+        (lambda: AxialRopeSpec(head_dim=16, n_axes=3), ValueError, "equally over n_axes=3 axes"),
         (lambda: AlibiSpec(num_heads=0), ValueError, "num_heads must be an int >= 1, got 0"),
         (lambda: T5Spec(num_heads=2, num_buckets=3), ValueError, "num_buckets must be >= 4"),
         (lambda: LearnedSpec(max_length=4, d_model=2, init_std=0), ValueError, "init_std"),

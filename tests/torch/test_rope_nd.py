@@ -272,7 +272,7 @@ _Q = torch.zeros(1, 2, 6, 8)
             TypeError,
             "integer tensor",
         ),
-        (lambda: AxialRotaryEmbedding(12, n_axes=4), ValueError, "equally over 4 axes"),
+        (lambda: AxialRotaryEmbedding(12, n_axes=4), ValueError, "equally over n_axes=4 axes"),
         (lambda: AxialRotaryEmbedding(8, sections=[1, 2]), ValueError, "add up"),
         (lambda: AxialRotaryEmbedding(8, mode="rope"), ValueError, "mode"),
         (lambda: AxialRotaryEmbedding(8)(_Q, _Q), TypeError, "pass coords="),

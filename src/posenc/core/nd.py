@@ -52,6 +52,8 @@ from .sinusoidal import table_values
 
 NdLayout = Literal["positional-encodings", "mae"]
 ND_LAYOUTS: tuple[NdLayout, ...] = ("positional-encodings", "mae")
+MAX_NDIM = 32
+"""The most coordinate axes (NumPy and the frameworks hold at most 64 dimensions)."""
 MAE_MAX_AXES = 2  # MAE defines 1-D and 2-D grids only
 
 

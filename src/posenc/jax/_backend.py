@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_int, describe
+from .._checks import MAX_POSITIONS, MemoryLimitError, check_int, describe
 from ..core.precision import FORMATS
 
 __all__ = [
@@ -79,8 +79,12 @@ def format_of(dtype: Any, name: str = "dtype") -> str:
 
     float64 needs JAX's 64-bit mode; without it JAX would store the values in float32.
     """
-    try:
-        fmt: str | None = None if dtype is None else jnp.dtype(dtype).name
+    try:  # a dtype or its name; never a number or an array (which have dtypes too)
+        fmt: str | None = (
+            None
+            if dtype is None or isinstance(dtype, (np.generic, np.ndarray, jax.Array))
+            else jnp.dtype(dtype).name
+        )
     except TypeError:
         fmt = None
     if fmt not in FORMATS:
@@ -128,7 +132,7 @@ def gather_rows(table: jax.Array, index: jax.Array) -> jax.Array:
 # Call arguments
 
 
-def static_int(value: Any, name: str, *, minimum: int) -> int:
+def static_int(value: Any, name: str, *, minimum: int, maximum: int | None = None) -> int:
     """An int >= ``minimum`` known at trace time (it sets a shape or a table size)."""
     if is_traced(value):
         raise TypeError(
@@ -142,7 +146,7 @@ def static_int(value: Any, name: str, *, minimum: int) -> int:
         and jnp.issubdtype(value.dtype, jnp.integer)
     ):
         value = int(value)
-    return check_int(value, name, minimum=minimum)
+    return check_int(value, name, minimum=minimum, maximum=maximum)
 
 
 def check_traced_index(value: Any, name: str) -> None:
@@ -170,7 +174,7 @@ def concrete_offset(value: Any, name: str) -> int:
         if value.ndim != 0 or not jnp.issubdtype(value.dtype, jnp.integer):
             raise TypeError(f"{name} must be an int >= 0, got {describe(value)}")
         value = int(value)
-    return check_int(value, name, minimum=0)
+    return check_int(value, name, minimum=0, maximum=MAX_POSITIONS)
 
 
 def check_offset(value: Any, name: str) -> int | jax.Array:
@@ -228,7 +232,15 @@ class PositionTables:
 
     def gather(self, index: jax.Array, length: int) -> tuple[jax.Array, ...]:
         """Rows at ``index`` from the ``length``-row tables, NaN rows outside them."""
-        return tuple(gather_rows(to_tensor(t, self.fmt), index) for t in self.table(length))
+        try:
+            tables = self.table(length)
+        except MemoryLimitError as error:  # a module's max_length, or a function's
+            raise error.naming(
+                f"max_length={length}",
+                "give a smaller max_length: traced positions are gathered from a table of "
+                "max_length rows",
+            ) from None
+        return tuple(gather_rows(to_tensor(t, self.fmt), index) for t in tables)
 
     def at(
         self, positions: Any, *, max_length: int | None, name: str = "positions"
@@ -259,7 +271,11 @@ class PositionTables:
             return self.gather(start + jnp.arange(count), max_length)
         assert isinstance(start, int)  # check_offset makes a known offset an int
         if start + count <= max_length:
-            return self._to_jax(t[start : start + count] for t in self.table(max_length))
+            try:
+                tables = self.table(max_length)
+            except MemoryLimitError:  # the limit refuses the whole table: this call's rows
+                return self._to_jax(self._derive(count, start))
+            return self._to_jax(t[start : start + count] for t in tables)
         return self._to_jax(self._derive(count, start))
 
     def _to_jax(self, tables: Iterable[np.ndarray]) -> tuple[jax.Array, ...]:

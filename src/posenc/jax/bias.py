@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import DEFAULT_MAX_BYTES, check_memory, describe
+from .._checks import DEFAULT_MAX_BYTES, MAX_POSITIONS, check_memory, describe
 from ..core.precision import round_to_format
 from ..core.relative import check_lengths
 from ..core.t5 import check_bucket_options
@@ -133,7 +133,7 @@ def alibi_bias(
         key_length = static_int(key_length, "key_length", minimum=0)
     spec = AlibiSpec(num_heads=static_int(num_heads, "num_heads", minimum=1), mode=mode)
     if max_length is not None:
-        max_length = static_int(max_length, "max_length", minimum=1)
+        max_length = static_int(max_length, "max_length", minimum=1, maximum=MAX_POSITIONS)
     offset = check_offset(offset, "offset")
     if not is_traced(offset):
         return to_tensor(spec.bias(query_length, key_length, offset=offset, fmt=fmt), fmt)

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._checks import MAX_POSITIONS
 from ..specs import SinusoidalNDSpec, SinusoidalSpec
 from ._backend import PositionTables, format_of, static_int, to_tensor
 
@@ -87,7 +88,7 @@ def sinusoidal(
     spec = SinusoidalSpec(d_model=d_model, base=base, layout=layout, formula=formula)
     fmt = format_of(dtype)
     if max_length is not None:
-        max_length = static_int(max_length, "max_length", minimum=1)
+        max_length = static_int(max_length, "max_length", minimum=1, maximum=MAX_POSITIONS)
     (table,) = SinusoidalTables(spec, fmt).at(positions, max_length=max_length)
     return table  # (*positions.shape, d_model)
 

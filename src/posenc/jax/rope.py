@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_choice, describe
+from .._checks import MAX_POSITIONS, check_choice, describe
 from ..core.precision import FORMATS
 from ..core.rope import ROPE_LAYOUTS, RopeScaling, as_rope_scaling, check_rope_shapes
 from ..specs import RopeSpec
@@ -112,7 +112,7 @@ def rope_tables(
     )  # validates the base, the widths, the layout and the method's width-dependent checks
     fmt = format_of(dtype)
     if max_length is not None:
-        max_length = static_int(max_length, "max_length", minimum=1)
+        max_length = static_int(max_length, "max_length", minimum=1, maximum=MAX_POSITIONS)
     cos, sin = RopeTables(spec, fmt, seq_len).at(positions, max_length=max_length)
     return cos, sin  # (*positions.shape, rotary_dim) each
 

@@ -316,6 +316,71 @@ def span_rows(table: Any, start: Any, seq: Any) -> Any:
     return gather_rows(table, index, valid)
 
 
+def check_plain_start(start_index: Any, owner: str) -> None:
+    """Check a ``start_index`` that is not a tensor (a Python or NumPy value) now.
+
+    Called before Keras turns NumPy values into tensors and before ``call``, where Keras
+    adds its call context (several lines) to any error: a bad value is one line.
+    """
+    if ops.is_tensor(start_index) or keras.backend.is_keras_tensor(start_index):
+        return  # checked in call(), with its value if known
+    if not isinstance(start_index, (np.ndarray, np.generic)):
+        start_position(start_index, owner)
+        return
+    array = np.asarray(start_index)
+    label = f"{owner}: start_index"
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{label} must be an integer scalar tensor, got dtype {array.dtype}")
+    if array.ndim:
+        raise ValueError(f"{label} must be a scalar tensor, got shape {array.shape}")
+    check_position(int(array), label)
+
+
+def check_plain_positions(positions: Any) -> None:
+    """Check ``positions`` given as a list, tuple or NumPy array now, while its values are
+    whole: Keras turns them into tensors before ``call``, and JAX without its 64-bit mode
+    wraps int64 values on the way (``2**32 + 4`` becomes 4)."""
+    if not isinstance(positions, (list, tuple, np.ndarray, np.generic)):
+        return
+    try:
+        array = np.asarray(positions)
+    except ValueError:
+        raise ValueError(
+            f"positions must be a rectangular array of ints, got {describe(positions)}"
+        ) from None
+    if array.dtype.kind in "iu":
+        check_known_positions(array)
+
+
+def check_known_positions(known: np.ndarray) -> None:
+    """ValueError unless every integer position is in ``0 .. 2**31 - 1`` (int32)."""
+    if known.size and int(known.min()) < 0:
+        raise ValueError(f"positions must be >= 0, got {int(known.min())}")
+    if known.size and int(known.max()) >= INT32_END:
+        raise ValueError(
+            f"positions must be below 2**31 = {INT32_END} (positions are int32 in the Keras "
+            f"layers), got {int(known.max())}"
+        )
+
+
+class ChecksPlainArguments:
+    """A Keras layer whose ``start_index`` (and ``positions``, if its ``call`` takes them)
+    given as Python or NumPy values are checked before Keras sees them."""
+
+    _plain_arguments: tuple[str, ...] = ("start_index",)  # call()'s, after the inputs
+    _start_may_be_none = False  # whether start_index=None has a meaning
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        given = dict(zip(self._plain_arguments, args[1:], strict=False)) | kwargs
+        if "start_index" in given and (
+            given["start_index"] is not None or not self._start_may_be_none
+        ):
+            check_plain_start(given["start_index"], type(self).__name__)
+        if "positions" in self._plain_arguments and given.get("positions") is not None:
+            check_plain_positions(given["positions"])
+        return super().__call__(*args, **kwargs)  # type: ignore[misc]
+
+
 class PositionTables:
     """The tables of one Keras layer: the one owner of their lifecycle.
 

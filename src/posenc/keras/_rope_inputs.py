@@ -14,7 +14,7 @@ import numpy as np
 from keras import ops
 
 from .._checks import check_int, describe
-from ._backend import INT32_END
+from ._backend import check_known_positions
 
 __all__ = [
     "check_axis",
@@ -114,17 +114,6 @@ def check_positions(positions: Any, batch: Any, seq: Any) -> Any:
             f"positions has batch size {shape[0]} but the input has {batch} (shape {shape})"
         )
     return positions
-
-
-def check_known_positions(known: np.ndarray) -> None:
-    """ValueError unless every integer position is in ``0 .. 2**31 - 1`` (int32)."""
-    if known.size and int(known.min()) < 0:
-        raise ValueError(f"positions must be >= 0, got {int(known.min())}")
-    if known.size and int(known.max()) >= INT32_END:
-        raise ValueError(
-            f"positions must be below 2**31 = {INT32_END} (positions are int32 in the Keras "
-            f"layers), got {int(known.max())}"
-        )
 
 
 def select(condition: Any, first: tuple[Any, Any], second: tuple[Any, Any]) -> tuple[Any, Any]:

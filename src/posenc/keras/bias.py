@@ -30,9 +30,10 @@ import keras
 import numpy as np
 from keras import ops
 
-from .._checks import DEFAULT_MAX_BYTES, MemoryLimitError, check_int, format_bytes
+from .._checks import DEFAULT_MAX_BYTES, MemoryLimitError, check_int, check_max_length, format_bytes
 from ..specs import AlibiSpec, FromSpec, T5Spec
 from ._backend import (
+    ChecksPlainArguments,
     PositionTables,
     cacheable,
     check_float,
@@ -48,7 +49,7 @@ from ._backend import (
 __all__ = ["ALiBiBias", "T5RelativeBias"]
 
 
-class _ScoreBias(keras.layers.Layer):
+class _ScoreBias(ChecksPlainArguments, keras.layers.Layer):
     """What the two bias layers share: checks, query/key/start resolution, the addition.
 
     Subclasses set ``num_heads`` and implement ``_bias(q, k, start, fmt)`` returning the
@@ -57,6 +58,7 @@ class _ScoreBias(keras.layers.Layer):
     """
 
     num_heads: int
+    _start_may_be_none = True  # None: the queries are the last keys
 
     def _check_scores_shape(self, shape: tuple[Any, ...]) -> None:
         name = type(self).__name__
@@ -265,7 +267,7 @@ class ALiBiBias(_ScoreBias, FromSpec):
         super().__init__(**kwargs)
         self.spec = AlibiSpec(num_heads=num_heads, mode=mode)
         self.num_heads, self.mode = self.spec.num_heads, self.spec.mode
-        self.max_length = check_int(max_length, "max_length", minimum=1)
+        self.max_length = check_max_length(max_length)
         # One table per format, (num_heads, 2·L - 1), L positions (max_length at first).
         self._tables = PositionTables(self._derive, self.max_length)
 

@@ -14,10 +14,11 @@ from typing import Any
 import keras
 from keras import ops
 
-from .._checks import check_int, check_probability
+from .._checks import check_int, check_max_length, check_probability, check_weights
 from ..core.nd import check_channels, check_shape
 from ..specs import SinusoidalNDSpec
 from ._backend import (
+    ChecksPlainArguments,
     cacheable,
     check_float,
     format_of,
@@ -47,7 +48,7 @@ def _dropout_layer(rate: float, policy: Any) -> keras.layers.Dropout | None:
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class LearnedPositionalEmbedding(keras.layers.Layer):
+class LearnedPositionalEmbedding(ChecksPlainArguments, keras.layers.Layer):
     """Adds a trained embedding per position (GPT-2, BERT), then dropout.
 
     ``output = dropout(inputs + embeddings[start_index : start_index + seq])``. The weight
@@ -112,7 +113,7 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.max_length = check_int(max_length, "max_length", minimum=1)
+        self.max_length = check_max_length(max_length)
         self.dropout = check_probability(dropout, "dropout")
         if initializer is None:
             initializer = keras.initializers.RandomNormal(mean=0.0, stddev=0.02)
@@ -130,6 +131,7 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
                 f"weight, got input shape {shape}"
             )
         self.d_model = check_int(shape[-1], "the last axis of the input (d_model)", minimum=1)
+        check_weights({"max_length": self.max_length, "d_model": self.d_model}, "the embeddings")
         self.embeddings = self.add_weight(
             name="embeddings",
             shape=(self.max_length, self.d_model),

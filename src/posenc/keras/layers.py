@@ -13,9 +13,16 @@ import keras
 import numpy as np
 from keras import ops
 
-from .._checks import check_int, check_probability
+from .._checks import check_int, check_max_length, check_probability
 from ..specs import FromSpec, SinusoidalSpec
-from ._backend import PositionTables, format_of, span_rows, start_position, to_tensor
+from ._backend import (
+    ChecksPlainArguments,
+    PositionTables,
+    format_of,
+    span_rows,
+    start_position,
+    to_tensor,
+)
 
 __all__ = ["SinusoidalPositionalEncoding", "generate_positional_encoding"]
 
@@ -64,7 +71,7 @@ def generate_positional_encoding(
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class SinusoidalPositionalEncoding(keras.layers.Layer, FromSpec):
+class SinusoidalPositionalEncoding(ChecksPlainArguments, keras.layers.Layer, FromSpec):
     """Adds the sinusoidal positional encoding of "Attention Is All You Need" to its input.
 
     ``output = inputs + P[start_index : start_index + seq]`` with
@@ -151,7 +158,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer, FromSpec):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.max_length = check_int(max_length, "max_length", minimum=1)
+        self.max_length = check_max_length(max_length)
         # The spec's width is the input's last axis, known at build(); the options are
         # checked now by a spec of any width (they do not depend on it).
         options = SinusoidalSpec(

@@ -14,10 +14,11 @@ import keras
 import numpy as np
 from keras import ops
 
-from .._checks import check_base, check_choice, check_int, check_width
+from .._checks import check_base, check_choice, check_int, check_max_length, check_width
 from ..core.rope import ROPE_LAYOUTS, LongRopeScaling, as_rope_scaling
 from ..specs import FromSpec, RopeSpec
 from ._backend import (
+    ChecksPlainArguments,
     PositionTables,
     format_of,
     gather_rows,
@@ -46,7 +47,7 @@ __all__ = ["RotaryEmbedding"]
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class RotaryEmbedding(keras.layers.Layer, FromSpec):
+class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromSpec):
     """Rotary position embedding: turns each feature pair of its input by ``position × θ_i``.
 
     One tensor per call, as keras-hub's ``RotaryEmbedding``: apply the layer to the
@@ -162,6 +163,7 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
     """
 
     spec_class = RopeSpec
+    _plain_arguments = ("start_index", "positions")
 
     def __init__(
         self,
@@ -179,7 +181,7 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         super().__init__(**kwargs)
         self.base = check_base(base)
         self.layout = check_choice(layout, "layout", ROPE_LAYOUTS)
-        self.max_length = check_int(max_length, "max_length", minimum=1)
+        self.max_length = check_max_length(max_length)
         self.sequence_axis = check_axis(sequence_axis, "sequence_axis")
         self.feature_axis = check_axis(feature_axis, "feature_axis")
         if self.sequence_axis == self.feature_axis:
@@ -346,17 +348,6 @@ class RotaryEmbedding(keras.layers.Layer, FromSpec):
         return table
 
     # -- call --------------------------------------------------------------------------------
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # Keras turns NumPy arguments into tensors before call(), and JAX without its
-        # 64-bit mode wraps int64 values on the way (2**32 + 4 becomes 4): NumPy
-        # positions are checked here, while their values are whole.
-        positions = kwargs.get("positions")
-        if isinstance(positions, (list, tuple, np.ndarray)):
-            array = np.asarray(positions)
-            if array.dtype.kind in "iu":
-                check_known_positions(array)
-        return super().__call__(*args, **kwargs)
 
     def call(self, inputs: Any, start_index: Any = 0, positions: Any = None) -> Any:
         shape, dtype = self._check_inputs(inputs)

@@ -10,7 +10,6 @@ import numpy as np
 from .._checks import (
     DEFAULT_MAX_BYTES,
     check_choice,
-    check_int,
     check_memory,
 )
 from ..core.alibi import MODES, alibi_bias_values, alibi_slopes, check_heads
@@ -90,7 +89,7 @@ class T5Spec(SchemeSpec):
     compat: str = "hf"
 
     def __post_init__(self) -> None:
-        self._set("num_heads", check_int(self.num_heads, "num_heads", minimum=1))
+        self._set("num_heads", check_heads(self.num_heads))
         options = check_bucket_options(
             self.bidirectional, self.num_buckets, self.max_distance, self.compat
         )

@@ -15,9 +15,11 @@ from .._checks import (
     check_choice,
     check_d_model,
     check_int,
+    check_max_length,
     check_positive,
+    check_weights,
 )
-from ..core.nd import ND_LAYOUTS, check_channels, check_shape, nd_values
+from ..core.nd import MAX_NDIM, ND_LAYOUTS, check_channels, check_shape, nd_values
 from ..core.sinusoidal import table_values
 from .base import SchemeSpec
 
@@ -98,7 +100,7 @@ class SinusoidalNDSpec(SchemeSpec):
         self._set("channels", check_int(self.channels, "channels", minimum=1))
         self._set("base", check_base(self.base))
         if self.ndim is not None:
-            self._set("ndim", check_int(self.ndim, "ndim", minimum=1))
+            self._set("ndim", check_int(self.ndim, "ndim", minimum=1, maximum=MAX_NDIM))
             check_shape((1,) * self.ndim, self.layout)
             check_channels(self.channels, self.ndim, self.layout)
 
@@ -122,6 +124,11 @@ class SinusoidalNDSpec(SchemeSpec):
         )
 
 
+MAX_INIT_STD = 1e37
+"""The widest normal initialisation of a learned table whose float32 draws stay finite
+(float32 ends at 3.4e38; draws past 34 standard deviations never occur)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class LearnedSpec(SchemeSpec):
     """A trained embedding per position (GPT-2, BERT): ``max_length`` rows of ``d_model``.
@@ -142,9 +149,16 @@ class LearnedSpec(SchemeSpec):
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        self._set("max_length", check_int(self.max_length, "max_length", minimum=1))
+        self._set("max_length", check_max_length(self.max_length))
         self._set("d_model", check_d_model(self.d_model))
-        self._set("init_std", check_positive(self.init_std, "init_std"))
+        check_weights({"max_length": self.max_length, "d_model": self.d_model}, "a learned table")
+        init_std = check_positive(self.init_std, "init_std")
+        if init_std > MAX_INIT_STD:
+            raise ValueError(
+                f"init_std must be at most {MAX_INIT_STD:g} (float32 weights stay finite), "
+                f"got {init_std:g}"
+            )
+        self._set("init_std", init_std)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -211,7 +211,7 @@ class AxialRopeSpec(SchemeSpec):
             if pairs % self.n_axes:
                 raise ValueError(
                     f"cannot split head_dim // 2 = {pairs} frequency pairs equally over "
-                    f"{self.n_axes} axes; pass sections= (pairs per axis)"
+                    f"n_axes={self.n_axes} axes; pass sections= (pairs per axis)"
                 )
             sections = (pairs // self.n_axes,) * self.n_axes
         if isinstance(sections, Sequence) and not isinstance(sections, (str, bytes)):

@@ -22,11 +22,12 @@ tensors) and :class:`DerivedBuffers`, the base of modules whose buffers the core
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -313,6 +314,20 @@ class DerivedBuffers(nn.Module):
         return self
 
 
+@contextlib.contextmanager
+def _named_limit(argument: str, length: int) -> Iterator[None]:
+    """A table of ``length`` rows refused by the memory limit: say so of ``argument``
+    (modules have no ``max_bytes``; their tables grow as calls need them)."""
+    try:
+        yield
+    except MemoryLimitError as error:
+        raise error.naming(
+            f"{argument}={length}",
+            f"give a smaller {argument}: the tables grow as calls need them, and past the "
+            "limit only the rows asked for are computed",
+        ) from None
+
+
 class PositionTables(DerivedBuffers):
     """A :class:`DerivedBuffers` module whose buffers hold one row per position.
 
@@ -332,7 +347,8 @@ class PositionTables(DerivedBuffers):
     def _init_tables(
         self, names: tuple[str, ...], length: int, dtype: torch.dtype, drop: Iterable[str] = ()
     ) -> None:
-        tables = self._derive(length, 0, dtype, None)
+        with _named_limit("max_length", length):
+            tables = self._derive(length, 0, dtype, None)
         self._register_derived(dict(zip(names, tables, strict=True)), drop)
         # Tables for inputs whose dtype or device differs from the buffers'.
         self._other_tables: dict[tuple[torch.dtype, torch.device], tuple[Tensor, ...]] = {}
@@ -361,7 +377,8 @@ class PositionTables(DerivedBuffers):
         length = check_int(length, "length", minimum=1)
         if length > self.table_length:
             first = self._buffers_now()[0]
-            tables = self._derive(length, 0, first.dtype, first.device)
+            with _named_limit("length", length):
+                tables = self._derive(length, 0, first.dtype, first.device)
             for key, tensor in zip(self._derived_names, tables, strict=True):
                 setattr(self, key, tensor)
             self._forget()

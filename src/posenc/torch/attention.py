@@ -23,7 +23,14 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_int, check_probability, describe
+from .._checks import (
+    check_bool,
+    check_int,
+    check_probability,
+    check_weights,
+    check_width,
+    describe,
+)
 from ._backend import check_offset
 from .protocols import QueryKeyRotation, ScoreBias
 
@@ -105,20 +112,20 @@ class MultiHeadAttention(nn.Module):
         bias: bool = False,
     ) -> None:
         super().__init__()
-        self.d_model = check_int(d_model, "d_model", minimum=1)
+        self.d_model = check_width(d_model, "d_model")
         self.num_heads = check_int(num_heads, "num_heads", minimum=1)
+        check_weights({"d_model": self.d_model, "3 * d_model": 3 * self.d_model}, "qkv")
         if self.d_model % self.num_heads:
             raise ValueError(
                 f"num_heads must divide d_model, got d_model={self.d_model} and "
                 f"num_heads={self.num_heads}"
             )
         self.head_dim = self.d_model // self.num_heads
-        if not isinstance(causal, bool):
-            raise TypeError(f"causal must be a bool, got {describe(causal)}")
-        self.causal = causal
+        self.causal = check_bool(causal, "causal")
         self.dropout = check_probability(dropout)
         _check_position(position, self.num_heads, self.head_dim)
         self.position = position
+        bias = check_bool(bias, "bias")
         self.qkv = nn.Linear(self.d_model, 3 * self.d_model, bias=bias)
         self.out = nn.Linear(self.d_model, self.d_model, bias=bias)
 

@@ -22,7 +22,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_d_model, check_int, check_probability, describe
+from .._checks import (
+    check_bool,
+    check_d_model,
+    check_int,
+    check_max_length,
+    check_probability,
+    check_weights,
+    describe,
+)
 from ..specs import FromSpec, LearnedSpec, NopeSpec, SinusoidalSpec
 from ._backend import (
     PositionTables,
@@ -151,7 +159,7 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput, FromSpec):
         self.spec = SinusoidalSpec(d_model=d_model, base=base, layout=layout, formula=formula)
         self.d_model, self.base = self.spec.d_model, self.spec.base
         self.layout, self.formula = self.spec.layout, self.spec.formula
-        self.max_length = check_int(max_length, "max_length", minimum=1)
+        self.max_length = check_max_length(max_length)
         self.dropout = nn.Dropout(check_probability(dropout))
         # The buffer "pe"; a state dict that has one (the tutorials' module's) still loads.
         self._init_tables(("pe",), self.max_length, torch.float32)
@@ -309,8 +317,8 @@ class TokenEmbedding(nn.Module):
         super().__init__()
         self.vocab_size = check_int(vocab_size, "vocab_size", minimum=1)
         self.d_model = check_d_model(d_model)
-        if not isinstance(scale, bool):
-            raise TypeError(f"scale must be a bool, got {describe(scale)}")
+        check_weights({"vocab_size": self.vocab_size, "d_model": self.d_model}, "TokenEmbedding")
+        scale = check_bool(scale, "scale")
         if padding_idx is not None:
             padding_idx = check_int(padding_idx, "padding_idx", minimum=0)
             if padding_idx >= self.vocab_size:

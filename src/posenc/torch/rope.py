@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import check_choice, check_int, describe
+from .._checks import check_choice, check_int, check_max_length, describe
 from ..core.rope import RopeScaling, as_rope_scaling, rope_permutation
 from ..specs import FromSpec, RopeSpec
 from ._backend import (
@@ -178,7 +178,7 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
     ) -> None:
         super().__init__()
         self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
-        self.max_length = check_int(max_length, "max_length", minimum=1)
+        self.max_length = check_max_length(max_length)
         # The core parses and validates the scaling and every other option.
         spec_scaling, _ = as_rope_scaling(scaling, scaling_params, seq_len_owner="module")
         self.spec = RopeSpec(

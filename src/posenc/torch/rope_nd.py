@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_choice, check_int, describe
+from .._checks import check_choice, check_max_length, describe
 from ..specs import AxialRopeSpec, FromSpec, XPosSpec
 from ._backend import PositionTables, check_offset_or_positions, eager_only, format_of, to_tensor
 from .protocols import RotatesQueriesKeys
@@ -127,7 +127,7 @@ class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
     ) -> None:
         super().__init__()
         self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
-        self.max_length = check_int(max_length, "max_length", minimum=1)
+        self.max_length = check_max_length(max_length)
         self.spec = XPosSpec(
             head_dim=head_dim,
             base=base,

@@ -12,7 +12,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..._checks import DEFAULT_MAX_BYTES, check_choice, check_int, check_memory, check_positions
+from ..._checks import (
+    DEFAULT_MAX_BYTES,
+    check_choice,
+    check_int,
+    check_memory,
+    check_positions,
+    describe,
+)
 from ..precision import resolve_dtype
 from ..rope import (
     ROPE_LAYOUTS,
@@ -44,7 +51,7 @@ def _base_ladders(
         if pairs % n_axes:
             raise ValueError(
                 f"cannot split rotary_dim // 2 = {pairs} frequency pairs equally over "
-                f"{n_axes} axes; pass sections= (pairs per axis) or another rotary_dim"
+                f"n_axes={n_axes} axes; pass sections= (pairs per axis) or another rotary_dim"
             )
         sections = [pairs // n_axes] * n_axes
     sections = _check_sections(sections, pairs, n_axes)
@@ -59,7 +66,8 @@ def _mrope_ladders(inv_freq: Any, sections: Sequence[int] | None, n_axes: int) -
     if sections is None:
         if full.size % n_axes:
             raise ValueError(
-                f"cannot split {full.size} frequencies equally over {n_axes} axes; pass sections="
+                f"cannot split {full.size} frequencies equally over n_axes={n_axes} axes; pass "
+                "sections="
             )
         sections = [full.size // n_axes] * n_axes
     sections = _check_sections(sections, full.size, n_axes)
@@ -108,7 +116,9 @@ def grid_coordinates(shape: Sequence[int]) -> np.ndarray:
 
 def _check_sections(sections: Any, pairs: int | None, n_axes: int) -> list[int]:
     if isinstance(sections, (str, bytes)) or not isinstance(sections, Sequence):
-        raise TypeError(f"sections must be a sequence of ints (pairs per axis), got {sections!r}")
+        raise TypeError(
+            f"sections must be a sequence of ints (pairs per axis), got {describe(sections)}"
+        )
     out = [check_int(s, "each section", minimum=1) for s in sections]
     if len(out) != n_axes:
         raise ValueError(

@@ -20,8 +20,8 @@ def float_input(x: Any, name: str, what: str) -> jax.Array:
     else:
         try:
             array = jnp.asarray(x)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"{name} expects a JAX array, got {describe(x)}") from exc
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TypeError(f"{name} expects x as a JAX array, got {describe(x)}") from exc
     if array.dtype.name not in ("float16", "bfloat16", "float32", "float64"):
         raise TypeError(f"{name} expects floating-point {what}, got {describe(array)}")
     return array

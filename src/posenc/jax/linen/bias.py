@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ..._checks import check_int
+from ..._checks import MemoryLimitError, check_max_length
 from ...specs import AlibiSpec, FromSpec, T5Spec
 from .._backend import format_of
 from ..bias import alibi_bias, t5_bias
@@ -59,22 +60,23 @@ class ALiBiBias(nn.Module, FromSpec):
     def __post_init__(self) -> None:
         AlibiSpec(num_heads=self.num_heads, mode=self.mode)  # the scheme's checks
         if self.max_length is not None:
-            check_int(self.max_length, "max_length", minimum=1)
+            check_max_length(self.max_length)
         format_of(self.dtype)
         super().__post_init__()
 
     def __call__(
         self, query_length: int, key_length: int | None = None, *, offset: Any = 0
     ) -> jax.Array:
-        return alibi_bias(
-            query_length,
-            key_length,
-            num_heads=self.num_heads,
-            mode=self.mode,
-            offset=offset,
-            dtype=self.dtype,
-            max_length=self.max_length,
-        )
+        with _named_limit(query_length, key_length):
+            return alibi_bias(
+                query_length,
+                key_length,
+                num_heads=self.num_heads,
+                mode=self.mode,
+                offset=offset,
+                dtype=self.dtype,
+                max_length=self.max_length,
+            )
 
 
 class T5RelativeBias(nn.Module, FromSpec):
@@ -146,12 +148,26 @@ class T5RelativeBias(nn.Module, FromSpec):
             (self.num_buckets, self.num_heads),
             self.param_dtype,
         )  # (num_buckets, H)
-        return t5_bias(
-            weights,
-            query_length,
-            key_length,
-            bidirectional=self.bidirectional,
-            max_distance=self.max_distance,
-            offset=offset,
-            compat=self.compat,
-        )
+        with _named_limit(query_length, key_length):
+            return t5_bias(
+                weights,
+                query_length,
+                key_length,
+                bidirectional=self.bidirectional,
+                max_distance=self.max_distance,
+                offset=offset,
+                compat=self.compat,
+            )
+
+
+@contextlib.contextmanager
+def _named_limit(query_length: Any, key_length: Any) -> Iterator[None]:
+    """A bias refused by the memory limit, said of the call's lengths (a module has no
+    ``max_bytes``)."""
+    try:
+        yield
+    except MemoryLimitError as error:
+        raise error.naming(
+            f"query_length={query_length}, key_length={key_length}",
+            "compute it in blocks of queries (offset=)",
+        ) from None

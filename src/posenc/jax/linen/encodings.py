@@ -13,12 +13,11 @@ from ..._checks import (
     LAYOUTS,
     check_base,
     check_choice,
-    check_int,
-    check_positive,
+    check_max_length,
     check_probability,
 )
 from ...core.nd import ND_LAYOUTS
-from ...specs import SinusoidalSpec
+from ...specs import LearnedSpec, SinusoidalSpec
 from .._backend import check_offset, format_of, gather_rows, is_traced
 from ..encodings import SinusoidalTables, sinusoidal_nd
 from ._inputs import apply_dropout, float_input, sequence_input
@@ -75,7 +74,7 @@ class SinusoidalPositionalEncoding(nn.Module):
     dropout_rate: float = 0.0
 
     def __post_init__(self) -> None:
-        check_int(self.max_length, "max_length", minimum=1)
+        check_max_length(self.max_length)
         # The spec's checks that need no width (d_model is the input's last axis).
         check_base(self.base)
         check_choice(self.layout, "layout", LAYOUTS)
@@ -130,8 +129,7 @@ class LearnedPositionalEmbedding(nn.Module):
     param_dtype: Any = jnp.float32
 
     def __post_init__(self) -> None:
-        check_int(self.max_length, "max_length", minimum=1)
-        check_positive(self.init_std, "init_std")
+        LearnedSpec(max_length=self.max_length, d_model=1, init_std=self.init_std)
         check_probability(self.dropout_rate, "dropout_rate")
         super().__post_init__()
 
@@ -140,10 +138,11 @@ class LearnedPositionalEmbedding(nn.Module):
         name = type(self).__name__
         x = sequence_input(x, name)
         seq, d_model = x.shape[-2], x.shape[-1]
+        spec = LearnedSpec(max_length=self.max_length, d_model=d_model, init_std=self.init_std)
         embedding = self.param(
             "embedding",
-            nn.initializers.normal(stddev=float(self.init_std)),
-            (self.max_length, d_model),
+            nn.initializers.normal(stddev=spec.init_std),
+            (spec.max_length, spec.d_model),
             self.param_dtype,
         )  # (max_length, d)
         start = check_offset(start_index, f"{name}: start_index")
@@ -152,9 +151,9 @@ class LearnedPositionalEmbedding(nn.Module):
         else:
             if start + seq > self.max_length:
                 raise ValueError(
-                    f"{name}: position {start + seq - 1} is beyond max_length="
-                    f"{self.max_length} (positions 0..{self.max_length - 1}); learned "
-                    "embeddings cannot extrapolate: build it with a larger max_length"
+                    f"{name}: position {start + seq - 1} (start_index={start}) is beyond "
+                    f"max_length={self.max_length} (positions 0..{self.max_length - 1}); "
+                    "learned embeddings cannot extrapolate: build it with a larger max_length"
                 )
             rows = embedding[start : start + seq]  # (seq, d)
         return apply_dropout(self.dropout_rate, x + rows.astype(x.dtype), deterministic)

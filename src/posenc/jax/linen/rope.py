@@ -11,7 +11,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._checks import check_base, check_choice, check_int, describe
+from ..._checks import (
+    check_base,
+    check_choice,
+    check_int,
+    check_max_length,
+    check_positions,
+    describe,
+)
 from ...core.rope import ROPE_LAYOUTS, RopeScaling, as_rope_scaling
 from ...specs import RopeSpec
 from .._backend import check_offset, check_traced_index, is_traced
@@ -82,7 +89,7 @@ class RotaryEmbedding(nn.Module):
         if self.rotary_dim is not None:
             check_int(self.rotary_dim, "rotary_dim", minimum=2)
         check_choice(self.layout, "layout", ROPE_LAYOUTS)
-        check_int(self.max_length, "max_length", minimum=1)
+        check_max_length(self.max_length)
         # The scaling's name and parameters, by the core's one parser; the checks that
         # need the width run at the call, where head_dim is the input's last axis.
         as_rope_scaling(self.scaling, self.scaling_params)
@@ -129,7 +136,7 @@ def _rope_positions(positions: Any, batch: int, seq: int, name: str) -> Any:
                 f"{name}: positions must be an integer array of shape (seq,) or (batch, seq), "
                 f"got {describe(positions)}"
             )
-        positions = np.asarray(positions)
+        positions = check_positions(positions, f"{name}: positions")
         if positions.dtype.kind not in "iu":
             raise TypeError(
                 f"{name}: positions must hold integers, got an array of dtype {positions.dtype}"
