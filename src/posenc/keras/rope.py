@@ -16,7 +16,7 @@ from keras import ops
 
 from .._checks import check_base, check_choice, check_int, check_max_length, check_width
 from ..core.rope import ROPE_LAYOUTS, LongRopeScaling, as_rope_scaling
-from ..specs import FromSpec, RopeSpec
+from ..specs import FromHFConfig, RopeSpec
 from ._backend import (
     ChecksPlainArguments,
     PositionTables,
@@ -47,7 +47,7 @@ __all__ = ["RotaryEmbedding"]
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromSpec):
+class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
     """Rotary position embedding: turns each feature pair of its input by ``position × θ_i``.
 
     One tensor per call, as keras-hub's ``RotaryEmbedding``: apply the layer to the

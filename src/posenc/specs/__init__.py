@@ -24,7 +24,7 @@ exact float32; see :data:`posenc.core.precision.CONTAINERS`).
 
 from __future__ import annotations
 
-from .base import FromSpec, SchemeSpec
+from .base import FromHFConfig, FromSpec, SchemeSpec
 from .biases import AlibiSpec, T5Spec
 from .encodings import LearnedSpec, NopeSpec, SinusoidalNDSpec, SinusoidalSpec
 from .rotary import AxialRopeSpec, RopeSpec, XPosSpec
@@ -32,6 +32,7 @@ from .rotary import AxialRopeSpec, RopeSpec, XPosSpec
 __all__ = [
     "AlibiSpec",
     "AxialRopeSpec",
+    "FromHFConfig",
     "FromSpec",
     "LearnedSpec",
     "NopeSpec",

@@ -127,3 +127,19 @@ class FromSpec:
         if overlap:
             raise TypeError(f"{cls.__name__}.from_spec: {overlap} are given by the spec already")
         return cls(**spec.fields(), **options)
+
+
+class FromHFConfig(FromSpec):
+    """Mixin of the RoPE modules and layers: ``Module.from_hf_config(config, **options)``.
+
+    The spec comes from :meth:`posenc.RopeSpec.from_hf_config` (a ``transformers`` config
+    object or its dict); ``options`` are the module's own (``max_length``, ...).
+    """
+
+    @classmethod
+    def from_hf_config(cls, config: Any, *, layer_type: str | None = None, **options: Any) -> Any:
+        """The module of a Hugging Face config's RoPE (``layer_type``: see the spec's)."""
+        reader = getattr(cls.spec_class, "from_hf_config", None)
+        if reader is None:  # pragma: no cover - only RoPE modules mix this in
+            raise TypeError(f"{cls.__name__} has no Hugging Face config form")
+        return cls.from_spec(reader(config, layer_type=layer_type), **options)

@@ -27,6 +27,7 @@ from ..core.rope import (
 )
 from ..core.rope_nd import AXIAL_MODES, AxialMode, axial_rope_tables, xpos_scales
 from .base import SchemeSpec
+from .hf import rope_spec_from_hf_config, rope_spec_to_hf_dict
 
 __all__ = ["AxialRopeSpec", "RopeSpec", "XPosSpec"]
 
@@ -73,6 +74,40 @@ class RopeSpec(SchemeSpec):
         """``(inv_freq, attention_factor)`` of the scaling at sequence length ``seq_len``."""
         assert self.rotary_dim is not None  # stored resolved by __post_init__
         return self.scaling.frequencies(self.rotary_dim, self.base, seq_len=seq_len)
+
+    @classmethod
+    def from_hf_config(cls, config: Any, *, layer_type: str | None = None) -> RopeSpec:
+        """The RoPE of a Hugging Face ``transformers`` config (object or dict).
+
+        Reads what ``transformers`` reads: ``rope_parameters`` (v5, also per layer type:
+        pass ``layer_type=``) or ``rope_theta`` and ``rope_scaling`` (v4),
+        ``partial_rotary_factor``, ``head_dim``, ``max_position_embeddings``,
+        ``original_max_position_embeddings`` (see :mod:`posenc.specs.hf`).
+
+        Example:
+            >>> spec = RopeSpec.from_hf_config({
+            ...     "hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 2048,
+            ...     "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3",
+            ...     "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            ...     "original_max_position_embeddings": 8192}})
+            >>> spec.head_dim, spec.base, spec.scaling.name
+            (64, 500000.0, 'llama3')
+        """
+        return cls(**rope_spec_from_hf_config(config, layer_type=layer_type))
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The ``transformers`` config keys of this RoPE: ``head_dim`` and
+        ``rope_parameters`` (v5), with ``rope_interleave`` for the interleaved layout.
+
+        Example:
+            >>> RopeSpec(head_dim=64, base=1e6, rotary_dim=32).to_hf_dict()
+            {'head_dim': 64, 'rope_parameters': {'rope_type': 'default', 'rope_theta': 1000000.0, \
+'partial_rotary_factor': 0.5}}
+        """
+        assert self.rotary_dim is not None  # stored resolved by __post_init__
+        return rope_spec_to_hf_dict(
+            self.head_dim, self.base, self.rotary_dim, self.layout, self.scaling
+        )
 
     def tables(
         self,

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .._checks import check_choice, check_int, check_max_length, describe
 from ..core.rope import RopeScaling, as_rope_scaling, rope_permutation
-from ..specs import FromSpec, RopeSpec
+from ..specs import FromHFConfig, RopeSpec
 from ._backend import (
     PositionTables,
     check_offset_or_positions,
@@ -69,7 +69,7 @@ DERIVED_KEYS = (
 )
 
 
-class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
+class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
     """Rotary position embedding: rotates query and key feature pairs by position.
 
     ``forward(q, k) -> (q_rot, k_rot)``, each feature pair turned by the angle

@@ -53,6 +53,8 @@ class RotaryEmbedding(nn.Module):
         scaling_params: The method's parameters (see :mod:`posenc.core.rope`).
         max_length: Rows of the tables traced positions gather from; static positions
             past it still get exact rows (computed for that call).
+        head_dim: ``None``, or the width the input must have (``from_hf_config`` sets
+            the config's, so that an input of another width is an error).
 
     Call arguments:
         x: ``(batch, seq, heads, head_dim)``, a float dtype.
@@ -83,9 +85,25 @@ class RotaryEmbedding(nn.Module):
     scaling: str | RopeScaling | Mapping[str, Any] | None = None
     scaling_params: Mapping[str, Any] | None = None
     max_length: int = 4096
+    head_dim: int | None = None
+
+    @classmethod
+    def from_hf_config(
+        cls, config: Any, *, layer_type: str | None = None, **options: Any
+    ) -> RotaryEmbedding:
+        """The module of a Hugging Face ``transformers`` config's RoPE (object or dict);
+        see :meth:`posenc.RopeSpec.from_hf_config`. ``options``: ``max_length``, ..."""
+        spec = RopeSpec.from_hf_config(config, layer_type=layer_type)
+        fields = spec.fields()
+        overlap = sorted(set(options) & set(fields))
+        if overlap:
+            raise TypeError(f"{cls.__name__}.from_hf_config: {overlap} are given by the config")
+        return cls(**fields, **options)
 
     def __post_init__(self) -> None:
         check_base(self.base)
+        if self.head_dim is not None:
+            check_int(self.head_dim, "head_dim", minimum=2)
         if self.rotary_dim is not None:
             check_int(self.rotary_dim, "rotary_dim", minimum=2)
         check_choice(self.layout, "layout", ROPE_LAYOUTS)
@@ -103,6 +121,10 @@ class RotaryEmbedding(nn.Module):
                 f"{name} expects x of shape (batch, seq, heads, head_dim), got shape {x.shape}"
             )
         batch, seq, head_dim = x.shape[0], x.shape[1], x.shape[-1]
+        if self.head_dim is not None and head_dim != self.head_dim:
+            raise ValueError(
+                f"{name} was made for head_dim={self.head_dim}, got x of shape {x.shape}"
+            )
         method, seq_len = as_rope_scaling(self.scaling, self.scaling_params)
         spec = RopeSpec(
             head_dim=head_dim,

@@ -1,0 +1,268 @@
+"""Hugging Face model configs in and out: the RoPE of a ``transformers`` config as a spec.
+
+:func:`rope_spec_from_hf_config` reads a ``transformers`` config object or its dict
+(``config.json``) the way ``transformers.modeling_rope_utils`` does: the v5
+``rope_parameters`` (flat, or nested per layer type as in Gemma 3), the v4
+``rope_theta`` with ``rope_scaling`` (``type`` or ``rope_type``), ``partial_rotary_factor``,
+``head_dim`` (or ``hidden_size // num_attention_heads``; DeepSeek's
+``qk_rope_head_dim``), ``max_position_embeddings`` and
+``original_max_position_embeddings`` (a top-level one first, as Phi-3 needs), and
+DeepSeek's ``rope_interleave``. Nothing here imports ``transformers``: a config object
+is read through its ``to_dict()`` (and ``get_text_config()`` for multimodal models).
+
+:func:`rope_spec_to_hf_dict` is the reverse: the config keys that give a spec's RoPE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .._checks import describe
+from ..core.rope import ROPE_SCALING_SPECS, RopeScaling, as_rope_scaling
+
+__all__ = ["HF_ROPE_TYPES", "rope_spec_from_hf_config", "rope_spec_to_hf_dict"]
+
+DEFAULT_THETA = 10000.0  # transformers' RotaryEmbeddingConfigMixin.default_theta
+
+# transformers' rope_type -> posenc's scaling name (where they differ).
+_HF_NAMES = {"default": "default", "dynamic": "dynamic_ntk"}
+_POSENC_NAMES = {"dynamic_ntk": "dynamic"}
+_NEEDS_ORIGINAL = ("yarn", "llama3", "longrope")  # take L0 from the config when absent
+_SHARED_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+_MROPE_KEYS = ("mrope_section", "mrope_interleaved")
+
+HF_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+"""The ``rope_type`` values of ``transformers`` that posenc reads."""
+
+
+def rope_spec_from_hf_config(config: Any, *, layer_type: str | None = None) -> dict[str, Any]:
+    """The :class:`~posenc.specs.RopeSpec` fields of a ``transformers`` config.
+
+    Args:
+        config: A ``transformers`` config object (anything with ``to_dict()``) or a plain
+            dict such as a ``config.json``; a multimodal one is read through its text
+            config.
+        layer_type: For RoPE given per layer type (Gemma 3: ``"full_attention"``,
+            ``"sliding_attention"``), which one; required there, refused elsewhere
+            unless the config's ``layer_types`` name it.
+
+    Returns:
+        ``{"head_dim", "base", "rotary_dim", "layout", "scaling"}``.
+
+    Raises:
+        TypeError: ``config`` is neither a mapping nor has ``to_dict()``.
+        ValueError: a key posenc does not read, a missing or inconsistent value (each
+            error names the key and what is valid).
+    """
+    data = _config_dict(config)
+    head_dim = _head_dim(data)
+    rope = _rope_parameters(data, layer_type)
+    base = rope.get("rope_theta", data.get("rope_theta", DEFAULT_THETA))
+    if base is None:
+        base = DEFAULT_THETA
+    partial = rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0))
+    if partial is None:
+        partial = 1.0
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+        raise ValueError(f"partial_rotary_factor must be a number in (0, 1], got {partial!r}")
+    layout = "interleaved" if data.get("rope_interleave") else "half"
+    return {
+        "head_dim": head_dim,
+        "base": base,
+        "rotary_dim": int(head_dim * partial),  # transformers truncates the same way
+        "layout": layout,
+        "scaling": _scaling(rope, data),
+    }
+
+
+def rope_spec_to_hf_dict(
+    head_dim: int, base: float, rotary_dim: int, layout: str, scaling: RopeScaling
+) -> dict[str, Any]:
+    """The ``transformers`` config keys of a RoPE spec's fields (v5 form).
+
+    ``{"head_dim": ..., "rope_parameters": {"rope_type": ..., "rope_theta": ..., params,
+    "partial_rotary_factor": ...}}``, plus ``"rope_interleave": True`` for the
+    interleaved layout (DeepSeek-V3's key; other models apply the half layout).
+    """
+    params = scaling.to_dict()
+    kind = params.pop("rope_type")
+    if kind not in ROPE_SCALING_SPECS or (_POSENC_NAMES.get(kind, kind) not in HF_ROPE_TYPES):
+        raise ValueError(
+            f"RoPE scaling {kind!r} has no transformers rope_type; transformers has "
+            f"{list(HF_ROPE_TYPES)}"
+        )
+    parameters: dict[str, Any] = {"rope_type": _POSENC_NAMES.get(kind, kind), "rope_theta": base}
+    parameters.update(
+        {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in params.items()
+            if value is not None
+        }
+    )
+    if rotary_dim != head_dim:
+        parameters["partial_rotary_factor"] = rotary_dim / head_dim
+    out: dict[str, Any] = {"head_dim": head_dim, "rope_parameters": parameters}
+    if kind == "dynamic_ntk":  # transformers reads L0 from max_position_embeddings
+        out["max_position_embeddings"] = parameters.pop("original_max_position_embeddings")
+    if layout == "interleaved":
+        out["rope_interleave"] = True
+    return out
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    """The config as a dict, its text config for a multimodal one."""
+    if not isinstance(config, Mapping):
+        text = getattr(config, "get_text_config", None)
+        if callable(text):
+            config = text()
+        to_dict = getattr(config, "to_dict", None)
+        if not callable(to_dict):
+            raise TypeError(
+                "config must be a transformers config (with to_dict()) or a dict such as a "
+                f"config.json, got {describe(config)}"
+            )
+        config = to_dict()
+    data = dict(config)
+    text_config = data.get("text_config")
+    if isinstance(text_config, Mapping) and not _has_rope(data):
+        data = dict(text_config)
+    return data
+
+
+def _has_rope(data: Mapping[str, Any]) -> bool:
+    return any(key in data for key in ("rope_parameters", "rope_scaling", "rope_theta"))
+
+
+def _positive_int(data: Mapping[str, Any], key: str) -> int:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _head_dim(data: Mapping[str, Any]) -> int:
+    """``qk_rope_head_dim`` (DeepSeek), ``head_dim``, or ``hidden_size // num_attention_heads``."""
+    for key in ("qk_rope_head_dim", "head_dim"):
+        if data.get(key) is not None:
+            return _positive_int(data, key)
+    if data.get("hidden_size") is not None and data.get("num_attention_heads") is not None:
+        return _positive_int(data, "hidden_size") // _positive_int(data, "num_attention_heads")
+    raise ValueError(
+        "the config gives no head width: it needs head_dim, or hidden_size and "
+        f"num_attention_heads; it has {sorted(data)}"
+    )
+
+
+def _rope_parameters(data: Mapping[str, Any], layer_type: str | None) -> dict[str, Any]:
+    """The RoPE parameter dict of the config (of ``layer_type`` where nested)."""
+    given = {key: data[key] for key in ("rope_parameters", "rope_scaling") if data.get(key)}
+    if len(given) == 2 and given["rope_parameters"] != given["rope_scaling"]:
+        raise ValueError(
+            "the config has both rope_parameters and rope_scaling, and they differ; give one"
+        )
+    rope: Any = next(iter(given.values()), {})
+    if not isinstance(rope, Mapping):
+        raise ValueError(f"rope_parameters must be a dict, got {describe(rope)}")
+    layer_types = list(data.get("layer_types") or [])
+    nested = bool(rope) and all(isinstance(value, Mapping) for value in rope.values())
+    if nested:
+        if layer_type is None:
+            raise ValueError(
+                f"this config gives RoPE per layer type {sorted(rope)}: pass layer_type= one "
+                "of them"
+            )
+        if layer_type not in rope:
+            raise ValueError(f"layer_type must be one of {sorted(rope)}, got {layer_type!r}")
+        return dict(rope[layer_type])
+    if layer_type is not None and layer_type not in layer_types:
+        raise ValueError(
+            f"layer_type={layer_type!r}: this config gives one RoPE for every layer"
+            + (f" (its layer types are {sorted(set(layer_types))})" if layer_types else "")
+        )
+    return dict(rope)
+
+
+def _scaling(rope: Mapping[str, Any], data: Mapping[str, Any]) -> RopeScaling:
+    """The scaling spec of a RoPE parameter dict, filled from the config as transformers."""
+    kind = _rope_type(rope)
+    params = {key: value for key, value in rope.items() if key not in _SHARED_KEYS}
+    name = _HF_NAMES.get(kind, kind)
+    accepted = ROPE_SCALING_SPECS[name].parameters()
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"rope_type {kind!r} has no parameter {unknown[0]!r}; posenc reads "
+            f"{sorted(accepted) or 'none'} for it"
+        )
+    if name in _NEEDS_ORIGINAL:
+        _original(kind, params, data)
+    if name == "dynamic_ntk":
+        _dynamic_original(params, data)
+    if name == "yarn":
+        if params.get("factor") is None and data.get("max_position_embeddings") is not None:
+            original = params["original_max_position_embeddings"]
+            params["factor"] = data["max_position_embeddings"] / original  # DeepSeek-V3's rule
+        for key, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
+            if key in params and not params[key]:
+                params[key] = default  # transformers reads 0 and None as the default
+    if name == "longrope" and params.get("factor") is None:
+        params.pop("factor", None)
+        if data.get("max_position_embeddings") is not None:
+            params["max_position_embeddings"] = data["max_position_embeddings"]
+    params = {key: value for key, value in params.items() if value is not None}
+    return as_rope_scaling({"rope_type": name, **params})[0]
+
+
+def _rope_type(rope: Mapping[str, Any]) -> str:
+    """The ``rope_type`` (or ``type``) of a RoPE parameter dict, one posenc reads."""
+    if "rope_type" in rope and "type" in rope and rope["rope_type"] != rope["type"]:
+        raise ValueError(
+            f"the RoPE parameters have rope_type={rope['rope_type']!r} and type="
+            f"{rope['type']!r}; give one"
+        )
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    mrope = [key for key in _MROPE_KEYS if key in rope]
+    if mrope:
+        raise ValueError(
+            f"{mrope[0]}: this config's RoPE is multimodal (M-RoPE, one section of the "
+            "frequencies per position axis), which one RopeSpec does not describe"
+        )
+    if not isinstance(kind, str) or kind not in HF_ROPE_TYPES:
+        raise ValueError(
+            f"rope_type {kind!r} is not one posenc reads from a transformers config; it reads "
+            f"{list(HF_ROPE_TYPES)}"
+        )
+    return kind
+
+
+def _original(kind: str, params: dict[str, Any], data: Mapping[str, Any]) -> None:
+    """``L0`` as transformers takes it: a top-level one first (Phi-3 keeps it there), then
+    the RoPE parameters', then ``max_position_embeddings``."""
+    for original in (
+        data.get("original_max_position_embeddings"),
+        params.get("original_max_position_embeddings"),
+        data.get("max_position_embeddings"),
+    ):
+        if original is not None:
+            params["original_max_position_embeddings"] = original
+            return
+    raise ValueError(
+        f"rope_type {kind!r} needs original_max_position_embeddings (or "
+        "max_position_embeddings) in the config"
+    )
+
+
+def _dynamic_original(params: dict[str, Any], data: Mapping[str, Any]) -> None:
+    """transformers' dynamic NTK takes ``L0`` from ``max_position_embeddings``."""
+    length = data.get("max_position_embeddings")
+    if length is None:
+        raise ValueError("rope_type 'dynamic' needs max_position_embeddings in the config")
+    given = params.get("original_max_position_embeddings")
+    if given is not None and given != length:
+        raise ValueError(
+            f"rope_type 'dynamic': original_max_position_embeddings={given} differs from "
+            f"max_position_embeddings={length}, which transformers uses as the original "
+            "length; give one value"
+        )
+    params["original_max_position_embeddings"] = length

@@ -1,0 +1,234 @@
+"""RopeSpec.from_hf_config and to_hf_dict against transformers' own configs and RoPE code.
+
+Each config is built with transformers (nothing downloaded); the frequencies and the
+attention factor posenc reads from it are compared with transformers' RoPE init function
+for that config (``ROPE_INIT_FUNCTIONS`` or the model's ``compute_default_rope_parameters``),
+which forms them in float32: they agree to float32's rounding of those formulas.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from posenc import RopeSpec
+from posenc.specs.hf import rope_spec_from_hf_config
+
+transformers = pytest.importorskip("transformers")
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+
+SMALL = {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2,
+         "intermediate_size": 512, "vocab_size": 128, "pad_token_id": 0, "eos_token_id": 1,
+         "bos_token_id": 1}  # fmt: skip
+F32_RTOL = 6e-7  # transformers' float32 powers and products: a few float32 ulp
+
+
+def configs() -> dict[str, tuple[object, str | None, str]]:
+    """name -> (config, layer_type, module path of its rotary embedding)."""
+    t = transformers
+    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}  # fmt: skip
+    deepseek = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32, "beta_slow": 1}  # fmt: skip
+    phi3_factors = {"short_factor": [1.0 + i / 32 for i in range(32)],
+                    "long_factor": [2.0 + i for i in range(32)]}  # fmt: skip
+    out: dict[str, tuple[object, str | None, str]] = {
+        "llama3": (
+            t.LlamaConfig(**SMALL, max_position_embeddings=131072, rope_parameters=llama3),
+            None, "llama.modeling_llama.LlamaRotaryEmbedding",
+        ),
+        "llama linear (v4 rope_scaling with type)": (
+            t.LlamaConfig(**SMALL, rope_theta=1e4, rope_scaling={"type": "linear", "factor": 4.0}),
+            None, "llama.modeling_llama.LlamaRotaryEmbedding",
+        ),
+        "llama dynamic": (
+            t.LlamaConfig(**SMALL, max_position_embeddings=4096,
+                          rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+            None, "llama.modeling_llama.LlamaRotaryEmbedding",
+        ),
+        "mistral": (
+            t.MistralConfig(**SMALL, num_key_value_heads=2, rope_theta=1e6),
+            None, "mistral.modeling_mistral.MistralRotaryEmbedding",
+        ),
+        "qwen2 yarn": (
+            t.Qwen2Config(**SMALL, num_key_value_heads=2, rope_theta=1e6,
+                          rope_scaling={"type": "yarn", "factor": 4.0,
+                                        "original_max_position_embeddings": 32768}),
+            None, "qwen2.modeling_qwen2.Qwen2RotaryEmbedding",
+        ),
+        "phi3 longrope": (
+            t.Phi3Config(**SMALL, max_position_embeddings=131072,
+                         original_max_position_embeddings=4096,
+                         rope_scaling={"type": "longrope", **phi3_factors}),
+            None, "phi3.modeling_phi3.Phi3RotaryEmbedding",
+        ),
+        "gpt-neox partial": (
+            t.GPTNeoXConfig(**SMALL, rotary_pct=0.25),
+            None, "gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding",
+        ),
+        "deepseek-v3 yarn mscale": (
+            t.DeepseekV3Config(**SMALL, moe_intermediate_size=64, qk_rope_head_dim=16,
+                               qk_nope_head_dim=32, v_head_dim=32, kv_lora_rank=32,
+                               q_lora_rank=64, n_routed_experts=4, num_experts_per_tok=2,
+                               max_position_embeddings=163840, rope_scaling=deepseek),
+            None, "deepseek_v3.modeling_deepseek_v3.DeepseekV3RotaryEmbedding",
+        ),
+    }  # fmt: skip
+    gemma = t.Gemma3TextConfig(**SMALL, num_key_value_heads=1, head_dim=64)
+    for layer_type in ("sliding_attention", "full_attention"):
+        out[f"gemma3 {layer_type}"] = (
+            gemma,
+            layer_type,
+            "gemma3.modeling_gemma3.Gemma3RotaryEmbedding",
+        )
+    return out
+
+
+CONFIGS = configs()
+
+
+def reference(config: object, layer_type: str | None, path: str) -> tuple[np.ndarray, float]:
+    """transformers' ``(inv_freq, attention_scaling)`` for ``config``."""
+    import importlib
+
+    params = config.rope_parameters[layer_type] if layer_type else config.rope_parameters
+    kind = params["rope_type"]
+    kwargs = {"layer_type": layer_type} if layer_type else {}
+    if kind == "default":
+        module, name = path.rsplit(".", 1)
+        cls = getattr(importlib.import_module(f"transformers.models.{module}"), name)
+        inv_freq, attention = cls.compute_default_rope_parameters(config, **kwargs)
+    else:
+        inv_freq, attention = ROPE_INIT_FUNCTIONS[kind](config, None, **kwargs)
+    return inv_freq.double().numpy(), float(attention)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_spec_of_a_config_gives_transformers_frequencies(name):
+    config, layer_type, path = CONFIGS[name]
+    spec = RopeSpec.from_hf_config(config, layer_type=layer_type)
+    expected, attention = reference(config, layer_type, path)
+    inv_freq, factor = spec.frequencies()
+    np.testing.assert_allclose(inv_freq, expected, rtol=F32_RTOL, atol=0)
+    assert factor == pytest.approx(attention, rel=1e-15)
+    # the same from the config's dict, as a config.json holds it
+    assert (
+        RopeSpec.from_hf_config(json.loads(config.to_json_string()), layer_type=layer_type) == spec
+    )
+
+
+def test_what_each_config_says_is_read():
+    def get(name: str) -> RopeSpec:
+        config, layer_type, _ = CONFIGS[name]
+        return RopeSpec.from_hf_config(config, layer_type=layer_type)
+
+    assert get("gpt-neox partial").rotary_dim == 16  # 0.25 of 64
+    assert get("deepseek-v3 yarn mscale").head_dim == 16  # qk_rope_head_dim
+    assert get("deepseek-v3 yarn mscale").layout == "interleaved"  # rope_interleave
+    assert get("llama3").layout == "half"
+    assert get("phi3 longrope").scaling.original_max_position_embeddings == 4096  # top level
+    assert get("gemma3 full_attention").base == 1e6
+    assert get("gemma3 sliding_attention").base == 1e4
+    assert get("llama dynamic").scaling.original_max_position_embeddings == 4096
+    assert get("mistral").scaling.name == "default"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CONFIGS if CONFIGS[n][1] is None))
+def test_to_hf_dict_round_trips_through_the_config_class(name):
+    config, _, _ = CONFIGS[name]
+    spec = RopeSpec.from_hf_config(config)
+    keys = spec.to_hf_dict()
+    rebuilt = type(config)(**{**SMALL, **extra_sizes(config), **keys})
+    assert RopeSpec.from_hf_config(rebuilt) == spec
+
+
+def extra_sizes(config: object) -> dict[str, object]:
+    """What the config class needs besides the RoPE keys (DeepSeek's and Phi-3's sizes)."""
+    names = ("moe_intermediate_size", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank",
+             "q_lora_rank", "n_routed_experts", "num_experts_per_tok",
+             "max_position_embeddings", "original_max_position_embeddings",
+             "num_key_value_heads", "qk_rope_head_dim")  # fmt: skip
+    return {key: getattr(config, key) for key in names if getattr(config, key, None) is not None}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "ramp": 2}}, "no parameter 'ramp'"),
+        ({"rope_scaling": {"rope_type": "su", "factor": 4.0}}, "rope_type 'su' is not one"),
+        ({"rope_scaling": {"rope_type": "linear", "type": "yarn", "factor": 2.0}},
+         "rope_type='linear' and type='yarn'"),
+        ({"rope_scaling": {"rope_type": "default", "mrope_section": [8, 12, 12]}},
+         "mrope_section: this config's RoPE is multimodal"),
+        ({"partial_rotary_factor": 1.5}, "partial_rotary_factor must be a number in"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0,
+                           "original_max_position_embeddings": 100}},
+         "differs from max_position_embeddings=2048"),
+        ({"rope_scaling": {"rope_type": "linear"}}, "missing \\['factor'\\]"),
+        ({"hidden_size": None}, "needs head_dim, or hidden_size and num_attention_heads"),
+    ],
+)  # fmt: skip
+def test_unknown_or_inconsistent_keys_are_named(change, message):
+    config = {"hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 2048,
+              "rope_theta": 10000.0, **change}  # fmt: skip
+    with pytest.raises((ValueError, TypeError), match=message):
+        RopeSpec.from_hf_config(config)
+
+
+def test_layer_types_are_asked_for_where_the_config_has_them():
+    gemma = CONFIGS["gemma3 full_attention"][0]
+    with pytest.raises(ValueError, match="pass layer_type= one of them"):
+        RopeSpec.from_hf_config(gemma)
+    with pytest.raises(ValueError, match="layer_type must be one of"):
+        RopeSpec.from_hf_config(gemma, layer_type="chunked_attention")
+    llama = CONFIGS["llama3"][0]
+    with pytest.raises(ValueError, match="gives one RoPE for every layer"):
+        RopeSpec.from_hf_config(llama, layer_type="full_attention")
+    qwen = CONFIGS["qwen2 yarn"][0]  # layer_types all "full_attention": the one RoPE
+    assert RopeSpec.from_hf_config(qwen, layer_type="full_attention") == RopeSpec.from_hf_config(
+        qwen
+    )
+
+
+def test_a_multimodal_config_is_read_through_its_text_config():
+    config = {"model_type": "x", "text_config": {"head_dim": 32, "rope_theta": 5e5}}
+    assert rope_spec_from_hf_config(config)["base"] == 5e5
+    with pytest.raises(TypeError, match="config must be a transformers config"):
+        RopeSpec.from_hf_config(42)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3 yarn mscale", "gemma3 full_attention", "llama3"])
+def test_every_front_end_builds_the_same_rotation_from_a_config(name):
+    """PyTorch, Keras and Flax ``RotaryEmbedding.from_hf_config`` rotate queries to the
+    same bits as the PyTorch module made from the spec."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("keras")
+    pytest.importorskip("flax")
+    from posenc import keras as pk
+    from posenc import torch as pt
+    from posenc.jax import linen as pl
+
+    config, layer_type, _ = CONFIGS[name]
+    spec = RopeSpec.from_hf_config(config, layer_type=layer_type)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 5, 2, spec.head_dim)).astype(np.float32)  # (b, s, h, d)
+    expected, _ = pt.RotaryEmbedding.from_spec(spec, max_length=64, qk_layout="bshd")(
+        torch.from_numpy(q), torch.from_numpy(q), offset=3
+    )
+    module = pt.RotaryEmbedding.from_hf_config(
+        config, layer_type=layer_type, max_length=64, qk_layout="bshd"
+    )
+    assert module.spec == spec
+    mine, _ = module(torch.from_numpy(q), torch.from_numpy(q), offset=3)
+    assert torch.equal(mine, expected)
+    layer = pk.RotaryEmbedding.from_hf_config(config, layer_type=layer_type, max_length=64)
+    np.testing.assert_array_equal(np.asarray(layer(q, start_index=3)), expected.numpy())
+    flax = pl.RotaryEmbedding.from_hf_config(config, layer_type=layer_type, max_length=64)
+    np.testing.assert_array_equal(np.asarray(flax.apply({}, q, start_index=3)), expected.numpy())
+    with pytest.raises(ValueError, match=f"was made for head_dim={spec.head_dim}"):
+        flax.apply({}, q[..., :2])
+    with pytest.raises(TypeError, match="given by the spec already"):
+        pt.RotaryEmbedding.from_hf_config(config, layer_type=layer_type, base=1.5)
