@@ -673,7 +673,7 @@ COS, SIN = rope_tables(4, rope_frequencies(8), dtype="float64")
         (lambda: rope_frequencies(8, 1.0), ValueError, "base must not be 1"),
         (lambda: rope_frequencies(8, -5.0), ValueError, "base must be a finite real number > 0"),
         (lambda: rope_scaling("dynamic", 8, factor=2.0), ValueError, "'dynamic' is called 'dynamic_ntk' here.*valid: \\['default'"),
-        (lambda: rope_scaling("nope", 8), ValueError, "unknown RoPE scaling 'nope'; valid: \\['default', 'linear', 'ntk', 'dynamic_ntk', 'yarn', 'llama3', 'longrope'\\]"),
+        (lambda: rope_scaling("nope", 8), ValueError, "unknown RoPE scaling 'nope'; valid: \\['default', 'linear', 'ntk', 'dynamic_ntk', 'yarn', 'llama3', 'longrope', 'proportional'\\]"),
         (lambda: rope_scaling(3, 8), TypeError, "name must be one of"),
         (lambda: rope_scaling("linear", 8), TypeError, "missing \\['factor'\\]"),
         (lambda: rope_scaling("linear", 8, factor=2.0, beta=1), TypeError, "unknown \\['beta'\\].*takes \\['factor'\\]"),
@@ -742,6 +742,7 @@ def test_registry_functions_share_one_signature():
                     "original_max_position_embeddings": 64,
                     "factor": 2.0,
                 },
+                "proportional": {"partial_rotary_factor": 0.5},
             }[name],
         )
         assert inv_freq.dtype == np.float64, name

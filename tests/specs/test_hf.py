@@ -84,6 +84,22 @@ def configs() -> dict[str, tuple[object, str | None, str]]:
             layer_type,
             "gemma3.modeling_gemma3.Gemma3RotaryEmbedding",
         )
+    out["llama proportional"] = (
+        t.LlamaConfig(**SMALL, rope_parameters={"rope_type": "proportional", "rope_theta": 1e6,
+                                                "partial_rotary_factor": 0.25}),
+        None, "llama.modeling_llama.LlamaRotaryEmbedding",
+    )  # fmt: skip
+    if hasattr(t, "Gemma4TextConfig"):  # p-RoPE with its own head_dim on global layers
+        gemma4 = t.Gemma4TextConfig(
+            **SMALL, num_key_value_heads=1, head_dim=64, global_head_dim=128,
+            layer_types=["sliding_attention", "full_attention"],
+        )  # fmt: skip
+        for layer_type in ("sliding_attention", "full_attention"):
+            out[f"gemma4 {layer_type}"] = (
+                gemma4,
+                layer_type,
+                "gemma4.modeling_gemma4.Gemma4TextRotaryEmbedding",
+            )
     return out
 
 
@@ -100,6 +116,8 @@ def reference(config: object, layer_type: str | None, path: str) -> tuple[np.nda
     if kind == "default":
         module, name = path.rsplit(".", 1)
         cls = getattr(importlib.import_module(f"transformers.models.{module}"), name)
+        if layer_type and config.to_dict().get("per_layer_config"):
+            config = config.per_layer_config[config.layer_types.index(layer_type)]  # Gemma 4
         inv_freq, attention = cls.compute_default_rope_parameters(config, **kwargs)
     else:
         inv_freq, attention = ROPE_INIT_FUNCTIONS[kind](config, None, **kwargs)
@@ -134,6 +152,12 @@ def test_what_each_config_says_is_read():
     assert get("gemma3 sliding_attention").base == 1e4
     assert get("llama dynamic").scaling.original_max_position_embeddings == 4096
     assert get("mistral").scaling.name == "default"
+    proportional = get("llama proportional")
+    assert (proportional.rotary_dim, proportional.scaling.name) == (64, "proportional")
+    assert proportional.scaling.partial_rotary_factor == 0.25
+    if "gemma4 full_attention" in CONFIGS:
+        assert get("gemma4 full_attention").head_dim == 128  # per_layer_config
+        assert get("gemma4 sliding_attention").head_dim == 64
 
 
 @pytest.mark.parametrize("name", sorted(n for n in CONFIGS if CONFIGS[n][1] is None))

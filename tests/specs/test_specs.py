@@ -269,7 +269,7 @@ def test_a_spec_subclass_keeps_its_parents_scheme_and_a_name_has_one_spec():
 
 def test_the_scaling_registry_is_in_hugging_faces_order_of_ours():
     assert list(posenc.ROPE_SCALING_SPECS) == [
-        "default", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope",
+        "default", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "proportional",
     ]  # fmt: skip
     assert list(posenc.ROPE_SCALINGS) == list(posenc.ROPE_SCALING_SPECS)
 

@@ -32,7 +32,7 @@ _NEEDS_ORIGINAL = ("yarn", "llama3", "longrope")  # take L0 from the config when
 _SHARED_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")
 
-HF_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+HF_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional")
 """The ``rope_type`` values of ``transformers`` that posenc reads."""
 
 
@@ -55,7 +55,7 @@ def rope_spec_from_hf_config(config: Any, *, layer_type: str | None = None) -> d
         ValueError: a key posenc does not read, a missing or inconsistent value (each
             error names the key and what is valid).
     """
-    data = _config_dict(config)
+    data = _layer_config(_config_dict(config), layer_type)
     head_dim = _head_dim(data)
     rope = _rope_parameters(data, layer_type)
     base = rope.get("rope_theta", data.get("rope_theta", DEFAULT_THETA))
@@ -67,10 +67,15 @@ def rope_spec_from_hf_config(config: Any, *, layer_type: str | None = None) -> d
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
         raise ValueError(f"partial_rotary_factor must be a number in (0, 1], got {partial!r}")
     layout = "interleaved" if data.get("rope_interleave") else "half"
+    if _rope_type(rope) == "proportional":  # p-RoPE: the proportion is the method's own
+        rope = {**rope, "partial_rotary_factor": partial}
+        rotary_dim = head_dim  # every pair turns, the ones past the proportion by 0
+    else:
+        rotary_dim = int(head_dim * partial)  # transformers truncates the same way
     return {
         "head_dim": head_dim,
         "base": base,
-        "rotary_dim": int(head_dim * partial),  # transformers truncates the same way
+        "rotary_dim": rotary_dim,
         "layout": layout,
         "scaling": _scaling(rope, data),
     }
@@ -130,6 +135,26 @@ def _config_dict(config: Any) -> dict[str, Any]:
     return data
 
 
+def _layer_config(data: dict[str, Any], layer_type: str | None) -> dict[str, Any]:
+    """The config as the layers of ``layer_type`` see it: with the overrides of
+    ``per_layer_config`` (Gemma 4's full-attention layers have their own ``head_dim``)."""
+    per_layer = data.get("per_layer_config")
+    if not per_layer or layer_type is None:
+        return data
+    layer_types = list(data.get("layer_types") or [])
+    overrides = [
+        dict(per_layer.get(str(index), per_layer.get(index)) or {})
+        for index, kind in enumerate(layer_types)
+        if kind == layer_type
+    ]
+    if any(override != overrides[0] for override in overrides):
+        raise ValueError(
+            f"per_layer_config gives the {layer_type} layers different settings; posenc "
+            "reads one RoPE per layer type"
+        )
+    return {**data, **(overrides[0] if overrides else {})}
+
+
 def _has_rope(data: Mapping[str, Any]) -> bool:
     return any(key in data for key in ("rope_parameters", "rope_scaling", "rope_theta"))
 
@@ -186,7 +211,8 @@ def _rope_parameters(data: Mapping[str, Any], layer_type: str | None) -> dict[st
 def _scaling(rope: Mapping[str, Any], data: Mapping[str, Any]) -> RopeScaling:
     """The scaling spec of a RoPE parameter dict, filled from the config as transformers."""
     kind = _rope_type(rope)
-    params = {key: value for key, value in rope.items() if key not in _SHARED_KEYS}
+    shared = _SHARED_KEYS[:-1] if kind == "proportional" else _SHARED_KEYS
+    params = {key: value for key, value in rope.items() if key not in shared}
     name = _HF_NAMES.get(kind, kind)
     accepted = ROPE_SCALING_SPECS[name].parameters()
     unknown = sorted(set(params) - set(accepted))

@@ -80,6 +80,7 @@ from .functions import (
     rope_scaling,
     yarn_rope,
 )
+from .proportional import ProportionalScaling
 from .registry import (
     ROPE_SCALING_SPECS,
     as_rope_scaling,
@@ -117,6 +118,7 @@ __all__ = [
     "Llama3Scaling",
     "LongRopeScaling",
     "NTKScaling",
+    "ProportionalScaling",
     "RopeLayout",
     "RopeScaling",
     "YarnScaling",

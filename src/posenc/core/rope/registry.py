@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..._checks import describe
+from .proportional import ProportionalScaling
 from .scaling import RopeScaling
 from .scalings import (
     DefaultScaling,
@@ -43,6 +44,7 @@ _BUILT_IN: tuple[type[RopeScaling], ...] = (
     YarnScaling,
     Llama3Scaling,
     LongRopeScaling,
+    ProportionalScaling,
 )
 _SPECS: dict[str, type[RopeScaling]] = {cls.name: cls for cls in _BUILT_IN}
 
