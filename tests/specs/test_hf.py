@@ -256,3 +256,29 @@ def test_every_front_end_builds_the_same_rotation_from_a_config(name):
         flax.apply({}, q[..., :2])
     with pytest.raises(TypeError, match="given by the spec already"):
         pt.RotaryEmbedding.from_hf_config(config, layer_type=layer_type, base=1.5)
+
+
+def test_phimoe_longrope_switches_factors_and_mscale_at_the_original_length():
+    """PhiMoE's LongRoPE: short factors and ``short_mscale`` up to L0, long ones and
+    ``long_mscale`` past it; the frequencies equal transformers' longrope function at
+    each length. (transformers' ``PhimoeRotaryEmbedding.forward`` recomputes the
+    frequencies without the length, so it keeps the short factors past L0 too; the
+    switch of both follows Microsoft's ``PhiMoELongRoPEScaledRotaryEmbedding``.)"""
+    factors = {"short_factor": [1.0 + i / 32 for i in range(32)],
+               "long_factor": [2.0 + i for i in range(32)]}  # fmt: skip
+    config = transformers.PhimoeConfig(
+        **SMALL, num_local_experts=4, max_position_embeddings=16384,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e6, **factors,
+                         "short_mscale": 1.1, "long_mscale": 1.25,
+                         "original_max_position_embeddings": 4096},
+    )  # fmt: skip
+    spec = RopeSpec.from_hf_config(config)
+    assert spec.scaling.original_max_position_embeddings == 4096
+    for seq_len, mscale in ((4096, 1.1), (4097, 1.25), (16384, 1.25)):
+        inv_freq, attention = spec.frequencies(seq_len)
+        expected, _ = ROPE_INIT_FUNCTIONS["longrope"](config, None, seq_len=seq_len)
+        np.testing.assert_allclose(inv_freq, expected.double().numpy(), rtol=F32_RTOL, atol=0)
+        assert attention == mscale
+    with pytest.raises(TypeError, match="short_mscale and long_mscale together"):
+        RopeSpec.from_hf_config({**config.to_dict(), "rope_parameters": {
+            "rope_type": "longrope", **factors, "short_mscale": 1.1}})  # fmt: skip
