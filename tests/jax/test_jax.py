@@ -201,6 +201,7 @@ SCALINGS = {
         "seq_len": 40,
         "factor": 4.0,
     },
+    "proportional": {"partial_rotary_factor": 0.5, "factor": 2.0},
 }
 
 

@@ -62,6 +62,7 @@ def params_for(name: str, rotary_dim: int = HEAD_DIM) -> dict:
             "original_max_position_embeddings": ORIGINAL,
             "max_position_embeddings": 4 * ORIGINAL,
         },
+        "proportional": {"partial_rotary_factor": 0.5, "factor": 2.0},
     }[name]
 
 

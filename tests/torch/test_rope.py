@@ -567,7 +567,7 @@ def test_bad_input(call, error, match):
         (lambda: RotaryEmbedding("16"), TypeError, "head_dim must be an int >= 1"),
         (lambda: _rope(base=1.0), ValueError, "base must not be 1"),
         (lambda: _rope(max_length=0), ValueError, "max_length must be an int >= 1, got 0"),
-        (lambda: _rope(scaling="nope"), ValueError, r"unknown RoPE scaling 'nope'; valid: \['default', 'linear', 'ntk', 'dynamic_ntk', 'yarn', 'llama3', 'longrope'\]"),
+        (lambda: _rope(scaling="nope"), ValueError, r"unknown RoPE scaling 'nope'; valid: \['default', 'linear', 'ntk', 'dynamic_ntk', 'yarn', 'llama3', 'longrope', 'proportional'\]"),
         (lambda: _rope(scaling=2), TypeError, r"scaling must be None or one of \['default', .*got 2 \(int\)"),
         (lambda: _rope(scaling="dynamic", scaling_params={"factor": 2.0}), ValueError, "'dynamic' is called 'dynamic_ntk' here"),
         (lambda: _rope(scaling="linear"), TypeError, r"RoPE scaling 'linear': missing \['factor'\]"),
@@ -603,3 +603,34 @@ def test_gradients_equal_those_of_the_written_out_rotation(layout):
     reference = torch.cat((xr * cos + turned * sin, x[..., 12:]), dim=-1)
     (reference * weights).sum().backward()
     assert_close(q.grad, x.grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_cos_sin_gives_the_core_rows_rounded_once_in_any_dtype(dtype):
+    rope = RotaryEmbedding(16, base=500000.0, scaling={"rope_type": "linear", "factor": 4.0})
+    positions = torch.tensor([[0, 7, 100_000, 3], [5, 5, 2**20, 1]])
+    cos, sin = rope.cos_sin(positions, dtype=dtype)
+    fmt = str(dtype).removeprefix("torch.")
+    expected = rope.spec.tables(positions.numpy(), fmt=fmt)
+    assert cos.dtype == sin.dtype == dtype
+    assert cos.shape == (2, 4, 16)
+    for mine, theirs in zip((cos, sin), expected, strict=True):
+        np.testing.assert_array_equal(mine.float().numpy(), theirs.astype(np.float32))
+    with pytest.raises(TypeError, match="dtype must be a floating torch dtype"):
+        rope.cos_sin(positions, dtype=torch.int32)
+    with pytest.raises(TypeError, match="positions must be an integer tensor"):
+        rope.cos_sin(positions[None])
+
+
+def test_cos_sin_follows_a_length_dependent_attention_factor():
+    """PhiMoE's LongRoPE: short divisors and short_mscale up to L0, long ones past it."""
+    scaling = {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [4.0] * 4,
+               "original_max_position_embeddings": 16, "short_mscale": 1.0,
+               "long_mscale": 1.5}  # fmt: skip
+    rope = RotaryEmbedding(8, base=100.0, scaling=scaling)
+    cos, _ = rope.cos_sin(torch.tensor([[0, 15]]), dtype=torch.float64)
+    assert cos[0, 0].tolist() == [1.0] * 8
+    cos, _ = rope.cos_sin(torch.tensor([[0, 16]]), dtype=torch.float64)  # past L0
+    assert cos[0, 0].tolist() == [1.5] * 8
+    expected = rope.spec.tables(np.array([16]), fmt="float64", seq_len=17)[0][0]
+    np.testing.assert_array_equal(cos[0, 1].numpy(), expected)

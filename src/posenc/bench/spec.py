@@ -34,11 +34,12 @@ _DEVICE = re.compile(r"(cpu|cuda|cuda:\d+|mps|auto)")
 def rope_eval_choices() -> tuple[str, ...]:
     """The RoPE scalings a rope run can also be evaluated with, read from the registry.
 
-    :data:`ROPE_EVAL_SCALINGS`, then every other registered method (but ``"default"``)
-    whose required parameters are at most ``factor`` and
-    ``original_max_position_embeddings``: the bench derives those from the evaluation
-    length and the training lengths. A method that needs more (``llama3``'s frequency
-    bands, ``longrope``'s searched divisors) would need values the bench cannot choose.
+    :data:`ROPE_EVAL_SCALINGS`, then every other registered method that extends the
+    context (``factor`` is among its required parameters) and whose required parameters
+    are at most ``factor`` and ``original_max_position_embeddings``: the bench derives
+    those from the evaluation length and the training lengths. A method that needs more
+    (``llama3``'s frequency bands, ``longrope``'s searched divisors) would need values the
+    bench cannot choose.
 
     Example:
         >>> rope_eval_choices()
@@ -47,7 +48,9 @@ def rope_eval_choices() -> tuple[str, ...]:
     others = tuple(
         name
         for name, cls in ROPE_SCALING_SPECS.items()
-        if name != "default" and name not in ROPE_EVAL_SCALINGS and not _other_parameters(cls)
+        if name not in ROPE_EVAL_SCALINGS
+        and cls.parameters().get("factor")  # a required factor: a context extension
+        and not _other_parameters(cls)
     )
     return (*ROPE_EVAL_SCALINGS, *others)
 

@@ -4,6 +4,11 @@ from .alibi import alibi_bias, alibi_slopes
 from .frequencies import frequencies, wavelengths
 from .nd import sinusoidal_nd
 from .nope import nope
+from .packing import (
+    positions_from_attention_mask,
+    positions_from_cu_seqlens,
+    positions_from_document_ids,
+)
 from .rope import (
     ROPE_SCALING_SPECS,
     ROPE_SCALINGS,
@@ -48,6 +53,9 @@ __all__ = [
     "frequencies",
     "layout_permutation",
     "nope",
+    "positions_from_attention_mask",
+    "positions_from_cu_seqlens",
+    "positions_from_document_ids",
     "register_rope_scaling",
     "relative_position_bucket",
     "relative_positions",

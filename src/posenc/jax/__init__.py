@@ -37,12 +37,20 @@ except ImportError as exc:
 
 from .bias import alibi_bias, alibi_slopes, t5_bias
 from .encodings import sinusoidal, sinusoidal_nd
+from .packing import (
+    positions_from_attention_mask,
+    positions_from_cu_seqlens,
+    positions_from_document_ids,
+)
 from .rope import apply_rope, rope_tables
 
 __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "positions_from_attention_mask",
+    "positions_from_cu_seqlens",
+    "positions_from_document_ids",
     "rope_tables",
     "sinusoidal",
     "sinusoidal_nd",

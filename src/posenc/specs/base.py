@@ -134,6 +134,12 @@ class FromHFConfig(FromSpec):
 
     The spec comes from :meth:`posenc.RopeSpec.from_hf_config` (a ``transformers`` config
     object or its dict); ``options`` are the module's own (``max_length``, ...).
+
+    Example:
+        >>> from posenc.torch import RotaryEmbedding
+        >>> config = {"head_dim": 64, "rope_theta": 1e6, "max_position_embeddings": 32768}
+        >>> RotaryEmbedding.from_hf_config(config, max_length=128).spec.base
+        1000000.0
     """
 
     @classmethod

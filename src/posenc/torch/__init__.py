@@ -25,6 +25,11 @@ from .modules import (
     exact_table,
 )
 from .nd import SinusoidalPositionalEncodingND
+from .packing import (
+    positions_from_attention_mask,
+    positions_from_cu_seqlens,
+    positions_from_document_ids,
+)
 from .rope import RotaryEmbedding, convert_rope_weights
 from .rope_nd import AxialRotaryEmbedding, XPosRotaryEmbedding
 
@@ -44,4 +49,7 @@ __all__ = [
     "XPosRotaryEmbedding",
     "convert_rope_weights",
     "exact_table",
+    "positions_from_attention_mask",
+    "positions_from_cu_seqlens",
+    "positions_from_document_ids",
 ]

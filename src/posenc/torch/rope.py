@@ -195,6 +195,7 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         # from the construction ones (None: use the buffers).
         self._scaled_length = spec_scaling.original_length or 0
         self._scaled_inv_freq: np.ndarray | None = None
+        self._scaled_seq_len: int | None = None
         self._init_tables(("cos", "sin"), self.max_length, torch.float32, drop=DERIVED_KEYS)
 
     # -- tables --------------------------------------------------------------------------
@@ -213,13 +214,16 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         start: int,
         dtype: torch.dtype,
         device: Any,
-        inv_freq: np.ndarray | None = None,
+        seq_len: int | None = None,
     ) -> tuple[Tensor, ...]:
+        """Rows from the core: with the construction frequencies, or (``seq_len``) with the
+        frequencies and attention factor a length-dependent scaling has at that length."""
         cos, sin = self.spec.tables(
             positions,
             fmt=format_of(dtype),
             start=start,
-            inv_freq=self._inv_freq if inv_freq is None else inv_freq,
+            seq_len=seq_len,
+            inv_freq=self._inv_freq if seq_len is None else None,
         )
         return to_tensor(cos, dtype, device), to_tensor(sin, dtype, device)
 
@@ -237,6 +241,7 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         self._scaled_length = new
         original = scaling.original_length or 0
         self._scaled_inv_freq = None if new <= original else self.spec.frequencies(new)[0]
+        self._scaled_seq_len = None if new <= original else new
 
     # -- forward -------------------------------------------------------------------------
 
@@ -254,6 +259,58 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
             check_rope_positions(positions, batch, seq, name)
             end = positions_end(positions, seq, name)
 
+        cos, sin = self._rows(seq, offset, positions, end, name)  # (seq, r) or (batch, seq, r)
+        cos, sin = broadcast_tables((cos, sin), self.qk_layout, q.device)
+        return (
+            rotate(q, cos, sin, self.layout, self.rotary_dim),
+            rotate(k, cos, sin, self.layout, self.rotary_dim),
+        )
+
+    def cos_sin(self, positions: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        """``(cos, sin)`` at integer ``positions`` ``(seq,)`` or ``(batch, seq)``: each
+        ``(*positions.shape, rotary_dim)``, correctly rounded in ``dtype`` (default the
+        tables' dtype: float32, float64 after ``.double()``), on the tables' device, the
+        attention factor folded in, in this module's ``layout``. With ``layout="half"``
+        this is what a Hugging Face rotary module returns (there cast from float32 to
+        the input's dtype, which can round twice); a length-dependent scaling follows
+        the largest position, as in :meth:`forward`.
+
+        Example:
+            >>> rope = RotaryEmbedding(4, base=100.0)
+            >>> cos, sin = rope.cos_sin(torch.tensor([[0, 1]]))  # frequencies 1 and 0.1
+            >>> sin[0, 1].tolist() == [float(np.float32(np.sin(w))) for w in (1, 0.1, 1, 0.1)]
+            True
+        """
+        name = f"{type(self).__name__}.cos_sin"
+        if not isinstance(positions, Tensor) or positions.dim() not in (1, 2):
+            raise TypeError(
+                f"{name}: positions must be an integer tensor of shape (seq,) or (batch, "
+                f"seq), got {describe(positions)}"
+            )
+        seq = positions.shape[-1]
+        check_rope_positions(
+            positions, positions.shape[0] if positions.dim() == 2 else 1, seq, name
+        )
+        end = positions_end(positions, seq, name)
+        if dtype is not None and dtype not in (
+            torch.float16,
+            torch.bfloat16,
+            torch.float32,
+            torch.float64,
+        ):
+            raise TypeError(f"{name}: dtype must be a floating torch dtype, got {describe(dtype)}")
+        return self._rows(seq, 0, positions, end, name, dtype)
+
+    def _rows(
+        self,
+        seq: int,
+        offset: int,
+        positions: Tensor | None,
+        end: int,
+        name: str,
+        dtype: torch.dtype | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """The tables' rows of a call: ``offset .. offset+seq-1`` or ``positions``."""
         if self.spec.scaling.length_dependent:
             if is_traced():
                 raise ValueError(
@@ -262,29 +319,25 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
                     "cannot trace; run it eagerly (or use a fixed scaling such as 'ntk')"
                 )
             self._update_frequencies(end)
-        scaled = self._scaled_inv_freq
+        dtype = self.cos.dtype if dtype is None else dtype
+        scaled = self._scaled_seq_len
         if scaled is not None:  # eager only: the rows of this call, from the core
-            dtype, device = self.cos.dtype, self.cos.device
+            device = self.cos.device
             if positions is None:
                 cos, sin = self._derive(seq, offset, dtype, device, scaled)
             else:
                 cos, sin = self._derive(positions.cpu().numpy(), 0, dtype, device, scaled)
-        else:
-            cos, sin = self._table_rows(
-                self.cos.dtype,
-                self.cos.device,
-                offset=offset,
-                count=seq,
-                positions=positions,
-                name=name,
-                end=end,
-            )  # (seq, r) or (batch, seq, r)
-
-        cos, sin = broadcast_tables((cos, sin), self.qk_layout, q.device)
-        return (
-            rotate(q, cos, sin, self.layout, self.rotary_dim),
-            rotate(k, cos, sin, self.layout, self.rotary_dim),
+            return cos, sin
+        cos, sin = self._table_rows(
+            dtype,
+            self.cos.device,
+            offset=offset,
+            count=seq,
+            positions=positions,
+            name=name,
+            end=end,
         )
+        return cos, sin
 
     def extra_repr(self) -> str:
         text = (

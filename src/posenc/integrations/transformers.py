@@ -1,0 +1,172 @@
+"""Exact RoPE tables inside a loaded Hugging Face ``transformers`` model.
+
+:func:`patch` replaces every rotary embedding module of a model (``LlamaRotaryEmbedding``,
+``Qwen2RotaryEmbedding``, ``Gemma3RotaryEmbedding``, ...) with an
+:class:`ExactRotaryEmbedding` that keeps its interface, ``forward(x, position_ids[,
+layer_type]) -> (cos, sin)``, and returns posenc's tables: the angles reduced exactly in
+float64 and each entry rounded once to the model's dtype, the attention factor folded in
+as the model expects. Hugging Face forms the angles ``position × inv_freq`` in float32,
+so its error grows with the position; posenc's stays at the dtype's rounding.
+:func:`unpatch` puts the original modules back.
+
+The RoPE of each module comes from its model config through
+:meth:`posenc.RopeSpec.from_hf_config` (every ``rope_type`` posenc reads, per layer type
+where the config has several); a rotary module posenc cannot describe (multimodal
+M-RoPE, a class without a config) is an error naming its class, before anything is
+replaced.
+
+Example::
+
+    model = AutoModelForCausalLM.from_pretrained(...)
+    posenc.integrations.transformers.patch(model)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .._extras import require
+
+require("torch", "posenc.integrations.transformers", extra="posenc[transformers]")
+require("transformers", "posenc.integrations.transformers", extra="posenc[transformers]")
+
+import torch  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
+
+from .._checks import describe  # noqa: E402
+from ..specs import RopeSpec  # noqa: E402
+from ..torch import RotaryEmbedding  # noqa: E402
+
+__all__ = ["ExactRotaryEmbedding", "patch", "rotary_modules", "unpatch"]
+
+_INITIAL_ROWS = 4096  # rows built at first; the tables grow to the positions a call needs
+
+
+class ExactRotaryEmbedding(nn.Module):
+    """A ``transformers`` rotary module's interface over posenc's exact tables.
+
+    ``forward(x, position_ids, layer_type=None)`` returns ``(cos, sin)``, each
+    ``(batch, seq, rotary_dim)`` in ``x``'s dtype (rounded once from the exact values),
+    with the attention factor folded in, in Hugging Face's half layout (models that
+    rotate interleaved pairs, such as DeepSeek-V3, permute their queries and keys
+    themselves). Length-dependent scalings (dynamic NTK, LongRoPE) follow the largest
+    position of each call, as Hugging Face's ``dynamic_rope_update`` does.
+
+    Args:
+        original: The rotary module replaced; its ``config`` gives the RoPE. It is kept
+            (not as a submodule) for :func:`unpatch`.
+    """
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        name = type(original).__name__
+        config = getattr(original, "config", None)
+        if config is None:
+            raise ValueError(f"{name} has no config to read its RoPE from; posenc cannot patch it")
+        rope_type = getattr(original, "rope_type", None)
+        layer_types = list(rope_type) if isinstance(rope_type, dict) else [None]
+        device = _device_of(original)
+        self.ropes = nn.ModuleDict()
+        for layer_type in layer_types:
+            try:
+                spec = RopeSpec.from_hf_config(config, layer_type=layer_type)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"posenc cannot patch {name}: {exc}") from None
+            spec = dataclasses.replace(spec, layout="half")  # the model applies its layout
+            self.ropes[_key(layer_type)] = RotaryEmbedding.from_spec(
+                spec, max_length=_INITIAL_ROWS
+            ).to(device)
+        self.config = config
+        self.rope_type = rope_type
+        self.original_class = name
+        object.__setattr__(self, "_original", original)  # not a submodule: not moved, saved
+
+    @property
+    def original(self) -> nn.Module:
+        """The module this one replaced."""
+        original: nn.Module = self.__dict__["_original"]
+        return original
+
+    def forward(
+        self, x: Tensor, position_ids: Tensor, layer_type: str | None = None
+    ) -> tuple[Tensor, Tensor]:
+        key = _key(layer_type)
+        if key not in self.ropes:
+            raise ValueError(
+                f"{self.original_class}: layer_type must be one of "
+                f"{[k for k in self.ropes if k != _key(None)] or [None]}, got {layer_type!r}"
+            )
+        rope = self.ropes[key]
+        assert isinstance(rope, RotaryEmbedding)
+        positions = position_ids.to(device=rope.cos.device, dtype=torch.int64)
+        if positions.dim() == 1:
+            positions = positions[None]
+        with torch.no_grad():
+            cos, sin = rope.cos_sin(positions, dtype=x.dtype)
+        return cos.to(x.device), sin.to(x.device)
+
+    def extra_repr(self) -> str:
+        return f"replaces {self.original_class}, layer types {list(self.ropes)}"
+
+
+def _key(layer_type: str | None) -> str:
+    return "all" if layer_type is None else layer_type
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    for tensor in (*module.buffers(), *module.parameters()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The rotary embedding modules of ``model`` (by qualified name): those whose class
+    name ends in ``RotaryEmbedding`` (posenc's own replacements included)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {describe(model)}")
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if type(module).__name__.endswith("RotaryEmbedding")
+        and not isinstance(module, RotaryEmbedding)
+    ]
+
+
+def patch(model: nn.Module) -> nn.Module:
+    """Replace every rotary embedding module of ``model`` with an
+    :class:`ExactRotaryEmbedding`; returns ``model`` (changed in place).
+
+    Every module is checked before any is replaced: a rotary module posenc cannot
+    describe is a ``ValueError`` naming its class, and the model is left as it was. A
+    model with no rotary module is a ``ValueError`` naming the model's class. Patching
+    twice is a no-op for the modules already patched.
+    """
+    found = rotary_modules(model)
+    if not found:
+        raise ValueError(
+            f"{type(model).__name__} has no rotary embedding module (a class named "
+            "...RotaryEmbedding) to patch"
+        )
+    replacements = {
+        name: module if isinstance(module, ExactRotaryEmbedding) else ExactRotaryEmbedding(module)
+        for name, module in found
+    }
+    for name, replacement in replacements.items():
+        _set_submodule(model, name, replacement)
+    return model
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """Put back the modules :func:`patch` replaced (on the device of their replacement);
+    returns ``model``."""
+    for name, module in rotary_modules(model):
+        if isinstance(module, ExactRotaryEmbedding):
+            original = module.original.to(_device_of(module))
+            _set_submodule(model, name, original)
+    return model
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)

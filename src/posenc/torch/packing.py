@@ -1,0 +1,54 @@
+"""Position ids of packed and padded batches as tensors: :mod:`posenc.core.packing` moved
+onto the input's device (eager code; the values decide the shapes).
+
+Example:
+    >>> import torch
+    >>> positions_from_cu_seqlens(torch.tensor([0, 2, 5], dtype=torch.int32)).tolist()
+    [0, 1, 0, 1, 2]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .._checks import describe
+from ..core import packing
+from ._backend import eager_only
+
+__all__ = [
+    "positions_from_attention_mask",
+    "positions_from_cu_seqlens",
+    "positions_from_document_ids",
+]
+
+
+def _on_device(function: Callable[[np.ndarray], np.ndarray], value: Tensor, name: str) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {describe(value)}")
+    result = function(value.detach().cpu().numpy())
+    return torch.from_numpy(result).to(value.device)
+
+
+@eager_only
+def positions_from_cu_seqlens(cu_seqlens: Tensor) -> Tensor:
+    """int64 positions of packed sequences; see
+    :func:`posenc.core.packing.positions_from_cu_seqlens`."""
+    return _on_device(packing.positions_from_cu_seqlens, cu_seqlens, "cu_seqlens")
+
+
+@eager_only
+def positions_from_document_ids(document_ids: Tensor) -> Tensor:
+    """int64 positions restarting at each new document; see
+    :func:`posenc.core.packing.positions_from_document_ids`."""
+    return _on_device(packing.positions_from_document_ids, document_ids, "document_ids")
+
+
+@eager_only
+def positions_from_attention_mask(attention_mask: Tensor) -> Tensor:
+    """int64 positions of a padded batch; see
+    :func:`posenc.core.packing.positions_from_attention_mask`."""
+    return _on_device(packing.positions_from_attention_mask, attention_mask, "attention_mask")
