@@ -56,9 +56,9 @@ def contenders(model: torch.nn.Module, label: str, threads: int, tokens: int) ->
     step_ids, step_position = ids[:, -1:], torch.tensor([[tokens]])
 
     def decode() -> None:
-        cache.crop(tokens)  # the same cache length for every step timed
         with torch.no_grad():
             model(step_ids, position_ids=step_position, past_key_values=cache, use_cache=True)
+        cache.crop(-1)  # back to the cache of `tokens` tokens: every step timed is the same
 
     def forward() -> None:
         with torch.no_grad():

@@ -616,6 +616,12 @@ def test_cos_sin_gives_the_core_rows_rounded_once_in_any_dtype(dtype):
     assert cos.shape == (2, 4, 16)
     for mine, theirs in zip((cos, sin), expected, strict=True):
         np.testing.assert_array_equal(mine.float().numpy(), theirs.astype(np.float32))
+    near = torch.tensor([[3, 0, 4000]])  # within the tables: gathered from them
+    for mine, theirs in zip(
+        rope.cos_sin(near, dtype=dtype), rope.spec.tables(near.numpy(), fmt=fmt), strict=True
+    ):
+        assert mine.dtype == dtype
+        np.testing.assert_array_equal(mine.float().numpy(), theirs.astype(np.float32))
     with pytest.raises(TypeError, match="dtype must be a floating torch dtype"):
         rope.cos_sin(positions, dtype=torch.int32)
     with pytest.raises(TypeError, match="positions must be an integer tensor"):

@@ -87,23 +87,22 @@ class ExactRotaryEmbedding(nn.Module):
         original: nn.Module = self.__dict__["_original"]
         return original
 
+    @torch.no_grad()
     def forward(
         self, x: Tensor, position_ids: Tensor, layer_type: str | None = None
     ) -> tuple[Tensor, Tensor]:
-        key = _key(layer_type)
-        if key not in self.ropes:
+        rope = self.ropes._modules.get(_key(layer_type))
+        if rope is None:
             raise ValueError(
                 f"{self.original_class}: layer_type must be one of "
                 f"{[k for k in self.ropes if k != _key(None)] or [None]}, got {layer_type!r}"
             )
-        rope = self.ropes[key]
         assert isinstance(rope, RotaryEmbedding)
-        positions = position_ids.to(device=rope.cos.device, dtype=torch.int64)
-        if positions.dim() == 1:
-            positions = positions[None]
-        with torch.no_grad():
-            cos, sin = rope.cos_sin(positions, dtype=x.dtype)
-        return cos.to(x.device), sin.to(x.device)
+        positions = position_ids if position_ids.dim() == 2 else position_ids[None]
+        cos, sin = rope.cos_sin(positions, dtype=x.dtype)
+        if cos.device != x.device:
+            cos, sin = cos.to(x.device), sin.to(x.device)
+        return cos, sin
 
     def extra_repr(self) -> str:
         return f"replaces {self.original_class}, layer types {list(self.ropes)}"

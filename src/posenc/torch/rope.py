@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import check_choice, check_int, check_max_length, describe
@@ -299,6 +300,11 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
             torch.float64,
         ):
             raise TypeError(f"{name}: dtype must be a floating torch dtype, got {describe(dtype)}")
+        if end <= self.table_length and not self.spec.scaling.length_dependent and not is_traced():
+            # within the tables (the decoding case): two row gathers, no other work
+            tables = self._tables_in(self.cos.dtype if dtype is None else dtype, self.cos.device)
+            index = positions.to(device=self.cos.device, dtype=torch.int64)
+            return F.embedding(index, tables[0]), F.embedding(index, tables[1])
         return self._rows(seq, 0, positions, end, name, dtype)
 
     def _rows(
