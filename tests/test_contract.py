@@ -216,6 +216,11 @@ COMMANDS: dict[str, tuple[list[str], dict[str, str]]] = {
     "embed": (["embed", "the cat"], {"--d-model": "4", "--base": "100", "--seed": "1",
                                      "--backend": "numpy"}),
     "demo": (["demo", "--no-plots"], {"--output": "{out}/demo"}),
+    "convert-rope": (
+        ["convert-rope", "{out}/in.safetensors", "{out}/out.safetensors"],
+        {"--to": "interleaved", "--heads": "2", "--kv-heads": "1", "--head-dim": "4",
+         "--rotary-dim": "4"},
+    ),
     "bench": (
         ["bench", "--dry-run"],
         {"--tasks": "copy", "--schemes": "rope", "--seeds": "2", "--steps": "3",
@@ -251,7 +256,13 @@ def test_every_command_exits_0_or_2_with_one_line(data):
     option = data.draw(st.sampled_from(sorted(options)), label="option")
     value = data.draw(st.sampled_from(CLI_VALUES), label="value")
     with tempfile.TemporaryDirectory() as out, working_directory(out):  # relative paths
-        argv = list(prefix)
+        if command == "convert-rope":  # a tiny checkpoint: 2 query heads, 1 key head of 4
+            import safetensors.numpy
+
+            weights = {"l.q_proj.weight": np.ones((8, 3), np.float32),
+                       "l.k_proj.weight": np.ones((4, 3), np.float32)}  # fmt: skip
+            safetensors.numpy.save_file(weights, f"{out}/in.safetensors")
+        argv = [word.replace("{out}", out) for word in prefix]
         for key, default in options.items():
             argv += [key, (value if key == option else default).replace("{out}", out)]
         stdout, stderr = io.StringIO(), io.StringIO()

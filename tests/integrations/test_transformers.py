@@ -173,3 +173,30 @@ def test_what_posenc_cannot_patch_is_named():
     assert dict(rotary_modules(model)) == before  # nothing replaced
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         patch("llama")
+
+
+def test_deepseek_interleaved_application_is_posenc_interleaved_rope_in_half_order():
+    """DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` rotates pairs (x0, x1), (x2, x3)
+    and returns them in half order: posenc's interleaved rotation with the same tables,
+    then the interleaved -> half permutation (scores unchanged: q and k move alike)."""
+    import numpy as np
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        apply_rotary_pos_emb_interleave,
+    )
+
+    import posenc
+
+    d, positions = 16, np.arange(5) + 70_000
+    rng = np.random.default_rng(3)
+    q, k = rng.standard_normal((2, 1, 2, 5, d))  # (batch, heads, seq, d)
+    inv_freq = posenc.rope_frequencies(d, 10000.0)
+    cos_h, sin_h = posenc.rope_tables(positions, inv_freq, layout="half", dtype="float64")
+    cos_i, sin_i = posenc.rope_tables(positions, inv_freq, layout="interleaved", dtype="float64")
+    theirs = apply_rotary_pos_emb_interleave(
+        torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(cos_h)[None],
+        torch.from_numpy(sin_h)[None],
+    )  # fmt: skip
+    to_half = posenc.rope_permutation(d, "interleaved", "half")
+    for x, out in zip((q, k), theirs, strict=True):
+        mine = posenc.apply_rope(x, cos_i, sin_i, layout="interleaved")[..., to_half]
+        np.testing.assert_allclose(out.numpy(), mine, rtol=0, atol=1e-15)

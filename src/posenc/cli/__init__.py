@@ -6,9 +6,12 @@
 ``posenc embed``   run tokens → ids → embedding → + positional encoding on a sentence
 ``posenc demo``    the tutorials' walk-through: tables, every picture, a property report
 ``posenc bench``   train tiny transformers per task, scheme and seed; accuracy by length
+``posenc convert-rope``  permute a safetensors checkpoint's q/k projections between RoPE
+                  layouts (Meta's interleaved pairs, Hugging Face's halves)
 
 One module per command: :mod:`.table` (with :mod:`.scheme_tables`), :mod:`.plot`,
-:mod:`.demo` (``embed`` and ``demo``) and the bench's own :mod:`posenc.bench.cli`. The
+:mod:`.demo` (``embed`` and ``demo``), :mod:`.convert` and the bench's own
+:mod:`posenc.bench.cli`. The
 top parser is built at each :func:`main` call, so the choices that come from registries
 (schemes, RoPE scalings) are current. Frameworks and matplotlib are imported only by the
 sub-commands that need them. Bad arguments exit with status 2 and one line on stderr.
@@ -21,7 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import demo, plot, table
+from . import convert, demo, plot, table
 from .base import Parser, UsageError
 from .plot import PLOT_KINDS
 from .table import SCHEMES
@@ -44,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     from ..bench import cli as bench_cli
 
     bench_cli.add_parser(commands)
+    convert.add_parser(commands)
     return parser
 
 

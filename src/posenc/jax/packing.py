@@ -36,17 +36,32 @@ def _concrete(function: Callable[[Any], np.ndarray], value: Any, name: str) -> j
 
 
 def positions_from_cu_seqlens(cu_seqlens: Any) -> jax.Array:
-    """Positions of packed sequences; see :func:`posenc.core.packing.positions_from_cu_seqlens`."""
+    """Positions of packed sequences; see :func:`posenc.core.packing.positions_from_cu_seqlens`.
+
+    Example:
+        >>> positions_from_cu_seqlens(jax.numpy.array([0, 2, 5])).tolist()
+        [0, 1, 0, 1, 2]
+    """
     return _concrete(packing.positions_from_cu_seqlens, cu_seqlens, "cu_seqlens")
 
 
 def positions_from_document_ids(document_ids: Any) -> jax.Array:
     """Positions restarting at each new document; see
-    :func:`posenc.core.packing.positions_from_document_ids`."""
+    :func:`posenc.core.packing.positions_from_document_ids`.
+
+    Example:
+        >>> positions_from_document_ids(jax.numpy.array([[4, 4, 1]])).tolist()
+        [[0, 1, 0]]
+    """
     return _concrete(packing.positions_from_document_ids, document_ids, "document_ids")
 
 
 def positions_from_attention_mask(attention_mask: Any) -> jax.Array:
     """Positions of a padded batch; see
-    :func:`posenc.core.packing.positions_from_attention_mask`."""
+    :func:`posenc.core.packing.positions_from_attention_mask`.
+
+    Example:
+        >>> positions_from_attention_mask(jax.numpy.array([[0, 1, 1]])).tolist()
+        [[0, 0, 1]]
+    """
     return _concrete(packing.positions_from_attention_mask, attention_mask, "attention_mask")

@@ -36,19 +36,34 @@ def _on_device(function: Callable[[np.ndarray], np.ndarray], value: Tensor, name
 @eager_only
 def positions_from_cu_seqlens(cu_seqlens: Tensor) -> Tensor:
     """int64 positions of packed sequences; see
-    :func:`posenc.core.packing.positions_from_cu_seqlens`."""
+    :func:`posenc.core.packing.positions_from_cu_seqlens`.
+
+    Example:
+        >>> positions_from_cu_seqlens(torch.tensor([0, 2, 5])).tolist()
+        [0, 1, 0, 1, 2]
+    """
     return _on_device(packing.positions_from_cu_seqlens, cu_seqlens, "cu_seqlens")
 
 
 @eager_only
 def positions_from_document_ids(document_ids: Tensor) -> Tensor:
     """int64 positions restarting at each new document; see
-    :func:`posenc.core.packing.positions_from_document_ids`."""
+    :func:`posenc.core.packing.positions_from_document_ids`.
+
+    Example:
+        >>> positions_from_document_ids(torch.tensor([[4, 4, 1]])).tolist()
+        [[0, 1, 0]]
+    """
     return _on_device(packing.positions_from_document_ids, document_ids, "document_ids")
 
 
 @eager_only
 def positions_from_attention_mask(attention_mask: Tensor) -> Tensor:
     """int64 positions of a padded batch; see
-    :func:`posenc.core.packing.positions_from_attention_mask`."""
+    :func:`posenc.core.packing.positions_from_attention_mask`.
+
+    Example:
+        >>> positions_from_attention_mask(torch.tensor([[0, 1, 1]])).tolist()
+        [[0, 0, 1]]
+    """
     return _on_device(packing.positions_from_attention_mask, attention_mask, "attention_mask")
