@@ -158,17 +158,63 @@ def test_patch_and_unpatch_keep_the_modules():
     assert set(model.state_dict()) == set(unpatch(model).state_dict())
 
 
+def mrope_models() -> dict[str, tuple[type, object]]:
+    """Multimodal text models (M-RoPE) of the installed transformers: name -> (class, config)."""
+    t = transformers
+    out = {
+        "qwen2-vl (mrope)": (t.Qwen2VLTextModel, t.Qwen2VLTextConfig(
+            **SMALL, num_key_value_heads=2, max_position_embeddings=131072,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                             "mrope_section": [8, 12, 12]})),
+    }  # fmt: skip
+    if hasattr(t, "Qwen3VLTextModel"):
+        out["qwen3-vl (interleaved mrope)"] = (t.Qwen3VLTextModel, t.Qwen3VLTextConfig(
+            **SMALL, num_key_value_heads=2, head_dim=64, max_position_embeddings=131072,
+            rope_parameters={"rope_type": "default", "rope_theta": 5e6,
+                             "mrope_section": [12, 10, 10]}))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(mrope_models()))
+def test_multimodal_models_with_image_positions_are_within_float32_of_exact(name):
+    """M-RoPE with (3, batch, seq) position ids (text tokens after an image grid, far
+    along): the patched float32 model is within 1e-5 of the float64 exact one."""
+    cls, config = mrope_models()[name]
+    torch.manual_seed(0)
+    model = cls(copy.deepcopy(config)).eval()
+    exact = patch(copy.deepcopy(model).double())
+    embeds = torch.randn(1, TOKENS, 256, generator=torch.Generator().manual_seed(4))
+    start = 131072 - TOKENS
+    grid = torch.arange(TOKENS)
+    positions = torch.stack([start + grid // 16, start + (grid // 4) % 4, start + grid % 4])
+    positions = positions[:, None]  # (3, batch, seq): an image of 4 frames of 4 x 4 patches
+
+    def hidden(m, x):
+        with torch.no_grad():
+            return m(inputs_embeds=x, position_ids=positions).last_hidden_state.double()
+
+    reference = hidden(exact, embeds.double())
+    unpatched = hidden(model, embeds)
+    patch(model)
+    try:
+        patched = hidden(model, embeds)
+    finally:
+        unpatch(model)
+    error = float((patched - reference).abs().max())
+    assert error < EXACT_TOLERANCE, (name, error, float((unpatched - reference).abs().max()))
+
+
 def test_what_posenc_cannot_patch_is_named():
     t = transformers
     gpt2 = t.GPT2LMHeadModel(t.GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=32))
     with pytest.raises(ValueError, match="GPT2LMHeadModel has no rotary embedding module"):
         patch(gpt2)
     text = t.Qwen2VLTextConfig(**SMALL, num_key_value_heads=2,
-                               rope_scaling={"rope_type": "default",
+                               rope_scaling={"rope_type": "linear", "factor": 2.0,
                                              "mrope_section": [8, 12, 12]})  # fmt: skip
     model = t.Qwen2VLTextModel(text)
     before = dict(rotary_modules(model))
-    with pytest.raises(ValueError, match="posenc cannot patch Qwen2VLRotaryEmbedding: mrope"):
+    with pytest.raises(ValueError, match="cannot patch Qwen2VLRotaryEmbedding: M-RoPE with"):
         patch(model)
     assert dict(rotary_modules(model)) == before  # nothing replaced
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):

@@ -34,12 +34,21 @@ import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
 from .._checks import describe  # noqa: E402
-from ..specs import RopeSpec  # noqa: E402
+from ..specs import AxialRopeSpec, RopeSpec  # noqa: E402
 from ..torch import RotaryEmbedding  # noqa: E402
 
 __all__ = ["ExactRotaryEmbedding", "patch", "rotary_modules", "unpatch"]
 
 _INITIAL_ROWS = 4096  # rows built at first; the tables grow to the positions a call needs
+# The multimodal rotary modules posenc knows, by class: how they lay out the sections.
+_MROPE_INTERLEAVED = {
+    "Qwen2VLRotaryEmbedding": False,
+    "Qwen2_5_VLRotaryEmbedding": False,
+    "Qwen3VLTextRotaryEmbedding": True,
+    "Qwen3VLMoeTextRotaryEmbedding": True,
+}
+_FORMATS = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+            torch.float64: "float64"}  # fmt: skip
 
 
 class ExactRotaryEmbedding(nn.Module):
@@ -67,6 +76,22 @@ class ExactRotaryEmbedding(nn.Module):
         layer_types = list(rope_type) if isinstance(rope_type, dict) else [None]
         device = _device_of(original)
         self.ropes = nn.ModuleDict()
+        self.mrope: AxialRopeSpec | None = None
+        if hasattr(original, "mrope_section"):  # multimodal: (3, batch, seq) position ids
+            if name not in _MROPE_INTERLEAVED:
+                raise ValueError(
+                    f"posenc cannot patch {name}: an M-RoPE module of a layout posenc does "
+                    f"not know (it knows {sorted(_MROPE_INTERLEAVED)})"
+                )
+            try:
+                self.mrope = AxialRopeSpec.from_hf_config(
+                    config,
+                    interleaved=_MROPE_INTERLEAVED[name],
+                    sections=list(vars(original)["mrope_section"]),
+                )
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"posenc cannot patch {name}: {exc}") from None
+            layer_types = []
         for layer_type in layer_types:
             try:
                 spec = RopeSpec.from_hf_config(config, layer_type=layer_type)
@@ -91,6 +116,8 @@ class ExactRotaryEmbedding(nn.Module):
     def forward(
         self, x: Tensor, position_ids: Tensor, layer_type: str | None = None
     ) -> tuple[Tensor, Tensor]:
+        if self.mrope is not None:
+            return self._mrope_forward(x, position_ids)
         rope = self.ropes._modules.get(_key(layer_type))
         if rope is None:
             raise ValueError(
@@ -104,8 +131,20 @@ class ExactRotaryEmbedding(nn.Module):
             cos, sin = cos.to(x.device), sin.to(x.device)
         return cos, sin
 
+    def _mrope_forward(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """M-RoPE: ``position_ids`` ``(3, batch, seq)`` (or ``(batch, seq)``, the same
+        position on every axis); each pair turns with its section's axis."""
+        assert self.mrope is not None
+        positions = position_ids.expand(self.mrope.n_axes, *position_ids.shape[-2:])
+        coords = positions.detach().cpu().numpy().transpose(1, 2, 0)  # (batch, seq, axes)
+        cos, sin = self.mrope.tables(coords, fmt=_FORMATS.get(x.dtype, "float32"))
+        dtype = x.dtype if x.dtype in _FORMATS else torch.float32
+        as_tensor = (torch.from_numpy(t).to(device=x.device, dtype=dtype) for t in (cos, sin))
+        return next(as_tensor), next(as_tensor)
+
     def extra_repr(self) -> str:
-        return f"replaces {self.original_class}, layer types {list(self.ropes)}"
+        kind = f"M-RoPE {self.mrope.mode}" if self.mrope is not None else f"{list(self.ropes)}"
+        return f"replaces {self.original_class}, {kind}"
 
 
 def _key(layer_type: str | None) -> str:

@@ -21,7 +21,12 @@ from typing import Any
 from .._checks import describe
 from ..core.rope import ROPE_SCALING_SPECS, RopeScaling, as_rope_scaling
 
-__all__ = ["HF_ROPE_TYPES", "rope_spec_from_hf_config", "rope_spec_to_hf_dict"]
+__all__ = [
+    "HF_ROPE_TYPES",
+    "mrope_spec_from_hf_config",
+    "rope_spec_from_hf_config",
+    "rope_spec_to_hf_dict",
+]
 
 DEFAULT_THETA = 10000.0  # transformers' RotaryEmbeddingConfigMixin.default_theta
 
@@ -78,6 +83,51 @@ def rope_spec_from_hf_config(config: Any, *, layer_type: str | None = None) -> d
         "rotary_dim": rotary_dim,
         "layout": layout,
         "scaling": _scaling(rope, data),
+    }
+
+
+def mrope_spec_from_hf_config(
+    config: Any, *, interleaved: bool | None = None, sections: Any = None
+) -> dict[str, Any]:
+    """The :class:`~posenc.specs.AxialRopeSpec` fields of a multimodal (M-RoPE) config.
+
+    Args:
+        config: A ``transformers`` config (object or dict) whose RoPE parameters have
+            ``mrope_section`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL); default frequencies only.
+        interleaved: Qwen3-VL's interleaved sections (``mode="mrope-interleaved"``);
+            ``None``: the config's ``mrope_interleaved`` (default False).
+        sections: Used when the config has no ``mrope_section`` (a model's default).
+
+    Returns:
+        ``{"head_dim", "n_axes", "base", "sections", "mode", "layout"}``.
+    """
+    data = _config_dict(config)
+    head_dim = _head_dim(data)
+    rope = _rope_parameters(data, None)
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind != "default":
+        raise ValueError(
+            f"M-RoPE with rope_type {kind!r}: posenc reads M-RoPE with the default frequencies"
+        )
+    unknown = sorted(set(rope) - set(_SHARED_KEYS) - set(_MROPE_KEYS))
+    if unknown:
+        raise ValueError(f"M-RoPE has no parameter {unknown[0]!r}; posenc reads {_MROPE_KEYS}")
+    partial = rope.get("partial_rotary_factor", data.get("partial_rotary_factor"))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"M-RoPE with partial_rotary_factor={partial!r}: posenc reads 1 only")
+    sections = rope.get("mrope_section", sections)
+    if sections is None:
+        raise ValueError("the config has no mrope_section (pairs per position axis)")
+    if interleaved is None:
+        interleaved = bool(rope.get("mrope_interleaved", False))
+    base = rope.get("rope_theta", data.get("rope_theta", DEFAULT_THETA))
+    return {
+        "head_dim": head_dim,
+        "n_axes": len(sections),
+        "base": DEFAULT_THETA if base is None else base,
+        "sections": tuple(sections),
+        "mode": "mrope-interleaved" if interleaved else "mrope",
+        "layout": "half",
     }
 
 

@@ -27,7 +27,7 @@ from ..core.rope import (
 )
 from ..core.rope_nd import AXIAL_MODES, AxialMode, axial_rope_tables, xpos_scales
 from .base import SchemeSpec
-from .hf import rope_spec_from_hf_config, rope_spec_to_hf_dict
+from .hf import mrope_spec_from_hf_config, rope_spec_from_hf_config, rope_spec_to_hf_dict
 
 __all__ = ["AxialRopeSpec", "RopeSpec", "XPosSpec"]
 
@@ -233,6 +233,22 @@ class AxialRopeSpec(SchemeSpec):
     sections: tuple[int, ...] | None = None
     mode: AxialMode = "axial"
     layout: RopeLayout = "half"
+
+    @classmethod
+    def from_hf_config(
+        cls, config: Any, *, interleaved: bool | None = None, sections: Any = None
+    ) -> AxialRopeSpec:
+        """The M-RoPE of a Hugging Face multimodal config (Qwen2-VL, Qwen2.5-VL:
+        contiguous sections; Qwen3-VL: ``interleaved=True``); see
+        :func:`posenc.specs.hf.mrope_spec_from_hf_config`.
+
+        Example:
+            >>> AxialRopeSpec.from_hf_config({"head_dim": 128, "rope_parameters": {
+            ...     "rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}
+            ... }).sections
+            (16, 24, 24)
+        """
+        return cls(**mrope_spec_from_hf_config(config, interleaved=interleaved, sections=sections))
 
     def __post_init__(self) -> None:
         self._set("mode", check_choice(self.mode, "mode", AXIAL_MODES))

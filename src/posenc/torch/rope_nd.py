@@ -268,7 +268,7 @@ class AxialRotaryEmbedding(nn.Module, FromSpec):
         n_axes: int = 2,
         base: float = 10000.0,
         sections: Any = None,
-        mode: Literal["axial", "mrope"] = "axial",
+        mode: Literal["axial", "mrope", "mrope-interleaved"] = "axial",
         layout: Literal["half", "interleaved"] = "half",
         qk_layout: Literal["bhsd", "bshd"] = "bhsd",
     ) -> None:

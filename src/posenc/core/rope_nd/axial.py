@@ -20,7 +20,7 @@ from ..._checks import (
     check_positions,
     describe,
 )
-from ..precision import resolve_dtype
+from ..precision import CONTAINERS, resolve_dtype
 from ..rope import (
     ROPE_LAYOUTS,
     RopeLayout,
@@ -32,8 +32,8 @@ from ..rope import (
 
 __all__ = ["AXIAL_MODES", "AxialMode", "axial_rope_tables", "grid_coordinates"]
 
-AxialMode = Literal["axial", "mrope"]
-AXIAL_MODES: tuple[AxialMode, ...] = ("axial", "mrope")
+AxialMode = Literal["axial", "mrope", "mrope-interleaved"]
+AXIAL_MODES: tuple[AxialMode, ...] = ("axial", "mrope", "mrope-interleaved")
 
 
 def _base_ladders(
@@ -57,7 +57,26 @@ def _base_ladders(
     sections = _check_sections(sections, pairs, n_axes)
     if mode == "mrope":
         return np.split(full, np.cumsum(sections)[:-1])
+    if mode == "mrope-interleaved":
+        return [full[index] for index in _interleaved_pairs(sections, pairs)]
     return [rope_frequencies(2 * s, base) for s in sections]
+
+
+def _interleaved_pairs(sections: Sequence[int], pairs: int) -> list[np.ndarray]:
+    """Each axis's pair indices in interleaved M-RoPE (Qwen3-VL ``apply_interleaved_mrope``):
+    axis ``a >= 1`` takes pairs ``a, a+n, a+2n, ...`` (``sections[a]`` of them), axis 0
+    all the others."""
+    n = len(sections)
+    owner = np.zeros(pairs, dtype=np.int64)
+    for a in range(1, n):
+        index = np.arange(a, a + n * sections[a], n)
+        if index.size and index[-1] >= pairs:
+            raise ValueError(
+                f"sections {list(sections)}: axis {a} would take pair {int(index[-1])} of "
+                f"{pairs} in interleaved M-RoPE (pairs {a}, {a + n}, ...)"
+            )
+        owner[index] = a
+    return [np.flatnonzero(owner == a) for a in range(n)]
 
 
 def _mrope_ladders(inv_freq: Any, sections: Sequence[int] | None, n_axes: int) -> list[np.ndarray]:
@@ -72,6 +91,15 @@ def _mrope_ladders(inv_freq: Any, sections: Sequence[int] | None, n_axes: int) -
         sections = [full.size // n_axes] * n_axes
     sections = _check_sections(sections, full.size, n_axes)
     return np.split(full, np.cumsum(sections)[:-1])
+
+
+def _pair_order(ladders: list[np.ndarray], sections: Any, mode: AxialMode) -> list[np.ndarray]:
+    """Where each axis's pairs go: contiguous sections, or interleaved M-RoPE's places."""
+    sizes = [f.size for f in ladders]
+    if mode == "mrope-interleaved":
+        return _interleaved_pairs(sizes if sections is None else list(sections), sum(sizes))
+    starts = np.cumsum([0, *sizes])
+    return [np.arange(starts[a], starts[a + 1]) for a in range(len(sizes))]
 
 
 def _axial_ladders(inv_freq: Any, sections: Sequence[int] | None, n_axes: int) -> list[np.ndarray]:
@@ -139,7 +167,7 @@ def axial_rope_tables(
     *,
     inv_freq: Any = None,
     sections: Sequence[int] | None = None,
-    mode: Literal["axial", "mrope"] = "axial",
+    mode: AxialMode = "axial",
     rotary_dim: int | None = None,
     layout: RopeLayout = "half",
     dtype: Any = "float32",
@@ -169,6 +197,9 @@ def axial_rope_tables(
             :func:`rope_frequencies` ``(2·s_a, base)`` (RoPE-Axial, rope-vit, SAM 2).
             ``"mrope"``: pairs keep their place on one ladder ``base^(-2j/rotary_dim)``
             (Qwen2-VL M-RoPE; ``sections=[16, 24, 24]`` with ``head_dim=128``).
+            ``"mrope-interleaved"``: the same ladder, axis ``a >= 1`` rotating pairs
+            ``a, a+n, a+2n, ...`` (``sections[a]`` of them) and axis 0 the others
+            (Qwen3-VL; ``sections=[24, 20, 20]``).
         rotary_dim: Rotated width (even, <= head_dim); default ``head_dim``.
         layout: ``"half"`` (Hugging Face) or ``"interleaved"`` (rope-vit's complex
             multiplication), for :func:`apply_rope` with the same layout.
@@ -205,19 +236,27 @@ def axial_rope_tables(
         ladders = _base_ladders(head_dim, base, rotary_dim, sections, mode, n_axes)
     elif mode == "mrope":
         ladders = _mrope_ladders(inv_freq, sections, n_axes)
+    elif mode == "mrope-interleaved":
+        full = check_inv_freq(inv_freq)
+        sections = _check_sections(sections, full.size, n_axes) if sections else None
+        if sections is None:
+            raise TypeError("mode='mrope-interleaved' needs sections (pairs per axis)")
+        ladders = [full[index] for index in _interleaved_pairs(sections, full.size)]
     else:
         ladders = _axial_ladders(inv_freq, sections, n_axes)
     pairs = sum(f.size for f in ladders)
     lead = coords.shape[:-1]
     check_memory(2 * math.prod(lead) * 2 * pairs * 8 * 2, "these axial RoPE tables", max_bytes)
-    cos_parts, sin_parts = [], []
+    order = _pair_order(ladders, sections, mode)
+    cos_half = np.empty((*lead, pairs), dtype=CONTAINERS[fmt])
+    sin_half = np.empty_like(cos_half)
     for a, f in enumerate(ladders):
         # "half" layout: the first len(f) columns are the values of this axis's pairs.
         c, s = rope_table_values(
             coords[..., a], f, fmt=fmt, layout="half", scale=scale, max_bytes=None
         )
-        cos_parts.append(c[..., : f.size])
-        sin_parts.append(s[..., : f.size])
-    cos = pair_layout(np.concatenate(cos_parts, axis=-1), layout)
-    sin = pair_layout(np.concatenate(sin_parts, axis=-1), layout)
+        cos_half[..., order[a]] = c[..., : f.size]
+        sin_half[..., order[a]] = s[..., : f.size]
+    cos = pair_layout(cos_half, layout)
+    sin = pair_layout(sin_half, layout)
     return cos.astype(np_dtype, copy=False), sin.astype(np_dtype, copy=False)
