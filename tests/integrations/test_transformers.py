@@ -201,7 +201,26 @@ def test_multimodal_models_with_image_positions_are_within_float32_of_exact(name
     finally:
         unpatch(model)
     error = float((patched - reference).abs().max())
-    assert error < EXACT_TOLERANCE, (name, error, float((unpatched - reference).abs().max()))
+    theirs = float((unpatched - reference).abs().max())
+    assert error < EXACT_TOLERANCE, (name, error, theirs)
+    assert float((patched - unpatched).abs().max()) <= theirs + EXACT_TOLERANCE
+
+
+@pytest.mark.parametrize("name", sorted(mrope_models()))
+def test_multimodal_tables_equal_the_transformers_module_to_float32_angles(name):
+    """The patched module's (cos, sin) against the original module's at small positions,
+    where Hugging Face's float32 angles are within 1e-5 (positions < 128)."""
+    cls, config = mrope_models()[name]
+    model = cls(copy.deepcopy(config))
+    original = model.rotary_emb
+    grid = torch.arange(40)
+    positions = torch.stack([50 + grid // 8, 50 + (grid // 4) % 2, 50 + grid % 4])[:, None]
+    x = torch.zeros(1, dtype=torch.float32)
+    theirs = original(x, positions)
+    mine = ExactRotaryEmbedding(original)(x, positions)
+    for a, b in zip(mine, theirs, strict=True):
+        assert a.shape == b.shape
+        assert float((a - b).abs().max()) < 1e-5
 
 
 def test_what_posenc_cannot_patch_is_named():
