@@ -78,6 +78,15 @@ def families() -> dict[str, tuple[type, object, tuple[int, ...]]]:
                                layer_types=["sliding_attention", "full_attention"]),
             (131072,),
         ),
+        "llama 4 (complex freqs_cis, NoPE layers)": (
+            t.Llama4ForCausalLM,
+            t.Llama4TextConfig(**{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2,
+                               head_dim=64, intermediate_size_mlp=256, num_local_experts=2,
+                               num_experts_per_tok=1, max_position_embeddings=131072,
+                               rope_parameters=llama3, no_rope_layers=[1, 0, 1, 0],
+                               attn_temperature_tuning=True, floor_scale=8, attn_scale=0.1),
+            (131072,),
+        ),
         "deepseek-v3 (yarn, mscale, interleaved)": (
             t.DeepseekV3ForCausalLM,
             t.DeepseekV3Config(**SMALL, moe_intermediate_size=64, qk_rope_head_dim=16,

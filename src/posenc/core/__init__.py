@@ -3,7 +3,7 @@
 from .alibi import alibi_bias, alibi_slopes
 from .frequencies import frequencies, wavelengths
 from .nd import sinusoidal_nd
-from .nope import nope
+from .nope import attention_temperature, nope
 from .packing import (
     positions_from_attention_mask,
     positions_from_cu_seqlens,
@@ -49,6 +49,7 @@ __all__ = [
     "alibi_slopes",
     "apply_rope",
     "apply_xpos",
+    "attention_temperature",
     "axial_rope_tables",
     "frequencies",
     "layout_permutation",

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from .._extras import require
 
@@ -47,6 +48,8 @@ _MROPE_INTERLEAVED = {
     "Qwen3VLTextRotaryEmbedding": True,
     "Qwen3VLMoeTextRotaryEmbedding": True,
 }
+# Rotary modules that return complex ``cos + i sin`` per pair (Llama 4's ``freqs_cis``).
+_COMPLEX = {"Llama4TextRotaryEmbedding"}
 _FORMATS = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
             torch.float64: "float64"}  # fmt: skip
 
@@ -102,6 +105,7 @@ class ExactRotaryEmbedding(nn.Module):
                 spec, max_length=_INITIAL_ROWS
             ).to(device)
         self.config = config
+        self.complex = name in _COMPLEX
         self.rope_type = rope_type
         self.original_class = name
         object.__setattr__(self, "_original", original)  # not a submodule: not moved, saved
@@ -113,9 +117,7 @@ class ExactRotaryEmbedding(nn.Module):
         return original
 
     @torch.no_grad()
-    def forward(
-        self, x: Tensor, position_ids: Tensor, layer_type: str | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, position_ids: Tensor, layer_type: str | None = None) -> Any:
         if self.mrope is not None:
             return self._mrope_forward(x, position_ids)
         rope = self.ropes._modules.get(_key(layer_type))
@@ -126,6 +128,11 @@ class ExactRotaryEmbedding(nn.Module):
             )
         assert isinstance(rope, RotaryEmbedding)
         positions = position_ids if position_ids.dim() == 2 else position_ids[None]
+        if self.complex:  # one complex number per pair: float32 parts, or float64
+            wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+            cos, sin = rope.cos_sin(positions, dtype=wide)
+            pairs = cos.shape[-1] // 2
+            return torch.complex(cos[..., :pairs], sin[..., :pairs]).to(x.device)
         cos, sin = rope.cos_sin(positions, dtype=x.dtype)
         if cos.device != x.device:
             cos, sin = cos.to(x.device), sin.to(x.device)
