@@ -77,3 +77,36 @@ def test_the_cause_is_shown_when_another_module_is_missing():
         "posenc.keras needs Keras 3 with a backend: pip install 'posenc[tf]' (TensorFlow) or "
         "'posenc[jax]' (JAX) (No module named 'tensorflow')"
     )
+
+
+def test_the_transformers_integration_without_transformers_names_its_extra():
+    result = run_without(
+        ["transformers"],
+        """
+        try:
+            import posenc.integrations.transformers
+        except ImportError as exc:
+            print(type(exc).__name__, exc)
+        """,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "ImportError posenc.integrations.transformers needs Hugging Face transformers: "
+        "pip install 'posenc[transformers]'"
+    )
+
+
+def test_convert_rope_without_safetensors_exits_with_the_hint(tmp_path):
+    (tmp_path / "in.safetensors").write_bytes(b"x")
+    result = run_without(
+        ["safetensors"],
+        f"""
+        from posenc.cli import main
+        raise SystemExit(main(["convert-rope", {str(tmp_path / "in.safetensors")!r},
+                               {str(tmp_path / "out.safetensors")!r}, "--to", "half",
+                               "--heads", "2"]))
+        """,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "pip install 'posenc[transformers]'" in result.stderr
+    assert "Traceback" not in result.stderr
