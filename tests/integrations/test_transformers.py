@@ -274,3 +274,51 @@ def test_deepseek_interleaved_application_is_posenc_interleaved_rope_in_half_ord
     for x, out in zip((q, k), theirs, strict=True):
         mine = posenc.apply_rope(x, cos_i, sin_i, layout="interleaved")[..., to_half]
         np.testing.assert_allclose(out.numpy(), mine, rtol=0, atol=1e-15)
+
+
+def test_register_adds_posenc_methods_to_transformers_registry():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    import posenc
+    from posenc.integrations.transformers import register, unregister
+
+    added = register()
+    try:
+        assert {"posenc_ntk", "posenc_yarn", "posenc_dynamic", "posenc_llama3"} <= set(added)
+        assert "posenc_longrope" not in added  # transformers switches it by its own name
+        yarn = {"rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 1024}
+        config = transformers.LlamaConfig(
+            **SMALL,
+            max_position_embeddings=4096,
+            rope_parameters={"rope_type": "posenc_yarn", **yarn},
+        )
+        module = LlamaRotaryEmbedding(config)
+        spec = posenc.RopeSpec.from_hf_config(config)
+        inv_freq, attention = spec.frequencies()
+        assert torch.equal(module.inv_freq, torch.tensor(inv_freq, dtype=torch.float32))
+        assert module.attention_scaling == attention
+        theirs = transformers.LlamaConfig(
+            **SMALL, max_position_embeddings=4096, rope_parameters={"rope_type": "yarn", **yarn}
+        )
+        hf_inv_freq, hf_attention = ROPE_INIT_FUNCTIONS["yarn"](theirs, None)
+        torch.testing.assert_close(module.inv_freq, hf_inv_freq, rtol=6e-7, atol=0)
+        assert hf_attention == pytest.approx(attention, rel=1e-15)
+        # a method transformers lacks, in a whole model, and the dynamic update per length
+        ntk = transformers.LlamaConfig(**SMALL, rope_parameters={
+            "rope_type": "posenc_ntk", "rope_theta": 1e4, "factor": 4.0})  # fmt: skip
+        assert posenc.RopeSpec.from_hf_config(ntk).to_hf_dict()["rope_parameters"][
+            "rope_type"] == "posenc_ntk"  # fmt: skip
+        model = transformers.LlamaForCausalLM(ntk)
+        expected = posenc.rope_scaling("ntk", 64, 1e4, factor=4.0)[0]
+        assert torch.equal(model.model.rotary_emb.inv_freq, torch.tensor(expected).float())
+        dynamic = transformers.LlamaConfig(**SMALL, max_position_embeddings=1024,
+                                           rope_parameters={"rope_type": "posenc_dynamic",
+                                                            "rope_theta": 1e4, "factor": 2.0})  # fmt: skip
+        module = LlamaRotaryEmbedding(dynamic)
+        module(torch.zeros(1), torch.arange(3000)[None])  # past 1024: the frequencies follow
+        longer = posenc.RopeSpec.from_hf_config(dynamic).frequencies(3000)[0]
+        assert torch.equal(module.inv_freq, torch.tensor(longer, dtype=torch.float32))
+    finally:
+        assert set(unregister()) == set(added)
+    assert "posenc_yarn" not in ROPE_INIT_FUNCTIONS

@@ -35,10 +35,19 @@ import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
 from .._checks import describe  # noqa: E402
+from ..core.rope import ROPE_SCALING_SPECS  # noqa: E402
 from ..specs import AxialRopeSpec, RopeSpec  # noqa: E402
+from ..specs.hf import POSENC_PREFIX  # noqa: E402
 from ..torch import RotaryEmbedding  # noqa: E402
 
-__all__ = ["ExactRotaryEmbedding", "patch", "rotary_modules", "unpatch"]
+__all__ = [
+    "ExactRotaryEmbedding",
+    "patch",
+    "register",
+    "rotary_modules",
+    "unpatch",
+    "unregister",
+]
 
 _INITIAL_ROWS = 4096  # rows built at first; the tables grow to the positions a call needs
 # The multimodal rotary modules posenc knows, by class: how they lay out the sections.
@@ -215,3 +224,65 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, module)
+
+
+# transformers switches LongRoPE's factors in its rotary modules by this exact rope_type.
+_NOT_REGISTERED = ("longrope",)
+
+
+def register() -> list[str]:
+    """Add posenc's RoPE methods to ``transformers``' ``ROPE_INIT_FUNCTIONS``.
+
+    Each registered posenc scaling (built-in or added with
+    :func:`posenc.register_rope_scaling`) but LongRoPE becomes the rope type
+    ``"posenc_<name>"`` (``"posenc_dynamic"`` for dynamic NTK, so that transformers'
+    ``dynamic_rope_update`` recomputes it per length): a config with that ``rope_type``
+    gets its inverse frequencies from posenc (exact in float64, rounded once to float32)
+    and its attention factor, for the methods transformers lacks (``posenc_ntk``) and as
+    an exact alternative to the ones it has. The angles are still formed by the model in
+    float32; :func:`patch` is what makes them exact. Returns the rope types added.
+
+    Example::
+
+        register()
+        config = LlamaConfig(..., rope_parameters={"rope_type": "posenc_ntk", "factor": 4.0})
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    added = []
+    for name in ROPE_SCALING_SPECS:
+        if name in _NOT_REGISTERED:
+            continue
+        kind = POSENC_PREFIX + ("dynamic" if name == "dynamic_ntk" else name)
+        ROPE_INIT_FUNCTIONS[kind] = _init_function
+        added.append(kind)
+    return added
+
+
+def unregister() -> list[str]:
+    """Remove the rope types :func:`register` added; returns them."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    removed = [kind for kind, fn in ROPE_INIT_FUNCTIONS.items() if fn is _init_function]
+    for kind in removed:
+        del ROPE_INIT_FUNCTIONS[kind]
+    return removed
+
+
+def _init_function(
+    config: Any,
+    device: Any = None,
+    seq_len: int | None = None,
+    layer_type: str | None = None,
+    **_: Any,
+) -> tuple[Tensor, float]:
+    """A ``ROPE_INIT_FUNCTIONS`` entry: ``(inv_freq, attention_factor)`` of the config."""
+    spec = RopeSpec.from_hf_config(config, layer_type=layer_type)
+    length = seq_len if spec.scaling.length_dependent else None
+    if length is not None:
+        length = int(length)
+        original = getattr(config, "max_position_embeddings", None)
+        if original is not None:  # transformers' dynamic rule: never below the trained length
+            length = max(length, int(original))
+    inv_freq, attention = spec.frequencies(length)
+    return torch.tensor(inv_freq, dtype=torch.float32, device=device), float(attention)

@@ -72,7 +72,9 @@ def rope_spec_from_hf_config(config: Any, *, layer_type: str | None = None) -> d
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
         raise ValueError(f"partial_rotary_factor must be a number in (0, 1], got {partial!r}")
     layout = "interleaved" if data.get("rope_interleave") else "half"
-    if _rope_type(rope) == "proportional":  # p-RoPE: the proportion is the method's own
+    if (
+        posenc_name(_rope_type(rope)) == "proportional"
+    ):  # p-RoPE: the proportion is the method's own
         rope = {**rope, "partial_rotary_factor": partial}
         rotary_dim = head_dim  # every pair turns, the ones past the proportion by 0
     else:
@@ -138,16 +140,17 @@ def rope_spec_to_hf_dict(
 
     ``{"head_dim": ..., "rope_parameters": {"rope_type": ..., "rope_theta": ..., params,
     "partial_rotary_factor": ...}}``, plus ``"rope_interleave": True`` for the
-    interleaved layout (DeepSeek-V3's key; other models apply the half layout).
+    interleaved layout (DeepSeek-V3's key; other models apply the half layout). A method
+    transformers does not have (``"ntk"``, a registered one) is written as
+    ``"posenc_<name>"``, which transformers computes after
+    :func:`posenc.integrations.transformers.register`.
     """
     params = scaling.to_dict()
     kind = params.pop("rope_type")
-    if kind not in ROPE_SCALING_SPECS or (_POSENC_NAMES.get(kind, kind) not in HF_ROPE_TYPES):
-        raise ValueError(
-            f"RoPE scaling {kind!r} has no transformers rope_type; transformers has "
-            f"{list(HF_ROPE_TYPES)}"
-        )
-    parameters: dict[str, Any] = {"rope_type": _POSENC_NAMES.get(kind, kind), "rope_theta": base}
+    hf_kind = _POSENC_NAMES.get(kind, kind)
+    if hf_kind not in HF_ROPE_TYPES:
+        hf_kind = POSENC_PREFIX + hf_kind
+    parameters: dict[str, Any] = {"rope_type": hf_kind, "rope_theta": base}
     parameters.update(
         {
             key: list(value) if isinstance(value, tuple) else value
@@ -261,9 +264,9 @@ def _rope_parameters(data: Mapping[str, Any], layer_type: str | None) -> dict[st
 def _scaling(rope: Mapping[str, Any], data: Mapping[str, Any]) -> RopeScaling:
     """The scaling spec of a RoPE parameter dict, filled from the config as transformers."""
     kind = _rope_type(rope)
-    shared = _SHARED_KEYS[:-1] if kind == "proportional" else _SHARED_KEYS
+    shared = _SHARED_KEYS[:-1] if posenc_name(kind) == "proportional" else _SHARED_KEYS
     params = {key: value for key, value in rope.items() if key not in shared}
-    name = _HF_NAMES.get(kind, kind)
+    name = posenc_name(kind)
     accepted = ROPE_SCALING_SPECS[name].parameters()
     unknown = sorted(set(params) - set(accepted))
     if unknown:
@@ -304,12 +307,32 @@ def _rope_type(rope: Mapping[str, Any]) -> str:
             f"{mrope[0]}: this config's RoPE is multimodal (M-RoPE, one section of the "
             "frequencies per position axis), which one RopeSpec does not describe"
         )
-    if not isinstance(kind, str) or kind not in HF_ROPE_TYPES:
+    if not isinstance(kind, str) or (
+        kind not in HF_ROPE_TYPES and posenc_name(kind) not in ROPE_SCALING_SPECS
+    ):
         raise ValueError(
             f"rope_type {kind!r} is not one posenc reads from a transformers config; it reads "
-            f"{list(HF_ROPE_TYPES)}"
+            f"{list(HF_ROPE_TYPES)} and {POSENC_PREFIX!r} + a posenc scaling name"
         )
     return kind
+
+
+POSENC_PREFIX = "posenc_"
+"""The prefix of the ``rope_type`` values posenc's own methods have in a transformers
+config (``posenc_yarn``, ``posenc_ntk``; :func:`posenc.integrations.transformers.register`)."""
+
+
+def posenc_name(kind: str) -> str:
+    """posenc's scaling name of a transformers ``rope_type`` (``"dynamic"`` ->
+    ``"dynamic_ntk"``, ``"posenc_ntk"`` -> ``"ntk"``); other values unchanged.
+
+    Example:
+        >>> posenc_name("posenc_dynamic"), posenc_name("yarn")
+        ('dynamic_ntk', 'yarn')
+    """
+    if kind.startswith(POSENC_PREFIX):
+        kind = kind[len(POSENC_PREFIX) :]
+    return _HF_NAMES.get(kind, kind)
 
 
 def _original(kind: str, params: dict[str, Any], data: Mapping[str, Any]) -> None:
