@@ -96,3 +96,16 @@ def test_the_torch_and_jax_front_ends_give_the_cores_positions():
     assert jax_mask(mask).tolist() == [[0, 0, 1], [0, 1, 2]]
     with pytest.raises(TypeError, match="attention_mask is traced"):
         jax.jit(jax_mask)(mask)
+
+
+def test_the_keras_front_end_gives_the_cores_positions():
+    keras = pytest.importorskip("keras")
+    from posenc.keras import positions_from_cu_seqlens as keras_cu
+    from posenc.keras import positions_from_document_ids as keras_ids
+
+    out = keras_cu(keras.ops.convert_to_tensor(np.array([0, 3, 4])))
+    assert keras.backend.standardize_dtype(out.dtype) == "int32"
+    assert keras.ops.convert_to_numpy(out).tolist() == [0, 1, 2, 0]
+    assert keras.ops.convert_to_numpy(keras_ids([[2, 2, 9]])).tolist() == [[0, 1, 0]]
+    with pytest.raises(TypeError, match="cu_seqlens must be a tensor whose values are known"):
+        keras_cu(keras.KerasTensor((3,), dtype="int32"))

@@ -27,6 +27,11 @@ except ImportError as exc:
 from .bias import ALiBiBias, T5RelativeBias
 from .embeddings import LearnedPositionalEmbedding, SinusoidalPositionalEncodingND
 from .layers import SinusoidalPositionalEncoding, generate_positional_encoding
+from .packing import (
+    positions_from_attention_mask,
+    positions_from_cu_seqlens,
+    positions_from_document_ids,
+)
 from .rope import RotaryEmbedding
 
 __all__ = [
@@ -37,4 +42,7 @@ __all__ = [
     "SinusoidalPositionalEncodingND",
     "T5RelativeBias",
     "generate_positional_encoding",
+    "positions_from_attention_mask",
+    "positions_from_cu_seqlens",
+    "positions_from_document_ids",
 ]
