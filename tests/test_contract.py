@@ -94,6 +94,7 @@ CALLS: Calls = {
     "relative_map": (posenc.relative_map, (2, 8), {}),
     "attention_temperature": (posenc.attention_temperature, ([0, 9, 40],), {"floor_scale": 8.0, "attn_scale": 0.1}),
     "positions_from_cu_seqlens": (posenc.positions_from_cu_seqlens, (np.array([0, 2, 5]),), {}),
+    "mrope_positions": (posenc.mrope_positions, ([[0, 1, 1, 1, 1]],), {"image_grids": [[1, 4, 4]], "spatial_merge_size": 2}),
     "positions_from_document_ids": (posenc.positions_from_document_ids, ([[1, 1, 2]],), {}),
     "positions_from_attention_mask": (posenc.positions_from_attention_mask, ([[0, 1, 1]],), {}),
 }  # fmt: skip

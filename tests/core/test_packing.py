@@ -109,3 +109,68 @@ def test_the_keras_front_end_gives_the_cores_positions():
     assert keras.ops.convert_to_numpy(keras_ids([[2, 2, 9]])).tolist() == [[0, 1, 0]]
     with pytest.raises(TypeError, match="cu_seqlens must be a tensor whose values are known"):
         keras_cu(keras.KerasTensor((3,), dtype="int32"))
+
+
+def reference_rope_index(types, image_grids, video_grids, mask, merge):
+    """transformers' Qwen2VLModel.get_rope_index, run on a stand-in for the model (it reads
+    only the vision config's spatial_merge_size and its own get_vision_position_ids)."""
+    import types as pytypes
+
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+
+    fake = pytypes.SimpleNamespace(
+        config=pytypes.SimpleNamespace(
+            vision_config=pytypes.SimpleNamespace(spatial_merge_size=merge)
+        )
+    )
+    fake.get_vision_position_ids = pytypes.MethodType(Qwen2VLModel.get_vision_position_ids, fake)
+    as_tensor = lambda a: None if a is None else torch.tensor(a)  # noqa: E731
+    positions, deltas = Qwen2VLModel.get_rope_index(
+        fake, torch.zeros_like(torch.tensor(types)), torch.tensor(types),
+        image_grid_thw=as_tensor(image_grids), video_grid_thw=as_tensor(video_grids),
+        attention_mask=as_tensor(mask),
+    )  # fmt: skip
+    return positions.numpy(), deltas.numpy()
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_mrope_positions_equal_qwen2_vl_get_rope_index(data):
+    from posenc.core.packing import mrope_positions
+
+    merge = data.draw(st.sampled_from([1, 2]), label="merge")
+    rows, images, videos = [], [], []
+    for _ in range(data.draw(st.integers(1, 3), label="batch")):
+        row = []
+        for _ in range(data.draw(st.integers(1, 4), label="runs")):
+            kind = data.draw(st.sampled_from([0, 1, 2]), label="kind")
+            if kind == 0 or (row and row[-1] == kind):
+                row += [0] * data.draw(st.integers(1, 3), label="text")
+                continue
+            grid = [data.draw(st.integers(1, 3)), merge * data.draw(st.integers(1, 3)),
+                    merge * data.draw(st.integers(1, 3))]  # fmt: skip
+            (images if kind == 1 else videos).append(grid)
+            row += [kind] * (grid[0] * grid[1] * grid[2] // merge**2)
+        rows.append(row)
+    seq = max(len(r) for r in rows)
+    pad = [seq - len(r) for r in rows]
+    types = [[0] * p + r for p, r in zip(pad, rows, strict=True)]  # left padding
+    mask = [[0] * p + [1] * len(r) for p, r in zip(pad, rows, strict=True)]
+    expected = reference_rope_index(types, images or None, videos or None, mask, merge)
+    mine = mrope_positions(types, image_grids=images or None, video_grids=videos or None,
+                           spatial_merge_size=merge, attention_mask=mask)  # fmt: skip
+    np.testing.assert_array_equal(mine[0], expected[0])
+    np.testing.assert_array_equal(mine[1], expected[1])
+
+
+def test_mrope_positions_name_what_does_not_fit():
+    from posenc.core.packing import mrope_positions
+
+    with pytest.raises(ValueError, match="run of 3 image tokens does not match its grid"):
+        mrope_positions([[0, 1, 1, 1]], image_grids=[[1, 4, 4]])
+    with pytest.raises(ValueError, match="0 x 0 x 0 tokens with spatial_merge_size=2"):
+        mrope_positions([[1, 1]])
+    with pytest.raises(ValueError, match="multiples of spatial_merge_size=2"):
+        mrope_positions([[1]], image_grids=[[1, 1, 1]])
+    with pytest.raises(ValueError, match="0 \\(text\\), 1 \\(image\\) and 2 \\(video\\)"):
+        mrope_positions([[3]])

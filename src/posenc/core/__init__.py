@@ -5,6 +5,7 @@ from .frequencies import frequencies, wavelengths
 from .nd import sinusoidal_nd
 from .nope import attention_temperature, nope
 from .packing import (
+    mrope_positions,
     positions_from_attention_mask,
     positions_from_cu_seqlens,
     positions_from_document_ids,
@@ -53,6 +54,7 @@ __all__ = [
     "axial_rope_tables",
     "frequencies",
     "layout_permutation",
+    "mrope_positions",
     "nope",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",

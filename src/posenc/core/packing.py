@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import describe
+from .._checks import check_int, describe
 
 __all__ = [
+    "mrope_positions",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",
     "positions_from_document_ids",
@@ -117,3 +118,109 @@ def positions_from_attention_mask(attention_mask: Any) -> np.ndarray:
     positions = np.cumsum(mask, axis=1) - 1
     positions[mask == 0] = 0
     return positions
+
+
+def mrope_positions(
+    token_types: Any,
+    *,
+    image_grids: Any = None,
+    video_grids: Any = None,
+    spatial_merge_size: int = 2,
+    attention_mask: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen2-VL's M-RoPE position ids of text and vision tokens, and their deltas.
+
+    Text tokens advance one position on all three axes (time, height, width); an image
+    or video of ``(T, H, W)`` patches is ``T·(H/m)·(W/m)`` tokens at
+    ``start + (t, h, w)``, after which the next token starts at ``start + max(H, W)/m``
+    (``m``: the spatial merge size). As ``transformers``' ``Qwen2VLModel.get_rope_index``
+    (installed version 5); padding (``attention_mask`` 0) gets position 0 on every axis.
+
+    Args:
+        token_types: ``(batch, seq)`` ints: 0 text, 1 image, 2 video.
+        image_grids, video_grids: ``(count, 3)`` ``(T, H, W)`` of each image/video, in
+            the order they appear (row by row through the batch).
+        spatial_merge_size: ``m`` (2 in Qwen2-VL).
+        attention_mask: ``(batch, seq)`` of 0 and 1, or ``None``.
+
+    Returns:
+        ``(positions, deltas)``: int64 ``(3, batch, seq)`` and ``(batch, 1)``, where
+        ``delta = max position + 1 - tokens`` (added to the positions of generated
+        tokens).
+
+    Example:
+        >>> positions, deltas = mrope_positions([[0, 1, 1, 1, 1, 0]], image_grids=[[1, 4, 4]])
+        >>> positions[:, 0].tolist(), deltas.tolist()
+        ([[0, 1, 1, 1, 1, 3], [0, 1, 1, 2, 2, 3], [0, 1, 2, 1, 2, 3]], [[-2]])
+    """
+    types = _integers(token_types, "token_types", (2,))
+    if np.any((types < 0) | (types > 2)):
+        raise ValueError("token_types must hold 0 (text), 1 (image) and 2 (video) only")
+    merge = _check_merge(spatial_merge_size)
+    grids = {
+        1: iter(_grids(image_grids, "image_grids", merge)),
+        2: iter(_grids(video_grids, "video_grids", merge)),
+    }
+    batch, seq = types.shape
+    mask = np.ones((batch, seq), dtype=bool)
+    if attention_mask is not None:
+        positions_from_attention_mask(attention_mask)  # its checks: 2-D, 0 and 1 only
+        mask = np.asarray(attention_mask) != 0
+        if mask.shape != types.shape:
+            raise ValueError(
+                f"attention_mask has shape {mask.shape}, token_types {types.shape}; they must match"
+            )
+    positions = np.zeros((3, batch, seq), dtype=np.int64)
+    deltas = np.zeros((batch, 1), dtype=np.int64)
+    for row in range(batch):
+        kinds = types[row][mask[row]]
+        if kinds.size:
+            ids = _row_positions(kinds, grids, merge)
+            positions[:, row, mask[row]] = ids
+            deltas[row, 0] = int(ids.max()) + 1 - kinds.size
+    return positions, deltas
+
+
+def _row_positions(kinds: np.ndarray, grids: dict[int, Any], merge: int) -> np.ndarray:
+    """``(3, len(kinds))`` M-RoPE positions of one row's tokens (padding removed)."""
+    parts, current, start = [], 0, 0
+    while start < kinds.size:
+        kind = int(kinds[start])
+        stop = start + 1
+        while stop < kinds.size and kinds[stop] == kind:
+            stop += 1
+        if kind == 0:  # text: one step on every axis
+            parts.append(np.stack([np.arange(stop - start) + current] * 3))
+            current += stop - start
+        else:
+            what = "image" if kind == 1 else "video"
+            t, h, w = next(grids[kind], (0, 0, 0))
+            if t * h * w != stop - start:
+                raise ValueError(
+                    f"a run of {stop - start} {what} tokens does not match its grid in "
+                    f"{what}_grids: {t} x {h} x {w} tokens with spatial_merge_size={merge} "
+                    "(0: no grid left)"
+                )
+            axes = np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij")
+            parts.append(np.stack([a.reshape(-1) for a in axes]) + current)
+            current += max(h, w)
+        start = stop
+    return np.concatenate(parts, axis=1)
+
+
+def _check_merge(value: Any) -> int:
+    return check_int(value, "spatial_merge_size", minimum=1, maximum=1 << 16)
+
+
+def _grids(value: Any, name: str, merge: int) -> list[tuple[int, int, int]]:
+    """``(count, 3)`` grids ``(T, H, W)`` as merged ``(T, H/m, W/m)`` tuples."""
+    if value is None:
+        return []
+    array = _integers(value, name, (2,))
+    if array.shape[-1] != 3:
+        raise ValueError(f"{name} must have shape (count, 3) of (T, H, W), got {array.shape}")
+    if np.any(array < 1):
+        raise ValueError(f"{name} must hold sizes >= 1")
+    if np.any(array[:, 1:] % merge):
+        raise ValueError(f"{name}: H and W must be multiples of spatial_merge_size={merge}")
+    return [(int(t), int(h) // merge, int(w) // merge) for t, h, w in array]
