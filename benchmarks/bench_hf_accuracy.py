@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import transformers
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # their helpers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integrations"))
 
 from test_transformers import FAMILIES

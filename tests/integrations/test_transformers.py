@@ -13,6 +13,8 @@ import copy
 
 import pytest
 
+from hf_models import SMALL
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -23,9 +25,6 @@ from posenc.integrations.transformers import (  # noqa: E402
     unpatch,
 )
 
-SMALL = {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2,
-         "intermediate_size": 512, "vocab_size": 128, "pad_token_id": 0, "eos_token_id": 1,
-         "bos_token_id": 1}  # fmt: skip
 EXACT_TOLERANCE = 1e-5  # patched float32 logits against the float64 exact model
 TOKENS = 64
 

@@ -13,15 +13,13 @@ import json
 import numpy as np
 import pytest
 
+from hf_models import SMALL
 from posenc import RopeSpec
 from posenc.specs.hf import rope_spec_from_hf_config
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
-SMALL = {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2,
-         "intermediate_size": 512, "vocab_size": 128, "pad_token_id": 0, "eos_token_id": 1,
-         "bos_token_id": 1}  # fmt: skip
 F32_RTOL = 6e-7  # transformers' float32 powers and products: a few float32 ulp
 
 

@@ -117,7 +117,7 @@ class ExactRotaryEmbedding(nn.Module):
         self.complex = name in _COMPLEX
         self.rope_type = rope_type
         self.original_class = name
-        object.__setattr__(self, "_original", original)  # not a submodule: not moved, saved
+        object.__setattr__(self, "_original", original)  # not a submodule: not in state_dict()
 
     @property
     def original(self) -> nn.Module:
