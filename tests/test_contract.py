@@ -95,6 +95,7 @@ CALLS: Calls = {
     "attention_temperature": (posenc.attention_temperature, ([0, 9, 40],), {"floor_scale": 8.0, "attn_scale": 0.1}),
     "positions_from_cu_seqlens": (posenc.positions_from_cu_seqlens, (np.array([0, 2, 5]),), {}),
     "mrope_positions": (posenc.mrope_positions, ([[0, 1, 1, 1, 1]],), {"image_grids": [[1, 4, 4]], "spatial_merge_size": 2}),
+    "mrope_positions (videos)": (posenc.mrope_positions, ([[2, 2, 0, 2, 2]],), {"video_grids": [[2, 2, 4]], "tokens_per_second": 25, "second_per_grid_ts": [0.5], "split_video_frames": True, "spatial_merge_size": 2}),
     "positions_from_document_ids": (posenc.positions_from_document_ids, ([[1, 1, 2]],), {}),
     "positions_from_attention_mask": (posenc.positions_from_attention_mask, ([[0, 1, 1]],), {}),
 }  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_int, describe
+from .._checks import check_bool, check_int, check_positive, describe
 
 __all__ = [
     "mrope_positions",
@@ -126,21 +126,43 @@ def mrope_positions(
     image_grids: Any = None,
     video_grids: Any = None,
     spatial_merge_size: int = 2,
+    tokens_per_second: float | None = None,
+    second_per_grid_ts: Any = None,
+    split_video_frames: bool = False,
     attention_mask: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Qwen2-VL's M-RoPE position ids of text and vision tokens, and their deltas.
+    """M-RoPE position ids of text and vision tokens (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), and
+    their deltas.
 
     Text tokens advance one position on all three axes (time, height, width); an image
     or video of ``(T, H, W)`` patches is ``T·(H/m)·(W/m)`` tokens at
-    ``start + (t, h, w)``, after which the next token starts at ``start + max(H, W)/m``
-    (``m``: the spatial merge size). As ``transformers``' ``Qwen2VLModel.get_rope_index``
-    (installed version 5); padding (``attention_mask`` 0) gets position 0 on every axis.
+    ``start + (t·s, h, w)``, after which the next token starts at ``start + max(H, W)/m``
+    (``m``: the spatial merge size; ``s``: the time step, 1 for images). As
+    ``transformers``' ``get_rope_index`` of the three models (installed version 5), chosen
+    by the arguments:
+
+    - Qwen2-VL: the defaults (``s = 1``).
+    - Qwen2.5-VL: ``tokens_per_second`` from the vision config and the processor's
+      ``second_per_grid_ts``; a video's time positions are ``⌊t · tokens_per_second ·
+      seconds⌋``, the product rounded as the reference rounds it: in float64 when
+      ``second_per_grid_ts`` is a float64 array, else in float32 (a list: what
+      ``torch.tensor`` makes of it).
+    - Qwen3-VL: ``split_video_frames=True``: the model puts a timestamp between a video's
+      frames, so each frame is its own run of tokens, a video grid ``(T, H, W)`` standing
+      for ``T`` grids ``(1, H, W)``.
+
+    Padding (``attention_mask`` 0) gets position 0 on every axis.
 
     Args:
         token_types: ``(batch, seq)`` ints: 0 text, 1 image, 2 video.
         image_grids, video_grids: ``(count, 3)`` ``(T, H, W)`` of each image/video, in
             the order they appear (row by row through the batch).
-        spatial_merge_size: ``m`` (2 in Qwen2-VL).
+        spatial_merge_size: ``m`` (2 in all three models).
+        tokens_per_second: Time positions per second of video (Qwen2.5-VL), or ``None``:
+            one per frame.
+        second_per_grid_ts: ``(videos,)`` seconds per temporal grid step of each video
+            (with ``tokens_per_second``; ``None``: 1 second each).
+        split_video_frames: Each video frame a run of its own (Qwen3-VL).
         attention_mask: ``(batch, seq)`` of 0 and 1, or ``None``.
 
     Returns:
@@ -152,14 +174,24 @@ def mrope_positions(
         >>> positions, deltas = mrope_positions([[0, 1, 1, 1, 1, 0]], image_grids=[[1, 4, 4]])
         >>> positions[:, 0].tolist(), deltas.tolist()
         ([[0, 1, 1, 1, 1, 3], [0, 1, 1, 2, 2, 3], [0, 1, 2, 1, 2, 3]], [[-2]])
+        >>> video, _ = mrope_positions([[2, 2]], video_grids=[[2, 2, 2]], tokens_per_second=2,
+        ...                            second_per_grid_ts=[0.75])
+        >>> video[0, 0].tolist()  # t = 0, 1 at 0 and 1.5 seconds
+        [0, 1]
     """
     types = _integers(token_types, "token_types", (2,))
     if np.any((types < 0) | (types > 2)):
         raise ValueError("token_types must hold 0 (text), 1 (image) and 2 (video) only")
     merge = _check_merge(spatial_merge_size)
+    split = check_bool(split_video_frames, "split_video_frames")
+    videos = _grids(video_grids, "video_grids", merge)
+    steps = _time_steps(tokens_per_second, second_per_grid_ts, len(videos))
+    timed = [(*grid, step) for grid, step in zip(videos, steps, strict=True)]
+    if split:  # T frames of (1, H, W), each at the video's time step
+        timed = [(1, h, w, step) for t, h, w, step in timed for _ in range(t)]
     grids = {
-        1: iter(_grids(image_grids, "image_grids", merge)),
-        2: iter(_grids(video_grids, "video_grids", merge)),
+        1: iter([(*grid, None) for grid in _grids(image_grids, "image_grids", merge)]),
+        2: iter(timed),
     }
     batch, seq = types.shape
     mask = np.ones((batch, seq), dtype=bool)
@@ -175,13 +207,13 @@ def mrope_positions(
     for row in range(batch):
         kinds = types[row][mask[row]]
         if kinds.size:
-            ids = _row_positions(kinds, grids, merge)
+            ids = _row_positions(kinds, grids, merge, split)
             positions[:, row, mask[row]] = ids
             deltas[row, 0] = int(ids.max()) + 1 - kinds.size
     return positions, deltas
 
 
-def _row_positions(kinds: np.ndarray, grids: dict[int, Any], merge: int) -> np.ndarray:
+def _row_positions(kinds: np.ndarray, grids: dict[int, Any], merge: int, split: bool) -> np.ndarray:
     """``(3, len(kinds))`` M-RoPE positions of one row's tokens (padding removed)."""
     parts, current, start = [], 0, 0
     while start < kinds.size:
@@ -194,18 +226,64 @@ def _row_positions(kinds: np.ndarray, grids: dict[int, Any], merge: int) -> np.n
             current += stop - start
         else:
             what = "image" if kind == 1 else "video"
-            t, h, w = next(grids[kind], (0, 0, 0))
+            t, h, w, step = next(grids[kind], (0, 0, 0, None))
             if t * h * w != stop - start:
+                frames = f", split_video_frames={split}" if kind == 2 else ""
                 raise ValueError(
                     f"a run of {stop - start} {what} tokens does not match its grid in "
-                    f"{what}_grids: {t} x {h} x {w} tokens with spatial_merge_size={merge} "
-                    "(0: no grid left)"
+                    f"{what}_grids: {t} x {h} x {w} tokens with spatial_merge_size={merge}"
+                    f"{frames} (0: no grid left)"
                 )
-            axes = np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij")
+            times = np.arange(t)
+            if step is not None:  # the product rounded in the step's precision, truncated
+                scaled = times.astype(step.dtype) * step
+                if scaled.size and not float(scaled[-1]) < 2.0**53:
+                    raise ValueError(
+                        f"a video's time positions reach {float(scaled[-1]):g}: give smaller "
+                        "tokens_per_second or second_per_grid_ts"
+                    )
+                times = scaled.astype(np.int64)
+            axes = np.meshgrid(times, np.arange(h), np.arange(w), indexing="ij")
             parts.append(np.stack([a.reshape(-1) for a in axes]) + current)
             current += max(h, w)
         start = stop
     return np.concatenate(parts, axis=1)
+
+
+def _time_steps(tokens_per_second: Any, seconds: Any, videos: int) -> list[Any]:
+    """Each video's time step ``tokens_per_second · seconds`` (a NumPy float32 or float64
+    scalar, the precision the reference computes in), or ``None`` (one per frame)."""
+    if tokens_per_second is None:
+        if seconds is not None:
+            raise ValueError("second_per_grid_ts needs tokens_per_second (Qwen2.5-VL's)")
+        return [None] * videos
+    rate = check_positive(tokens_per_second, "tokens_per_second")
+    if seconds is None:
+        seconds = [1.0] * videos
+    try:
+        array = np.asarray(seconds)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"second_per_grid_ts must be an array of numbers, got {describe(seconds)}"
+        ) from exc
+    if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
+        raise TypeError(f"second_per_grid_ts must hold numbers, got {describe(array)}")
+    if array.shape != (videos,):
+        raise ValueError(
+            f"second_per_grid_ts must have shape ({videos},), one per video in video_grids, "
+            f"got shape {array.shape}"
+        )
+    if not np.all(np.isfinite(array)) or np.any(array < 0):
+        raise ValueError("second_per_grid_ts must hold finite seconds >= 0")
+    # An array's float64 is kept; a list's numbers are float32, as torch.tensor makes them.
+    kind = np.float64 if getattr(seconds, "dtype", None) == np.float64 else np.float32
+    with np.errstate(over="ignore"):
+        steps = [kind(rate) * kind(value) for value in array.tolist()]
+    if not all(np.isfinite(step) for step in steps):
+        raise ValueError(
+            f"tokens_per_second={rate!r} times second_per_grid_ts overflows {kind.__name__}"
+        )
+    return steps
 
 
 def _check_merge(value: Any) -> int:

@@ -38,6 +38,7 @@ except ImportError as exc:
 from .bias import alibi_bias, alibi_slopes, t5_bias
 from .encodings import sinusoidal, sinusoidal_nd
 from .packing import (
+    mrope_positions,
     positions_from_attention_mask,
     positions_from_cu_seqlens,
     positions_from_document_ids,
@@ -48,6 +49,7 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "mrope_positions",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",
     "positions_from_document_ids",

@@ -19,18 +19,23 @@ from ..core import packing
 from ._backend import is_traced
 
 __all__ = [
+    "mrope_positions",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",
     "positions_from_document_ids",
 ]
 
 
-def _concrete(function: Callable[[Any], np.ndarray], value: Any, name: str) -> jax.Array:
+def _check_concrete(value: Any, name: str) -> None:
     if is_traced(value):
         raise TypeError(
             f"{name} is traced (inside jax.jit): its values decide the output's shape; "
             "compute the positions outside the traced function"
         )
+
+
+def _concrete(function: Callable[[Any], np.ndarray], value: Any, name: str) -> jax.Array:
+    _check_concrete(value, name)
     result: jax.Array = jax.numpy.asarray(function(np.asarray(value)))  # int32 without x64
     return result
 
@@ -65,3 +70,26 @@ def positions_from_attention_mask(attention_mask: Any) -> jax.Array:
         [[0, 0, 1]]
     """
     return _concrete(packing.positions_from_attention_mask, attention_mask, "attention_mask")
+
+
+def mrope_positions(token_types: Any, **options: Any) -> tuple[jax.Array, jax.Array]:
+    """M-RoPE positions ``(3, batch, seq)`` and deltas ``(batch, 1)`` of Qwen2-VL,
+    Qwen2.5-VL and Qwen3-VL; ``options``: the grids and options of
+    :func:`posenc.core.packing.mrope_positions` (concrete arrays or lists).
+
+    Example:
+        >>> positions, deltas = mrope_positions(jax.numpy.array([[0, 1, 1, 1, 1, 0]]),
+        ...                                     image_grids=[[1, 4, 4]])
+        >>> positions[:, 0, -1].tolist(), deltas.tolist()
+        ([3, 3, 3], [[-2]])
+    """
+    for name, value in {"token_types": token_types, **options}.items():
+        _check_concrete(value, name)
+    plain: dict[str, Any] = {name: _plain(value) for name, value in options.items()}
+    positions, deltas = packing.mrope_positions(np.asarray(token_types), **plain)
+    return jax.numpy.asarray(positions), jax.numpy.asarray(deltas)
+
+
+def _plain(value: Any) -> Any:
+    """A JAX array as NumPy (its dtype kept); anything else as it is."""
+    return np.asarray(value) if isinstance(value, jax.Array) else value

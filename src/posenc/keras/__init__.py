@@ -28,6 +28,7 @@ from .bias import ALiBiBias, T5RelativeBias
 from .embeddings import LearnedPositionalEmbedding, SinusoidalPositionalEncodingND
 from .layers import SinusoidalPositionalEncoding, generate_positional_encoding
 from .packing import (
+    mrope_positions,
     positions_from_attention_mask,
     positions_from_cu_seqlens,
     positions_from_document_ids,
@@ -42,6 +43,7 @@ __all__ = [
     "SinusoidalPositionalEncodingND",
     "T5RelativeBias",
     "generate_positional_encoding",
+    "mrope_positions",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",
     "positions_from_document_ids",

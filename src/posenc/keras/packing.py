@@ -16,6 +16,7 @@ from ..core import packing
 from ._backend import INT32_END, known_value
 
 __all__ = [
+    "mrope_positions",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",
     "positions_from_document_ids",
@@ -25,6 +26,11 @@ __all__ = [
 def _known(function: Callable[[Any], np.ndarray], value: Any, name: str) -> Any:
     """``function`` of ``value`` (a list, a NumPy array or a tensor known now) as an int32
     tensor, the dtype of the Keras layers' positions."""
+    return _int32(function(_plain(value, name)))
+
+
+def _plain(value: Any, name: str) -> Any:
+    """A tensor's value known now (NumPy, its dtype kept); anything else as it is."""
     if keras.backend.is_keras_tensor(value) or ops.is_tensor(value):
         known = known_value(value)
         if known is None:
@@ -32,10 +38,13 @@ def _known(function: Callable[[Any], np.ndarray], value: Any, name: str) -> Any:
                 f"{name} must be a tensor whose values are known when the call runs (not "
                 "traced or symbolic: its values decide the output's shape)"
             )
-        value = known
-    result = function(value)
-    if result.size and int(result.max()) >= INT32_END:
-        raise ValueError(f"positions up to {int(result.max())} do not fit int32")
+        return known
+    return value
+
+
+def _int32(result: np.ndarray) -> Any:
+    if result.size and int(np.abs(result).max()) >= INT32_END:
+        raise ValueError(f"positions up to {int(np.abs(result).max())} do not fit int32")
     return ops.convert_to_tensor(result.astype(np.int32))
 
 
@@ -73,3 +82,21 @@ def positions_from_attention_mask(attention_mask: Any) -> Any:
         [[0, 0, 1]]
     """
     return _known(packing.positions_from_attention_mask, attention_mask, "attention_mask")
+
+
+def mrope_positions(token_types: Any, **options: Any) -> tuple[Any, Any]:
+    """int32 M-RoPE positions ``(3, batch, seq)`` and deltas ``(batch, 1)`` of Qwen2-VL,
+    Qwen2.5-VL and Qwen3-VL; ``options``: the grids and options of
+    :func:`posenc.core.packing.mrope_positions` (known tensors, arrays or lists).
+
+    Example:
+        >>> from keras import ops
+        >>> positions, deltas = mrope_positions([[0, 1, 1, 1, 1, 0]], image_grids=[[1, 4, 4]])
+        >>> ops.convert_to_numpy(positions)[:, 0, -1].tolist()
+        [3, 3, 3]
+        >>> ops.convert_to_numpy(deltas).tolist()
+        [[-2]]
+    """
+    plain = {name: _plain(value, name) for name, value in options.items()}
+    positions, deltas = packing.mrope_positions(_plain(token_types, "token_types"), **plain)
+    return _int32(positions), _int32(deltas)

@@ -26,6 +26,7 @@ from .modules import (
 )
 from .nd import SinusoidalPositionalEncodingND
 from .packing import (
+    mrope_positions,
     positions_from_attention_mask,
     positions_from_cu_seqlens,
     positions_from_document_ids,
@@ -49,6 +50,7 @@ __all__ = [
     "XPosRotaryEmbedding",
     "convert_rope_weights",
     "exact_table",
+    "mrope_positions",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",
     "positions_from_document_ids",

@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from ..core import packing
 from ._backend import eager_only
 
 __all__ = [
+    "mrope_positions",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",
     "positions_from_document_ids",
@@ -67,3 +69,30 @@ def positions_from_attention_mask(attention_mask: Tensor) -> Tensor:
         [[0, 0, 1]]
     """
     return _on_device(packing.positions_from_attention_mask, attention_mask, "attention_mask")
+
+
+@eager_only
+def mrope_positions(
+    token_types: Tensor, *, attention_mask: Tensor | None = None, **vision: Any
+) -> tuple[Tensor, Tensor]:
+    """int64 M-RoPE positions ``(3, batch, seq)`` and deltas ``(batch, 1)`` of Qwen2-VL,
+    Qwen2.5-VL and Qwen3-VL on ``token_types``' device; ``vision``: the grids and options
+    of :func:`posenc.core.packing.mrope_positions` (tensors, arrays or lists).
+
+    Example:
+        >>> positions, deltas = mrope_positions(torch.tensor([[0, 1, 1, 1, 1, 0]]),
+        ...                                     image_grids=torch.tensor([[1, 4, 4]]))
+        >>> positions[:, 0, -1].tolist(), deltas.tolist()
+        ([3, 3, 3], [[-2]])
+    """
+    if not isinstance(token_types, Tensor):
+        raise TypeError(f"token_types must be a torch.Tensor, got {describe(token_types)}")
+    plain: dict[str, Any] = {
+        name: value.detach().cpu().numpy() if isinstance(value, Tensor) else value
+        for name, value in {**vision, "attention_mask": attention_mask}.items()
+    }
+    positions, deltas = packing.mrope_positions(token_types.detach().cpu().numpy(), **plain)
+    return (
+        torch.from_numpy(positions).to(token_types.device),
+        torch.from_numpy(deltas).to(token_types.device),
+    )
