@@ -64,12 +64,14 @@ from .specs import (
     AxialRopeSpec,
     LearnedSpec,
     NopeSpec,
+    NopeTemperatureSpec,
     RopeSpec,
     SchemeSpec,
     SinusoidalNDSpec,
     SinusoidalSpec,
     T5Spec,
     XPosSpec,
+    layer_specs_from_hf_config,
 )
 from .vocab import Vocabulary, tokenize
 
@@ -90,6 +92,7 @@ __all__ = [
     "LongRopeScaling",
     "NTKScaling",
     "NopeSpec",
+    "NopeTemperatureSpec",
     "ProportionalScaling",
     "RopeScaling",
     "RopeSpec",
@@ -109,6 +112,7 @@ __all__ = [
     "attention_temperature",
     "axial_rope_tables",
     "frequencies",
+    "layer_specs_from_hf_config",
     "layout_permutation",
     "min_pairwise_distance",
     "mrope_positions",

@@ -18,15 +18,17 @@ A spec converts to and from a plain dict (``{"scheme": "rope", "head_dim": 64, .
     True
 
 The specs live in :mod:`.base` (the interface), :mod:`.encodings`, :mod:`.rotary` and
-:mod:`.biases`. The numbers are in the NumPy container of the format asked for (bfloat16 values as
-exact float32; see :data:`posenc.core.precision.CONTAINERS`).
+:mod:`.biases`; :mod:`.hf` and :mod:`.layers` read Hugging Face configs. The numbers
+are in the NumPy container of the format asked for (bfloat16 values as exact float32;
+see :data:`posenc.core.precision.CONTAINERS`).
 """
 
 from __future__ import annotations
 
 from .base import FromHFConfig, FromSpec, SchemeSpec
 from .biases import AlibiSpec, T5Spec
-from .encodings import LearnedSpec, NopeSpec, SinusoidalNDSpec, SinusoidalSpec
+from .encodings import LearnedSpec, NopeSpec, NopeTemperatureSpec, SinusoidalNDSpec, SinusoidalSpec
+from .layers import LayerSpec, layer_specs_from_hf_config
 from .rotary import AxialRopeSpec, RopeSpec, XPosSpec
 
 __all__ = [
@@ -34,12 +36,15 @@ __all__ = [
     "AxialRopeSpec",
     "FromHFConfig",
     "FromSpec",
+    "LayerSpec",
     "LearnedSpec",
     "NopeSpec",
+    "NopeTemperatureSpec",
     "RopeSpec",
     "SchemeSpec",
     "SinusoidalNDSpec",
     "SinusoidalSpec",
     "T5Spec",
     "XPosSpec",
+    "layer_specs_from_hf_config",
 ]

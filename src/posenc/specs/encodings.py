@@ -1,4 +1,5 @@
-"""The specs of the schemes added to the input: sinusoidal (1-D and N-D), learned, NoPE."""
+"""The specs of the schemes added to the input: sinusoidal (1-D and N-D), learned, NoPE;
+and NoPE attention with Llama 4's attention temperature."""
 
 from __future__ import annotations
 
@@ -17,13 +18,15 @@ from .._checks import (
     check_int,
     check_max_length,
     check_positive,
+    check_real,
     check_weights,
 )
 from ..core.nd import MAX_NDIM, ND_LAYOUTS, check_channels, check_shape, nd_values
+from ..core.nope import attention_temperature
 from ..core.sinusoidal import table_values
 from .base import SchemeSpec
 
-__all__ = ["LearnedSpec", "NopeSpec", "SinusoidalNDSpec", "SinusoidalSpec"]
+__all__ = ["LearnedSpec", "NopeSpec", "NopeTemperatureSpec", "SinusoidalNDSpec", "SinusoidalSpec"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,3 +181,42 @@ class NopeSpec(SchemeSpec):
 
     def __post_init__(self) -> None:
         self._set("d_model", check_d_model(self.d_model))
+
+
+@dataclass(frozen=True, kw_only=True)
+class NopeTemperatureSpec(SchemeSpec):
+    """NoPE attention whose queries are scaled by a temperature that grows with the
+    position: Llama 4's layers without RoPE (``no_rope_layers`` 0 with
+    ``attn_temperature_tuning``), whose query at position ``p`` is multiplied by
+    :meth:`scales` = ``1 + attn_scale · log(1 + ⌊(p + 1) / floor_scale⌋)``.
+
+    Args:
+        floor_scale: The step of the floor in positions (> 0; Llama 4: 8192).
+        attn_scale: The log's coefficient (finite; Llama 4: 0.1).
+
+    Example:
+        >>> spec = NopeTemperatureSpec(floor_scale=8192, attn_scale=0.1)
+        >>> spec.scales([0, 8191, 131071]).tolist()
+        [1.0, 1.06931471824646, 1.2833213806152344]
+    """
+
+    scheme: ClassVar[str] = "nope_temperature"
+    floor_scale: float = 8192.0
+    attn_scale: float = 0.1
+
+    def __post_init__(self) -> None:
+        self._set("floor_scale", check_positive(self.floor_scale, "floor_scale"))
+        self._set("attn_scale", check_real(self.attn_scale, "attn_scale"))
+
+    def scales(
+        self, positions: Any, *, dtype: Any = np.float32, max_bytes: int | None = DEFAULT_MAX_BYTES
+    ) -> np.ndarray:
+        """The query scale at each position (an int ``L``: ``0 .. L-1``), correctly rounded
+        in ``dtype``: :func:`posenc.core.nope.attention_temperature`."""
+        return attention_temperature(
+            positions,
+            floor_scale=self.floor_scale,
+            attn_scale=self.attn_scale,
+            dtype=dtype,
+            max_bytes=max_bytes,
+        )

@@ -60,8 +60,8 @@ def rope_spec_from_hf_config(config: Any, *, layer_type: str | None = None) -> d
         ValueError: a key posenc does not read, a missing or inconsistent value (each
             error names the key and what is valid).
     """
-    data = _layer_config(_config_dict(config), layer_type)
-    head_dim = _head_dim(data)
+    data = _layer_config(config_dict(config), layer_type)
+    head_dim = config_head_dim(data)
     rope = _rope_parameters(data, layer_type)
     base = rope.get("rope_theta", data.get("rope_theta", DEFAULT_THETA))
     if base is None:
@@ -103,8 +103,8 @@ def mrope_spec_from_hf_config(
     Returns:
         ``{"head_dim", "n_axes", "base", "sections", "mode", "layout"}``.
     """
-    data = _config_dict(config)
-    head_dim = _head_dim(data)
+    data = config_dict(config)
+    head_dim = config_head_dim(data)
     rope = _rope_parameters(data, None)
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind != "default":
@@ -168,7 +168,7 @@ def rope_spec_to_hf_dict(
     return out
 
 
-def _config_dict(config: Any) -> dict[str, Any]:
+def config_dict(config: Any) -> dict[str, Any]:
     """The config as a dict, its text config for a multimodal one."""
     if not isinstance(config, Mapping):
         text = getattr(config, "get_text_config", None)
@@ -219,7 +219,7 @@ def _positive_int(data: Mapping[str, Any], key: str) -> int:
     return value
 
 
-def _head_dim(data: Mapping[str, Any]) -> int:
+def config_head_dim(data: Mapping[str, Any]) -> int:
     """``qk_rope_head_dim`` (DeepSeek), ``head_dim``, or ``hidden_size // num_attention_heads``."""
     for key in ("qk_rope_head_dim", "head_dim"):
         if data.get(key) is not None:
