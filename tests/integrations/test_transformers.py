@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 
 from hf_models import SMALL
@@ -231,6 +232,85 @@ def test_multimodal_tables_equal_the_transformers_module_to_float32_angles(name)
         assert float((a - b).abs().max()) < 1e-5
 
 
+def vision_language_models() -> dict[str, tuple[type, object, dict, dict]]:
+    """Whole multimodal models of the installed transformers (tiny vision towers): name ->
+    (class, config, a prompt with a video or image, mrope_positions' options for it).
+    Token ids: 100 image, 101 video, 102/103 vision start/end."""
+    t = transformers
+    ids = {"image_token_id": 100, "video_token_id": 101, "vision_start_token_id": 102,
+           "vision_end_token_id": 103}  # fmt: skip
+    patches = {"patch_size": 2, "temporal_patch_size": 2, "spatial_merge_size": 2}
+    text = {**SMALL, "num_key_value_heads": 2, "max_position_embeddings": 131072}
+    mrope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]}
+    pixels = torch.randn(64, 3 * 2 * 2 * 2, generator=torch.Generator().manual_seed(2))
+    image = {  # 4 x 4 patches: 4 tokens
+        "input_ids": torch.tensor([[5, 17, 102] + [100] * 4 + [103, 33, 9]]),
+        "pixel_values": pixels[:16], "image_grid_thw": torch.tensor([[1, 4, 4]]),
+    }  # fmt: skip
+    video = {  # 4 frames of 4 x 4 patches, 2/3 s per temporal step: 16 tokens
+        "input_ids": torch.tensor([[5, 17, 102] + [101] * 16 + [103, 33, 9]]),
+        "pixel_values_videos": pixels, "video_grid_thw": torch.tensor([[4, 4, 4]]),
+        "second_per_grid_ts": torch.tensor([2 / 3]),
+    }  # fmt: skip
+    frames = {  # 2 frames, a timestamp before each (Qwen3-VL)
+        "input_ids": torch.tensor([[5, 7, 102] + [101] * 4 + [103, 8, 102] + [101] * 4 + [103, 9]]),
+        "pixel_values_videos": pixels[:32], "video_grid_thw": torch.tensor([[2, 4, 4]]),
+    }  # fmt: skip
+    out = {
+        "qwen2-vl (image)": (t.Qwen2VLForConditionalGeneration, t.Qwen2VLConfig(
+            text_config={**text, "rope_parameters": mrope}, **ids, vision_config={
+                **patches, "depth": 1, "embed_dim": 32, "hidden_size": 256, "num_heads": 2}),
+            image, {"image_grids": [[1, 4, 4]]}),
+        "qwen2.5-vl (video, time steps)": (t.Qwen2_5_VLForConditionalGeneration,
+            t.Qwen2_5_VLConfig(text_config={**text, "rope_parameters": mrope}, **ids,
+                vision_config={**patches, "depth": 1, "hidden_size": 32, "out_hidden_size": 256,
+                               "intermediate_size": 64, "num_heads": 2, "window_size": 8,
+                               "fullatt_block_indexes": [0], "tokens_per_second": 25}),
+            video, {"video_grids": [[4, 4, 4]], "tokens_per_second": 25,
+                    "second_per_grid_ts": np.array([2 / 3], np.float32)}),
+    }  # fmt: skip
+    if hasattr(t, "Qwen3VLForConditionalGeneration"):
+        out["qwen3-vl (video frames, interleaved)"] = (t.Qwen3VLForConditionalGeneration,
+            t.Qwen3VLConfig(text_config={**text, "head_dim": 64, "rope_parameters": {
+                    **mrope, "mrope_section": [12, 10, 10], "mrope_interleaved": True}}, **ids,
+                vision_config={**patches, "depth": 2, "hidden_size": 32, "out_hidden_size": 256,
+                               "intermediate_size": 64, "num_heads": 2,
+                               "num_position_embeddings": 16, "deepstack_visual_indexes": [1]}),
+            frames, {"video_grids": [[2, 4, 4]], "split_video_frames": True})  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(vision_language_models()))
+def test_vision_language_generation_gives_the_same_tokens_patched_and_unpatched(name):
+    """A whole multimodal model, vision tower included: patch replaces the language
+    model's M-RoPE module only; greedy generation from a prompt with an image or a video
+    gives the same tokens; the model's own position ids are mrope_positions'."""
+    from posenc.core.packing import mrope_positions
+
+    cls, config, inputs, options = vision_language_models()[name]
+    torch.manual_seed(0)
+    model = cls(copy.deepcopy(config)).eval()
+    kinds = {100: 1, 101: 2}  # image and video tokens; text 0
+    types = torch.tensor([[kinds.get(int(i), 0) for i in inputs["input_ids"][0]]])
+    settings = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        before = model.generate(**inputs, mm_token_type_ids=types, **settings)
+        patch(model)
+        try:
+            exact = [n for n, m in model.named_modules() if isinstance(m, ExactRotaryEmbedding)]
+            assert exact == ["model.language_model.rotary_emb"]  # the vision tower's stays
+            after = model.generate(**inputs, mm_token_type_ids=types, **settings)
+        finally:
+            unpatch(model)
+    assert torch.equal(before, after), name
+    grids = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw") if k in inputs}
+    extra = {k: inputs[k] for k in ("second_per_grid_ts",) if k in inputs}
+    theirs = model.model.get_rope_index(inputs["input_ids"], types, **grids, **extra)
+    mine = mrope_positions(types.numpy(), spatial_merge_size=2, **options)
+    for a, b in zip(mine, theirs, strict=True):
+        np.testing.assert_array_equal(a, b.numpy())
+
+
 def test_what_posenc_cannot_patch_is_named():
     t = transformers
     gpt2 = t.GPT2LMHeadModel(t.GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=32))
@@ -252,7 +332,6 @@ def test_deepseek_interleaved_application_is_posenc_interleaved_rope_in_half_ord
     """DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` rotates pairs (x0, x1), (x2, x3)
     and returns them in half order: posenc's interleaved rotation with the same tables,
     then the interleaved -> half permutation (scores unchanged: q and k move alike)."""
-    import numpy as np
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
         apply_rotary_pos_emb_interleave,
     )

@@ -174,14 +174,19 @@ def _device_of(module: nn.Module) -> torch.device:
 
 
 def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The rotary embedding modules of ``model`` (by qualified name): those whose class
-    name ends in ``RotaryEmbedding`` (posenc's own replacements included)."""
+    """The rotary embedding modules of ``model``'s language model (by qualified name):
+    those whose class name ends in ``RotaryEmbedding`` (posenc's own replacements
+    included). A vision encoder's rotary module (``Qwen2VLVisionRotaryEmbedding``,
+    ``Llama4VisionRotaryEmbedding``, ...: a class name with ``Vision``) is not one of
+    them: its positions are patch coordinates within one image, where float32 angles are
+    already exact to float32's rounding, and it stays as it is."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {describe(model)}")
     return [
         (name, module)
         for name, module in model.named_modules()
         if type(module).__name__.endswith("RotaryEmbedding")
+        and "Vision" not in type(module).__name__
         and not isinstance(module, RotaryEmbedding)
     ]
 
