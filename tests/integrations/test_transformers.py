@@ -232,6 +232,44 @@ def test_multimodal_tables_equal_the_transformers_module_to_float32_angles(name)
         assert float((a - b).abs().max()) < 1e-5
 
 
+def test_the_decoding_fast_path_gives_the_full_paths_tables():
+    """After a first call the module gathers rows from the tables it built (no checks
+    in Python): the same tensors as the full path, far positions grow the tables, and
+    bad positions still get posenc's errors; .double() starts again in float64."""
+    cls, config, _ = FAMILIES["llama (llama3)"]
+    original = cls(copy.deepcopy(config)).model.rotary_emb
+    module = ExactRotaryEmbedding(original)
+    rope = module.ropes["all"]
+    x = torch.zeros(1, dtype=torch.float32)
+
+    def full(positions, dtype=torch.float32):
+        return rope.cos_sin(positions, dtype=dtype)
+
+    for positions in ([[0, 1, 2]], [[4095]], [[7, 3], [9, 1]], [[10000, 10001]], [[5]]):
+        positions = torch.tensor(positions)
+        for mine, theirs in zip(module(x, positions), full(positions), strict=True):
+            assert mine.dtype == torch.float32
+            assert torch.equal(mine, theirs)
+    assert rope.table_length >= 10002  # grown by the far call, then gathered from
+    assert module(x, torch.tensor([3]))[0].shape == (1, 1, 64)  # (seq,): batch of one
+    assert torch.equal(
+        module(x, torch.tensor([[3]], dtype=torch.int32))[1], full(torch.tensor([[3]]))[1]
+    )
+    with pytest.raises(ValueError, match="positions must be >= 0, got -1"):
+        module(x, torch.tensor([[-1]]))
+    with pytest.raises(
+        TypeError, match="positions must be an integer tensor, got dtype torch.float32"
+    ):
+        module(x, torch.tensor([[1.0]]))
+    module.double()
+    cos, _ = module(x.double(), torch.tensor([[70000]]))
+    assert cos.dtype == torch.float64
+    assert torch.equal(cos, full(torch.tensor([[70000]]), torch.float64)[0])
+    cos16, _ = module(x.half(), torch.tensor([[2, 3]]))
+    assert torch.equal(cos16, full(torch.tensor([[2, 3]]), torch.float16)[0])
+    assert torch.equal(module(x.half(), torch.tensor([[2, 3]]))[0], cos16)
+
+
 def vision_language_models() -> dict[str, tuple[type, object, dict, dict]]:
     """Whole multimodal models of the installed transformers (tiny vision towers): name ->
     (class, config, a prompt with a video or image, mrope_positions' options for it).

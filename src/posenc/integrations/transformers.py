@@ -32,6 +32,7 @@ require("torch", "posenc.integrations.transformers", extra="posenc[transformers]
 require("transformers", "posenc.integrations.transformers", extra="posenc[transformers]")
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
 from .._checks import describe  # noqa: E402
@@ -114,6 +115,8 @@ class ExactRotaryEmbedding(nn.Module):
                 spec, max_length=_INITIAL_ROWS
             ).to(device)
         self.config = config
+        # (layer_type, dtype, device) -> the (cos, sin) tables a call may gather from
+        self._gather_from: dict[tuple[str | None, torch.dtype, torch.device], Any] = {}
         self.complex = name in _COMPLEX
         self.rope_type = rope_type
         self.original_class = name
@@ -125,8 +128,25 @@ class ExactRotaryEmbedding(nn.Module):
         original: nn.Module = self.__dict__["_original"]
         return original
 
-    @torch.no_grad()
     def forward(self, x: Tensor, position_ids: Tensor, layer_type: str | None = None) -> Any:
+        tables = self._gather_from.get((layer_type, x.dtype, x.device))
+        if (
+            tables is not None
+            and position_ids.dim() == 2
+            and position_ids.device == tables[0].device
+            and not torch.compiler.is_compiling()
+        ):
+            # The decoding case: positions within the tables built, on the CPU, where an
+            # index past the table or below 0 raises (IndexError) rather than failing on
+            # the device. Two row gathers; the tables need no autograd.
+            try:
+                return F.embedding(position_ids, tables[0]), F.embedding(position_ids, tables[1])
+            except (IndexError, RuntimeError):
+                pass  # far positions, or an index tensor of the wrong kind: the full path
+        with torch.no_grad():
+            return self._forward(x, position_ids, layer_type)
+
+    def _forward(self, x: Tensor, position_ids: Tensor, layer_type: str | None) -> Any:
         if self.mrope is not None:
             return self._mrope_forward(x, position_ids)
         rope = self.ropes._modules.get(_key(layer_type))
@@ -145,7 +165,19 @@ class ExactRotaryEmbedding(nn.Module):
         cos, sin = rope.cos_sin(positions, dtype=x.dtype)
         if cos.device != x.device:
             cos, sin = cos.to(x.device), sin.to(x.device)
+        elif (
+            x.device.type == "cpu"
+            and position_ids.dim() == 2
+            and not rope.spec.scaling.length_dependent
+            and x.dtype in _FORMATS
+        ):  # the tables cos_sin gathered from, for the next call's fast path
+            self._gather_from[(layer_type, x.dtype, x.device)] = rope._tables_in(x.dtype, x.device)
         return cos, sin
+
+    def _apply(self, fn: Any, recurse: bool = True) -> ExactRotaryEmbedding:
+        self._gather_from = {}  # .to(), .double(), ...: the tables move or change dtype
+        super()._apply(fn, recurse)
+        return self
 
     def _mrope_forward(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
         """M-RoPE: ``position_ids`` ``(3, batch, seq)`` (or ``(batch, seq)``, the same
