@@ -176,7 +176,7 @@ class ExactRotaryEmbedding(nn.Module):
 
     def _apply(self, fn: Any, recurse: bool = True) -> ExactRotaryEmbedding:
         self._gather_from = {}  # .to(), .double(), ...: the tables move or change dtype
-        super()._apply(fn, recurse)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
         return self
 
     def _mrope_forward(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
