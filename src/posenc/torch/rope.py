@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import check_choice, check_int, check_max_length, describe
+from .._checks import check_bool, check_choice, check_int, check_max_length, describe
 from ..core.rope import RopeScaling, as_rope_scaling, rope_permutation
 from ..specs import FromHFConfig, RopeSpec
 from ._backend import (
@@ -39,6 +39,7 @@ from ._backend import (
     to_tensor,
 )
 from .protocols import RotatesQueriesKeys
+from .rotation import rotate
 
 __all__ = [
     "DERIVED_KEYS",
@@ -48,7 +49,6 @@ __all__ = [
     "check_qk",
     "check_rope_positions",
     "convert_rope_weights",
-    "rotate",
 ]
 
 QK_LAYOUTS: tuple[str, ...] = ("bhsd", "bshd")
@@ -133,9 +133,13 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         k: Keys, same batch, seq and head_dim as ``q``; any number of heads.
         positions: Optional integer tensor ``(seq,)`` or ``(batch, seq)``, each >= 0.
         offset: Optional int >= 0: positions ``offset .. offset+seq-1``.
+        inplace: Write the rotated values into ``q`` and ``k`` and return them (saves
+            the outputs' memory, as fused kernels' ``inplace=True``); default False.
 
     Returns:
-        ``(q_rot, k_rot)`` with the shapes and dtypes of ``q`` and ``k``.
+        ``(q_rot, k_rot)`` with the shapes and dtypes of ``q`` and ``k``. Their backward
+        is the rotation by the opposite angles, from the same tables: nothing of ``q``
+        or ``k`` is kept for it.
 
     Attributes:
         cos, sin: The tables, ``(rows, rotary_dim)``, float32 (float64 after ``.double()``),
@@ -247,9 +251,16 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
     # -- forward -------------------------------------------------------------------------
 
     def forward(
-        self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        positions: Tensor | None = None,
+        offset: int = 0,
+        inplace: bool = False,
     ) -> tuple[Tensor, Tensor]:
         name = type(self).__name__
+        inplace = check_bool(inplace, "inplace")
         seq_axis = 2 if self.qk_layout == "bhsd" else 1
         check_qk(q, k, self.head_dim, self.qk_layout, name)
         batch, seq = q.shape[0], q.shape[seq_axis]
@@ -263,8 +274,8 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         cos, sin = self._rows(seq, offset, positions, end, name)  # (seq, r) or (batch, seq, r)
         cos, sin = broadcast_tables((cos, sin), self.qk_layout, q.device)
         return (
-            rotate(q, cos, sin, self.layout, self.rotary_dim),
-            rotate(k, cos, sin, self.layout, self.rotary_dim),
+            rotate(q, cos, sin, self.layout, self.rotary_dim, inplace=inplace),
+            rotate(k, cos, sin, self.layout, self.rotary_dim, inplace=inplace),
         )
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
@@ -370,31 +381,6 @@ def broadcast_tables(tables: tuple[Tensor, ...], qk_layout: str, device: Any) ->
             t = t.unsqueeze(1)  # (batch, 1, seq, r)
         out.append(t.to(device))
     return tuple(out)
-
-
-def rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int) -> Tensor:
-    """``x·cos + turn(x)·sin`` on the first ``rotary_dim`` features, in the tables' precision.
-
-    float16/bfloat16 inputs are rotated in float32 (the tables' dtype) and cast back;
-    ``turn`` is ``rotate_half`` (``[-x₂, x₁]``) or, interleaved, each ``(a, b) → (-b, a)``.
-    """
-    compute = torch.promote_types(x.dtype, cos.dtype)
-    xr = x[..., :rotary_dim].to(compute)
-    # x·cos, then the partner feature times sin subtracted from / added to each half (or
-    # each member of a pair) in place. The roundings are those of x·cos + turn(x)·sin
-    # (negation is exact), with one full-size temporary instead of four.
-    out = xr * cos
-    if layout == "half":
-        half = rotary_dim // 2  # the sin table repeats each frequency in both halves
-        first, second = slice(None, half), slice(half, None)
-    else:
-        first, second = slice(0, None, 2), slice(1, None, 2)
-    out[..., first].sub_(xr[..., second] * sin[..., first])
-    out[..., second].add_(xr[..., first] * sin[..., second])
-    out = out.to(x.dtype)
-    if rotary_dim < x.shape[-1]:
-        out = torch.cat((out, x[..., rotary_dim:]), dim=-1)
-    return out
 
 
 def check_qk(q: Any, k: Any, head_dim: int, qk_layout: str, name: str) -> None:

@@ -28,8 +28,8 @@ from .rope import (
     broadcast_tables,
     check_qk,
     check_rope_positions,
-    rotate,
 )
+from .rotation import rotate
 
 __all__ = ["AxialRotaryEmbedding", "XPosRotaryEmbedding"]
 

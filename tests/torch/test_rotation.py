@@ -1,0 +1,111 @@
+"""The rotation's own backward (the inverse rotation from the tables) and in-place mode:
+gradcheck in float64, gradients equal to autograd through Hugging Face's formula, nothing
+of q or k saved for the backward, and in place equal to out of place."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from posenc.torch import RotaryEmbedding  # noqa: E402
+
+CASES = [  # (layout, head_dim, rotary_dim)
+    ("half", 16, 16),
+    ("interleaved", 16, 16),
+    ("half", 16, 8),
+    ("interleaved", 12, 6),
+]
+
+
+def _randn(*shape, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=generator, dtype=torch.float64).to(dtype)
+
+
+def formula(x, cos, sin, layout, rotary_dim):
+    """Hugging Face's ``q * cos + rotate_half(q) * sin`` (or the pairwise turn), written
+    out with plain tensor operations for autograd to differentiate."""
+    xr, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    if layout == "half":
+        x1, x2 = xr.chunk(2, dim=-1)
+        turned = torch.cat((-x2, x1), dim=-1)
+    else:
+        turned = torch.stack((-xr[..., 1::2], xr[..., 0::2]), dim=-1).flatten(-2)
+    return torch.cat((xr * cos + turned * sin, rest), dim=-1)
+
+
+@pytest.mark.parametrize(("layout", "head_dim", "rotary_dim"), CASES)
+def test_gradcheck_in_float64(layout, head_dim, rotary_dim):
+    rope = RotaryEmbedding(head_dim, rotary_dim=rotary_dim, layout=layout, max_length=32).double()
+    q = _randn(2, 3, 5, head_dim, dtype=torch.float64).requires_grad_()
+    k = _randn(2, 1, 5, head_dim, dtype=torch.float64, seed=1).requires_grad_()
+    positions = torch.tensor([[0, 7, 3, 30, 1], [2, 2, 9, 4, 0]])
+    assert torch.autograd.gradcheck(lambda a, b: rope(a, b, positions=positions), (q, k))
+    assert torch.autograd.gradgradcheck(lambda a, b: rope(a, b, offset=3), (q, k))
+
+
+@pytest.mark.parametrize(("layout", "head_dim", "rotary_dim"), CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradients_equal_autograd_through_the_formula(layout, head_dim, rotary_dim, dtype):
+    """Same forward and same gradients, bit for bit, as autograd through the formula with
+    the module's own tables (bfloat16: rotated in float32, as the module does)."""
+    rope = RotaryEmbedding(head_dim, rotary_dim=rotary_dim, layout=layout, max_length=64)
+    q = _randn(2, 4, 9, head_dim, dtype=dtype).requires_grad_()
+    k = _randn(2, 2, 9, head_dim, dtype=dtype, seed=1).requires_grad_()
+    gq, gk = (
+        _randn(2, 4, 9, head_dim, dtype=dtype, seed=2),
+        _randn(2, 2, 9, head_dim, dtype=dtype, seed=3),
+    )
+    out_q, out_k = rope(q, k, offset=50)
+    grads = torch.autograd.grad((out_q, out_k), (q, k), (gq, gk))
+    cos, sin = rope.cos[50:59], rope.sin[50:59]
+    plain = [formula(x.float(), cos, sin, layout, rotary_dim).to(dtype) for x in (q, k)]
+    expected = torch.autograd.grad(plain, (q, k), (gq, gk))
+    for mine, theirs in zip((out_q, out_k, *grads), (*plain, *expected), strict=True):
+        assert mine.dtype == dtype
+        assert torch.equal(mine, theirs)
+
+
+def test_the_backward_keeps_the_tables_not_q_or_k():
+    """Everything autograd saves for the backward of the rotation is a table row slice
+    (rotary_dim wide, no heads axis), none of it q or k."""
+    rope = RotaryEmbedding(32, max_length=128)
+    q = _randn(2, 4, 100, 32).requires_grad_()
+    k = _randn(2, 2, 100, 32, seed=1).requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out_q, out_k = rope(q, k)
+    assert saved
+    assert all(t.shape == (100, 32) for t in saved), [tuple(t.shape) for t in saved]
+    (out_q.sum() + out_k.sum()).backward()
+    assert q.grad is not None
+    assert k.grad is not None
+
+
+@pytest.mark.parametrize(("layout", "head_dim", "rotary_dim"), CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_in_place_equals_out_of_place(layout, head_dim, rotary_dim, dtype):
+    rope = RotaryEmbedding(head_dim, rotary_dim=rotary_dim, layout=layout, max_length=64)
+    q, k = _randn(2, 4, 9, head_dim, dtype=dtype), _randn(2, 2, 9, head_dim, dtype=dtype, seed=1)
+    expected = rope(q, k, offset=5)
+    q2, k2 = q.clone(), k.clone()
+    out = rope(q2, k2, offset=5, inplace=True)
+    assert out[0] is q2
+    assert out[1] is k2
+    for mine, theirs in zip(out, expected, strict=True):
+        assert torch.equal(mine, theirs)
+
+
+def test_in_place_under_autograd_gives_the_same_gradients():
+    rope = RotaryEmbedding(16, max_length=32)
+    w = _randn(16, 16).requires_grad_()
+    x = _randn(2, 3, 7, 16)
+    grads = []
+    for inplace in (False, True):
+        q, k = x @ w, (x @ w)[:, :1]  # non-leaf tensors: in place is allowed on them
+        out_q, out_k = rope(q, k, inplace=inplace)
+        grads.append(torch.autograd.grad(out_q.square().sum() + out_k.sum(), w)[0])
+    assert torch.equal(grads[0], grads[1])
+    with pytest.raises(TypeError, match="inplace must be a bool"):
+        rope(x, x, inplace=1)
