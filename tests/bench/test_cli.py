@@ -97,6 +97,13 @@ def failing_run(spec: RunSpec, *, progress=None) -> dict:
     return fake_run(spec, progress=progress)
 
 
+def threads_run(spec: RunSpec, *, progress=None) -> dict:
+    """fake_run's record with the PyTorch threads the run saw."""
+    import torch
+
+    return {**fake_run(spec, progress=progress), "threads": torch.get_num_threads()}
+
+
 class Counting:
     """A run function that records the specs it was called with."""
 
@@ -389,6 +396,25 @@ def test_worker_failures_are_reported_too(tmp_path):
     assert len(strict_lines(tmp_path / "results.jsonl")) == len(specs) - len(rope)
 
 
+def test_threads_are_set_for_the_runs_and_restored(tmp_path):
+    """jobs=1: the runs see ``threads`` PyTorch threads, the caller's count comes back;
+    by default one; workers get theirs."""
+    torch = pytest.importorskip("torch")
+
+    before = torch.get_num_threads()
+    specs = expand(SMALL)[:2]
+    seen = execute(specs, tmp_path / "one", threads=3, progress=False, run_fn=threads_run)
+    assert {r["threads"] for r in seen.records} == {3}
+    assert torch.get_num_threads() == before
+    default = execute(specs, tmp_path / "default", progress=False, run_fn=threads_run)
+    assert {r["threads"] for r in default.records} == {1}
+    pool = execute(specs, tmp_path / "pool", jobs=2, threads=2, progress=False,
+                   run_fn=threads_run)  # fmt: skip
+    assert {r["threads"] for r in pool.records} == {2}
+    with pytest.raises(ValueError, match="threads must be an int >= 1, got 0"):
+        execute(specs, tmp_path / "bad", threads=0, progress=False, run_fn=threads_run)
+
+
 def test_progress_bars_show_the_runs(tmp_path, capsys):
     specs = expand(SMALL)[:2]
     execute(specs, tmp_path, progress=True, run_fn=fake_run)
@@ -577,7 +603,24 @@ def bench(capsys, *argv):
     return status, captured.out, captured.err
 
 
-TINY = ["--steps", "1", "--eval-samples", "4", "--eval-lengths", "4", "8"]
+TINY = ["--steps", "1", "--eval-samples", "4", "--eval-lengths", "4", "8", "--jobs", "1"]
+
+
+def test_posenc_bench_says_the_jobs_and_threads_it_chose(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from posenc.bench.runner import usable_cores
+
+    cores = usable_cores()
+    argv = [*TINY[:-2], "--schemes", "nope"]
+    status, _, err = bench(capsys, *argv, "--out", tmp_path / "a")
+    assert status == 0
+    assert f"posenc bench: 1 run, 1 job x 1 thread each ({cores} cores usable)" in err
+    status, _, err = bench(capsys, *argv, "--threads", "2", "--out", tmp_path / "b")
+    assert f"1 run, 1 job x 2 threads each ({cores} cores usable)" in err
+    status, _, err = bench(capsys, *argv, "--schemes", "rope", "alibi", "--out", tmp_path / "c")
+    assert f"2 runs, {min(cores, 2)} job" in err  # one job per core, at most one per run
+    status, _, err = bench(capsys, *argv, "--no-progress", "--out", tmp_path / "d")
+    assert "job" not in err  # quiet
 
 
 def test_posenc_bench_runs_resumes_and_lists(tmp_path, capsys):
@@ -671,7 +714,7 @@ def test_posenc_bench_exit_status_of_failed_and_interrupted_runs(tmp_path, capsy
     monkeypatch.setattr(train, "run", interrupted)
     status, stdout, err = bench(capsys, *argv, "--resume")
     assert status == 130
-    assert err.strip().startswith("interrupted: the finished runs are in ")
+    assert err.strip().splitlines()[-1].startswith("interrupted: the finished runs are in ")
     assert len(strict_lines(tmp_path / "a" / "results.jsonl")) == 1
 
 
@@ -683,6 +726,8 @@ def test_posenc_bench_exit_status_of_failed_and_interrupted_runs(tmp_path, capsy
         (["--steps", "0"], "steps must be an int >= 1, got 0"),
         (["--steps", "many"], "argument --steps: invalid int value: 'many'"),
         (["--jobs", "0"], "--jobs must be >= 1, got 0"),
+        (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--report-only", ".", "--threads", "2"], "--threads does not apply with --report-only"),
         (["--seeds", "two"], "--seeds needs integers"),
         (["--seeds", "1,1"], "seeds must be distinct"),
         (["--eval-lengths", "8", "8"], "eval_lengths must be distinct"),

@@ -100,7 +100,18 @@ def add_parser(commands: Any) -> None:
     )
     execution = bench.add_argument_group("execution")
     execution.add_argument(
-        "--jobs", "-j", type=int, default=1, metavar="N", help="worker processes (default 1)"
+        "--jobs",
+        "-j",
+        type=int,
+        metavar="N",
+        help="worker processes (default: the cores this process may use, at most one per run)",
+    )
+    execution.add_argument(
+        "--threads",
+        type=int,
+        metavar="T",
+        help="PyTorch threads of each job (default 1: the models are small, and the "
+        "records are then the same whatever --jobs)",
     )
     execution.add_argument(
         "--out", "-o", type=Path, metavar="DIR", help="output folder (default ./posenc-bench)"
@@ -157,8 +168,9 @@ def run(args: argparse.Namespace) -> int:
         return _run_spec_json(args, given, runner)
 
     config = _config(args, runner.PRESETS[args.preset])
-    if args.jobs < 1:
-        raise UsageError(f"posenc bench: --jobs must be >= 1, got {args.jobs}")
+    for flag, value in (("--jobs", args.jobs), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            raise UsageError(f"posenc bench: {flag} must be >= 1, got {value}")
     specs = runner.expand(config)
     out = Path("posenc-bench") if args.out is None else args.out
     if args.dry_run:
@@ -188,20 +200,26 @@ def _check_report_only(args: argparse.Namespace, given: list[str]) -> None:
         *(["--device"] if args.device is not None else []),
         *(["--out"] if args.out is not None else []),
     ]
-    if extra or args.jobs != 1:
-        extra = extra or ["--jobs"]
+    extra += _execution_flags(args)
+    if extra:
         raise UsageError(f"posenc bench: {extra[0]} does not apply with --report-only")
+
+
+def _execution_flags(args: argparse.Namespace) -> list[str]:
+    """``--jobs`` and ``--threads`` where given."""
+    return [flag for flag, value in (("--jobs", args.jobs), ("--threads", args.threads))
+            if value is not None]  # fmt: skip
 
 
 def _run_spec_json(args: argparse.Namespace, given: list[str], runner: ModuleType) -> int:
     """``--spec-json``: run that one spec and print its record as one JSON line."""
     require("torch", "posenc bench", extra="posenc[bench]")
     extra = given + (["--out"] if args.out is not None else [])
-    if extra or args.jobs != 1:
-        extra = extra or ["--jobs"]
+    extra += ["--jobs"] if args.jobs is not None else []
+    if extra:
         raise UsageError(
             f"posenc bench: {extra[0]} does not apply with --spec-json (the spec gives "
-            "every setting; only --device and --no-progress do)"
+            "every setting; only --device, --threads and --no-progress do)"
         )
     try:
         fields = json.loads(args.spec_json)
@@ -210,7 +228,14 @@ def _run_spec_json(args: argparse.Namespace, given: list[str], runner: ModuleTyp
     spec = RunSpec.from_dict(fields)
     if args.device is not None:
         spec = RunSpec.from_dict({**spec.to_dict(), "device": args.device})
-    record = runner.run_one(spec, progress=not args.no_progress)
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1 if args.threads is None else args.threads)  # as the bench runs it
+    try:
+        record = runner.run_one(spec, progress=not args.no_progress)
+    finally:
+        torch.set_num_threads(before)
     print(json.dumps(record, ensure_ascii=False))
     return 0
 
@@ -259,7 +284,12 @@ def _execute(
     require("torch", "posenc bench", extra="posenc[bench]")  # before any worker starts
     try:
         outcome = runner.execute(
-            specs, out, jobs=args.jobs, resume=args.resume, progress=not args.no_progress
+            specs,
+            out,
+            jobs=args.jobs,
+            threads=args.threads,
+            resume=args.resume,
+            progress=not args.no_progress,
         )
     except (FileExistsError, FolderInUseError) as exc:
         raise UsageError(f"posenc bench: {exc}") from None

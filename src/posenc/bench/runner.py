@@ -27,6 +27,7 @@ import dataclasses
 import datetime
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -52,6 +53,7 @@ from .workers import (
     run_here,
     run_pool,
     step_callback,
+    usable_cores,
 )
 
 # RESULTS_FILE, FAILURES_FILE and load_records live in .records; they stay importable
@@ -69,10 +71,11 @@ __all__ = [
     "load_records",
     "pending",
     "run_one",
+    "usable_cores",
 ]
 
 #: The quick bench: every scheme on the copy task, one seed, the default small model
-#: (``RunSpec``'s defaults). About 1.5 minutes with ``jobs=2`` on two CPU cores.
+#: (``RunSpec``'s defaults). About a minute on two CPU cores (two jobs, the default).
 QUICK: Mapping[str, Any] = MappingProxyType({"tasks": ("copy",), "schemes": SCHEMES, "seeds": 1})
 
 #: The full bench: every task × every scheme × 3 seeds, RoPE also evaluated with the
@@ -328,7 +331,8 @@ def execute(
     specs: Sequence[RunSpec],
     out_dir: str | os.PathLike[str],
     *,
-    jobs: int = 1,
+    jobs: int | None = 1,
+    threads: int | None = None,
     resume: bool = False,
     progress: bool = True,
     run_fn: RunFn | None = None,
@@ -350,15 +354,21 @@ def execute(
     Args:
         specs: The runs, e.g. from :func:`expand`; the same run (key) at most once.
         out_dir: The output folder, created if needed.
-        jobs: Worker processes (``>= 1``). ``jobs=1`` runs in this process; more runs
-            the specs in a :class:`concurrent.futures.ProcessPoolExecutor` with the
-            ``"spawn"`` start method, each worker limited to ``cpu_count // jobs``
-            threads (``torch.set_num_threads`` and ``OMP_NUM_THREADS``); ``run_fn``
-            must then be picklable (a module-level function).
+        jobs: Worker processes (``>= 1``; ``None``: one per usable core, at most one per
+            run to do). ``jobs=1`` runs in this process; more runs the specs in a
+            :class:`concurrent.futures.ProcessPoolExecutor` with the ``"spawn"`` start
+            method; ``run_fn`` must then be picklable (a module-level function).
+        threads: PyTorch threads of each job (``torch.set_num_threads``, and
+            ``OMP_NUM_THREADS`` in workers; with ``jobs=1`` for the runs only, then
+            restored). ``None``: 1. The bench's models are small, so one thread per job
+            is the fastest use of the cores (``posenc bench`` runs one job per usable
+            core), and a run's record is then the same bits whatever ``jobs`` (the
+            thread count orders PyTorch's sums).
         resume: Skip the specs whose key the results file already holds. Without it an
             existing, non-empty results file is an error, so that nothing is mixed up.
-        progress: Show a tqdm bar over the runs with an ETA (and, with ``jobs=1``, one
-            over the current run's training steps), on stderr.
+        progress: Show the jobs and threads chosen, and a tqdm bar over the runs with an
+            ETA (and, with ``jobs=1``, one over the current run's training steps), on
+            stderr.
         run_fn: The function that trains and evaluates one spec, called as
             ``run_fn(spec, progress=callback_or_None)`` and returning a record whose
             ``"key"`` is ``spec.key()``; default :func:`posenc.bench.train.run`.
@@ -387,20 +397,22 @@ def execute(
         (1, 1, 1, 2, True)
     """
     specs = _check_specs(specs)
-    jobs = check_int(jobs, "jobs", minimum=1)
+    jobs = None if jobs is None else check_int(jobs, "jobs", minimum=1)
+    threads = 1 if threads is None else check_int(threads, "threads", minimum=1, maximum=4096)
     if not isinstance(out_dir, (str, os.PathLike)):
         raise TypeError(f"out_dir must be a str or os.PathLike, got {describe(out_dir)}")
     if run_fn is not None and not callable(run_fn):
         raise TypeError(f"run_fn must be callable or None, got {describe(run_fn)}")
     out = Path(out_dir)
     with lock_folder(out):
-        return _execute_locked(specs, out, jobs, resume, progress, run_fn)
+        return _execute_locked(specs, out, jobs, threads, resume, progress, run_fn)
 
 
 def _execute_locked(
     specs: list[RunSpec],
     out: Path,
-    jobs: int,
+    jobs: int | None,
+    threads: int,
     resume: bool,
     progress: bool,
     run_fn: RunFn | None,
@@ -417,6 +429,16 @@ def _execute_locked(
     failures_path = out / FAILURES_FILE
     failures: list[Failure] = []
     ran = 0
+    cores = usable_cores()
+    if jobs is None:
+        jobs = max(1, min(cores, len(todo)))
+    if progress and todo:
+        runs, each = f"{len(todo)} run{'s' * (len(todo) != 1)}", f"thread{'s' * (threads > 1)}"
+        print(
+            f"posenc bench: {runs}, {jobs} job{'s' * (jobs > 1)} x {threads} {each} each "
+            f"({cores} cores usable)",
+            file=sys.stderr,
+        )
 
     def finished(spec: RunSpec, record: dict[str, Any]) -> None:
         nonlocal ran
@@ -437,9 +459,9 @@ def _execute_locked(
 
     try:
         if todo and jobs == 1:
-            run_here(todo, run_fn, progress, finished, failed)
+            run_here(todo, run_fn, progress, finished, failed, threads)
         elif todo:
-            run_pool(todo, run_fn, progress, jobs, finished, failed)
+            run_pool(todo, run_fn, progress, jobs, finished, failed, threads)
     except BaseException:  # interrupted: the reports still show the runs finished so far
         with contextlib.suppress(Exception):
             write_reports(out)

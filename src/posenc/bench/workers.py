@@ -35,6 +35,7 @@ __all__ = [
     "run_here",
     "run_pool",
     "step_callback",
+    "usable_cores",
 ]
 
 RunFn = Callable[..., dict[str, Any]]
@@ -46,9 +47,29 @@ def run_here(
     progress: bool,
     finished: Callable[[RunSpec, dict[str, Any]], None],
     failed: Callable[..., None],
+    threads: int | None = None,
 ) -> None:
-    """Run the specs one after the other in this process."""
-    function = run_fn if run_fn is not None else default_run()
+    """Run the specs one after the other in this process, PyTorch limited to ``threads``
+    threads meanwhile (``None``: as it is)."""
+    function = run_fn if run_fn is not None else default_run()  # imports torch
+    torch = sys.modules.get("torch") if threads is not None else None
+    before = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(threads)
+    try:
+        _run_each(todo, function, progress, finished, failed)
+    finally:
+        if torch is not None:
+            torch.set_num_threads(before)
+
+
+def _run_each(
+    todo: list[RunSpec],
+    function: RunFn,
+    progress: bool,
+    finished: Callable[[RunSpec, dict[str, Any]], None],
+    failed: Callable[..., None],
+) -> None:
     with _bars(progress, len(todo)) as (runs, write, tqdm):
         for spec in todo:
             if runs is not None:
@@ -79,9 +100,11 @@ def run_pool(
     jobs: int,
     finished: Callable[[RunSpec, dict[str, Any]], None],
     failed: Callable[..., None],
+    threads: int | None = None,
 ) -> None:
-    """Run the specs in ``jobs`` spawned worker processes, recording them as they finish."""
-    threads = max(1, _cpu_count() // jobs)
+    """Run the specs in ``jobs`` spawned worker processes, recording them as they finish;
+    each worker has ``threads`` threads (``None``: 1)."""
+    threads = 1 if threads is None else threads
     pool = concurrent.futures.ProcessPoolExecutor(
         max_workers=min(jobs, len(todo)),
         mp_context=multiprocessing.get_context("spawn"),
@@ -176,7 +199,8 @@ def default_run() -> RunFn:
     return run
 
 
-def _cpu_count() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; else the machine's count)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux
