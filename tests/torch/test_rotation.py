@@ -109,3 +109,32 @@ def test_in_place_under_autograd_gives_the_same_gradients():
     assert torch.equal(grads[0], grads[1])
     with pytest.raises(TypeError, match="inplace must be a bool"):
         rope(x, x, inplace=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "head_dim", "rotary_dim"), CASES)
+def test_the_fused_kernel_gives_the_eager_bits(layout, head_dim, rotary_dim):
+    """fused=True (torch.compile's kernel of the formula): the eager rotation's outputs
+    and gradients bit for bit, in float32 and bfloat16, out of place and in place."""
+    kwargs = {"rotary_dim": rotary_dim, "layout": layout, "max_length": 64}
+    eager, fused = (
+        RotaryEmbedding(head_dim, **kwargs),
+        RotaryEmbedding(head_dim, fused=True, **kwargs),
+    )
+    assert "fused=True" in repr(fused)
+    for dtype in (torch.float32, torch.bfloat16):
+        q = _randn(2, 4, 9, head_dim, dtype=dtype).requires_grad_()
+        k = _randn(2, 2, 9, head_dim, dtype=dtype, seed=1).requires_grad_()
+        gq, gk = _randn(*q.shape, dtype=dtype, seed=2), _randn(*k.shape, dtype=dtype, seed=3)
+        results = []
+        for module in (eager, fused):
+            out = module(q, k, offset=40)
+            results.append((*out, *torch.autograd.grad(out, (q, k), (gq, gk))))
+        for mine, theirs in zip(results[1], results[0], strict=True):
+            assert torch.equal(mine, theirs)
+        with torch.no_grad():
+            q2, k2 = q.detach().clone(), k.detach().clone()
+            out = fused(q2, k2, offset=40, inplace=True)
+        assert out[0] is q2
+        assert torch.equal(q2, results[0][0])
+        assert torch.equal(k2, results[0][1])

@@ -23,21 +23,85 @@ __all__ = ["rotate"]
 
 
 def rotate(
-    x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int, *, inplace: bool = False
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    layout: str,
+    rotary_dim: int,
+    *,
+    inplace: bool = False,
+    fused: bool = False,
 ) -> Tensor:
     """``x·cos + turn(x)·sin`` on the first ``rotary_dim`` features, in the tables' precision.
 
     float16/bfloat16 inputs are rotated in float32 (the tables' dtype) and cast back;
     features past ``rotary_dim`` pass through. With ``inplace``, the result is written into
-    ``x`` and ``x`` returned. Differentiable in ``x`` by the inverse rotation (tables
-    that require grad, as learned frequencies would, take autograd through the formula).
+    ``x`` and ``x`` returned. ``fused``: one pass over ``x`` by a kernel ``torch.compile``
+    makes of the formula (the same roundings, so the same bits). Differentiable in ``x``
+    by the inverse rotation (tables that require grad, as learned frequencies would, take
+    autograd through the formula).
     """
     if cos.requires_grad or sin.requires_grad or not (x.requires_grad and torch.is_grad_enabled()):
-        return _turn(x, cos, sin, layout, rotary_dim, inverse=False, inplace=inplace)
+        return _apply(x, cos, sin, layout, rotary_dim, False, inplace, fused)
     result: Tensor = _Rotation.apply(  # type: ignore[no-untyped-call]
-        x, cos, sin, layout, rotary_dim, inplace
+        x, cos, sin, layout, rotary_dim, inplace, fused
     )
     return result
+
+
+def _apply(
+    x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int, inverse: bool,
+    inplace: bool, fused: bool,
+) -> Tensor:  # fmt: skip
+    if not fused or torch.compiler.is_compiling():  # compiled code fuses the eager ops
+        return _turn(x, cos, sin, layout, rotary_dim, inverse=inverse, inplace=inplace)
+    out: Tensor = _compiled()(x, cos, sin, rotary_dim, layout == "interleaved", inverse)
+    if inplace:
+        x.copy_(out)
+        return x
+    return out
+
+
+_KERNELS: dict[str, Any] = {}
+
+
+def _compiled() -> Any:
+    """:func:`_formula` compiled once per process. torch.compile's automatic dynamic
+    shapes: the first shape gets a kernel of its own; a second one makes the sizes that
+    changed symbolic (the head width stays fixed, which keeps the kernel vectorised:
+    ``dynamic=True`` made every size symbolic and the kernel twice as slow)."""
+    kernel = _KERNELS.get("formula")
+    if kernel is None:
+        kernel = _KERNELS["formula"] = torch.compile(_formula)
+    return kernel
+
+
+def _formula(
+    x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, interleaved: bool, inverse: bool
+) -> Tensor:
+    """The rotation written without in-place updates, for ``torch.compile`` to fuse into
+    one loop: each pair ``(a, b)`` becomes ``(a·cos - b·sin, b·cos + a·sin)`` (``inverse``:
+    the signs of the sin terms swapped), products rounded, then the sums, as :func:`_turn`."""
+    compute = torch.promote_types(x.dtype, cos.dtype)
+    xr = x[..., :rotary_dim].to(compute)
+    if interleaved:  # members 2i and 2i + 1
+        one, other = slice(0, rotary_dim, 2), slice(1, rotary_dim, 2)
+    else:  # members i and i + rotary_dim/2
+        one, other = slice(None, rotary_dim // 2), slice(rotary_dim // 2, rotary_dim)
+    a, b = xr[..., one], xr[..., other]
+    cos_a, cos_b, sin_a, sin_b = cos[..., one], cos[..., other], sin[..., one], sin[..., other]
+    if inverse:
+        first, second = a * cos_a + b * sin_b, b * cos_b - a * sin_a
+    else:
+        first, second = a * cos_a - b * sin_a, b * cos_b + a * sin_b
+    if interleaved:
+        turned = torch.stack((first, second), dim=-1).flatten(-2)
+    else:
+        turned = torch.cat((first, second), dim=-1)
+    out = turned.to(x.dtype)
+    if rotary_dim < x.shape[-1]:
+        out = torch.cat((out, x[..., rotary_dim:]), dim=-1)
+    return out
 
 
 class _Rotation(torch.autograd.Function):
@@ -45,19 +109,26 @@ class _Rotation(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int, inplace: bool
+        ctx: Any,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        layout: str,
+        rotary_dim: int,
+        inplace: bool,
+        fused: bool,
     ) -> Tensor:
         ctx.save_for_backward(cos, sin)
-        ctx.layout, ctx.rotary_dim = layout, rotary_dim
+        ctx.layout, ctx.rotary_dim, ctx.fused = layout, rotary_dim, fused
         if inplace:
             ctx.mark_dirty(x)
-        return _turn(x, cos, sin, layout, rotary_dim, inverse=False, inplace=inplace)
+        return _apply(x, cos, sin, layout, rotary_dim, False, inplace, fused)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         cos, sin = ctx.saved_tensors
-        turned = _turn(grad, cos, sin, ctx.layout, ctx.rotary_dim, inverse=True, inplace=False)
-        return turned, None, None, None, None, None
+        turned = _apply(grad, cos, sin, ctx.layout, ctx.rotary_dim, True, False, ctx.fused)
+        return turned, None, None, None, None, None, None
 
 
 def _turn(
