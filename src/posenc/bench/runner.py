@@ -197,6 +197,9 @@ def _names(value: Any, name: str, valid: Sequence[str]) -> tuple[str, ...]:
     return names
 
 
+MAX_SEEDS = 100_000  # a number of seeds: far past any grid one machine can run
+
+
 def _seeds(value: Any) -> tuple[int, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, (int, Iterable)):
         raise TypeError(
@@ -204,7 +207,7 @@ def _seeds(value: Any) -> tuple[int, ...]:
             f">= 0, got {describe(value)}"
         )
     if not isinstance(value, Iterable):
-        return tuple(range(check_int(value, "seeds", minimum=1)))
+        return tuple(range(check_int(value, "seeds", minimum=1, maximum=MAX_SEEDS)))
     seeds = tuple(check_int(seed, f"seeds[{i}]", minimum=0) for i, seed in enumerate(value))
     if not seeds:
         raise ValueError("seeds must name at least one seed, got none")
