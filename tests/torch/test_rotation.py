@@ -138,3 +138,28 @@ def test_the_fused_kernel_gives_the_eager_bits(layout, head_dim, rotary_dim):
         assert out[0] is q2
         assert torch.equal(q2, results[0][0])
         assert torch.equal(k2, results[0][1])
+
+
+@pytest.mark.parametrize(("layout", "head_dim", "rotary_dim"), CASES)
+@pytest.mark.parametrize("qk_layout", ["bhsd", "bshd"])
+def test_decoding_steps_give_the_formulas_bits(layout, head_dim, rotary_dim, qk_layout):
+    """One batch row, one or a few positions (q and k rotated together, the signed sin
+    table cached): the formula's bits, contiguous outputs, also past the tables' rows
+    and after .double()."""
+    rope = RotaryEmbedding(head_dim, rotary_dim=rotary_dim, layout=layout, max_length=16,
+                           qk_layout=qk_layout)  # fmt: skip
+    for dtype in (torch.float32, torch.float64):
+        if dtype == torch.float64:
+            rope.double()
+        for offset, seq in ((3, 1), (12, 4), (40, 1), (41, 2)):  # 40: past the 16 rows
+            shape_q = (1, 5, seq, head_dim) if qk_layout == "bhsd" else (1, seq, 5, head_dim)
+            shape_k = (1, 2, seq, head_dim) if qk_layout == "bhsd" else (1, seq, 2, head_dim)
+            q, k = _randn(*shape_q, dtype=dtype), _randn(*shape_k, dtype=dtype, seed=1)
+            out_q, out_k = rope(q, k, offset=offset)
+            cos, sin = rope.cos_sin(torch.arange(offset, offset + seq))
+            if qk_layout == "bshd":
+                cos, sin = cos[:, None], sin[:, None]
+            for mine, x in ((out_q, q), (out_k, k)):
+                assert mine.dtype == dtype
+                assert mine.is_contiguous()
+                assert torch.equal(mine, formula(x, cos, sin, layout, rotary_dim))

@@ -39,7 +39,14 @@ from ._backend import (
     to_tensor,
 )
 from .protocols import RotatesQueriesKeys
-from .rotation import rotate
+from .rotation import (
+    SMALL,
+    broadcast_tables,
+    check_qk,
+    rotate,
+    rotate_small_pair,
+    signed_sin,
+)
 
 __all__ = [
     "DERIVED_KEYS",
@@ -278,12 +285,47 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
             check_rope_positions(positions, batch, seq, name)
             end = positions_end(positions, seq, name)
 
-        cos, sin = self._rows(seq, offset, positions, end, name)  # (seq, r) or (batch, seq, r)
+        if (
+            positions is None
+            and end <= self.table_length
+            and not self.spec.scaling.length_dependent
+            and not is_traced()
+        ):  # within the tables (decoding): the rows are a slice of them
+            if self._small_step(q, k, inplace):
+                return self._step(q, k, offset, end)
+            cos, sin = self.cos[offset:end], self.sin[offset:end]
+        else:
+            cos, sin = self._rows(seq, offset, positions, end, name)  # (seq|batch, seq, r)
         cos, sin = broadcast_tables((cos, sin), self.qk_layout, q.device)
         return (
             rotate(q, cos, sin, self.layout, self.rotary_dim, inplace=inplace, fused=self.fused),
             rotate(k, cos, sin, self.layout, self.rotary_dim, inplace=inplace, fused=self.fused),
         )
+
+    def _small_step(self, q: Tensor, k: Tensor, inplace: bool) -> bool:
+        """Whether this call is a decoding step for :meth:`_step`: one batch row (and for
+        bshd one position, so that q's and k's heads of the joint result are contiguous),
+        few elements, the tables' dtype, no autograd, not in place or fused."""
+        return (
+            q.shape[0] == 1
+            and (self.qk_layout == "bhsd" or q.shape[1] == 1)
+            and q.numel() + k.numel() <= SMALL
+            and q.dtype == k.dtype == self.cos.dtype
+            and not (inplace or self.fused)
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+        )
+
+    def _step(self, q: Tensor, k: Tensor, offset: int, end: int) -> tuple[Tensor, Tensor]:
+        """q and k rotated together, the signed sin table kept from the last step."""
+        cached = self.__dict__.get("_signed")
+        if cached is None or cached[0] is not self.sin:  # new tables (grown, moved)
+            cached = (self.sin, signed_sin(self.sin, self.layout, self.rotary_dim))
+            self.__dict__["_signed"] = cached
+        cos, signed = self.cos[offset:end], cached[1][offset:end]
+        if self.qk_layout == "bshd":
+            cos, signed = cos.unsqueeze(-2), signed.unsqueeze(-2)
+        axis = 1 if self.qk_layout == "bhsd" else 2
+        return rotate_small_pair(q, k, cos, signed, self.layout, self.rotary_dim, axis)
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
         """``(cos, sin)`` at integer ``positions`` ``(seq,)`` or ``(batch, seq)``: each
@@ -372,47 +414,6 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         if self.scaling != "default":
             text += f", scaling={self.scaling!r}, scaling_params={self.scaling_params!r}"
         return text + (", fused=True" if self.fused else "")
-
-
-def broadcast_tables(tables: tuple[Tensor, ...], qk_layout: str, device: Any) -> tuple[Tensor, ...]:
-    """``(seq, r)`` or ``(batch, seq, r)`` tables → broadcastable over ``qk_layout`` heads.
-
-    ``(seq, r)`` works for bhsd as is; ``(batch, seq, r)`` needs a heads axis at 1 (bhsd);
-    for bshd the heads axis sits at -2 in both cases.
-    """
-    out = []
-    for t in tables:
-        if qk_layout == "bshd":
-            t = t.unsqueeze(-2)  # (..., seq, 1, r)
-        elif t.dim() == 3:
-            t = t.unsqueeze(1)  # (batch, 1, seq, r)
-        out.append(t.to(device))
-    return tuple(out)
-
-
-def check_qk(q: Any, k: Any, head_dim: int, qk_layout: str, name: str) -> None:
-    axes = "batch, heads, seq, head_dim" if qk_layout == "bhsd" else "batch, seq, heads, head_dim"
-    for label, x in (("q", q), ("k", k)):
-        if not isinstance(x, Tensor):
-            raise TypeError(f"{name}: {label} must be a torch.Tensor, got {describe(x)}")
-        if x.dim() != 4:
-            raise ValueError(
-                f"{name}: {label} must have shape ({axes}) (qk_layout={qk_layout!r}), "
-                f"got shape {tuple(x.shape)}"
-            )
-        if x.shape[-1] != head_dim:
-            raise ValueError(
-                f"{name} was built for head_dim={head_dim}, but {label} has last dimension "
-                f"{x.shape[-1]} (shape {tuple(x.shape)})"
-            )
-        if not x.is_floating_point():
-            raise TypeError(f"{name}: {label} must be a floating-point tensor, got dtype {x.dtype}")
-    seq_axis = 2 if qk_layout == "bhsd" else 1
-    if q.shape[0] != k.shape[0] or q.shape[seq_axis] != k.shape[seq_axis]:
-        raise ValueError(
-            f"{name}: q and k must have the same batch and seq sizes (axes 0 and {seq_axis} "
-            f"for qk_layout={qk_layout!r}), got shapes {tuple(q.shape)} and {tuple(k.shape)}"
-        )
 
 
 def check_rope_positions(positions: Any, batch: int, seq: int, name: str) -> None:

@@ -19,7 +19,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["rotate"]
+from .._checks import describe
+
+__all__ = [
+    "SMALL",
+    "broadcast_tables",
+    "check_qk",
+    "rotate",
+    "rotate_small_pair",
+    "signed_sin",
+]
 
 
 def rotate(
@@ -140,6 +149,8 @@ def _turn(
     sin subtracted or added, in place on the product (negation is exact, so these are
     the roundings of ``x·cos + turn(x)·sin``)."""
     compute = torch.promote_types(x.dtype, cos.dtype)
+    if not inverse and not inplace and x.numel() <= SMALL:
+        return _turn_small(x, cos, sin, layout, rotary_dim, compute)
     if layout == "half":
         half = rotary_dim // 2  # the sin table repeats each frequency in both halves
         first, second = slice(None, half), slice(half, rotary_dim)
@@ -170,3 +181,106 @@ def _turn(
     if rotary_dim < x.shape[-1]:
         out = torch.cat((out, x[..., rotary_dim:]), dim=-1)
     return out
+
+
+# Inputs up to this many elements (a decoding step's q and k) are rotated with fewer,
+# larger operations: each PyTorch call costs microseconds whatever its size. Larger ones
+# keep _turn's in-place updates, which allocate less.
+SMALL = 1 << 15
+_SIGNS: dict[tuple[str, int, torch.dtype, torch.device], Tensor] = {}
+
+
+def _turn_small(
+    x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int, compute: torch.dtype
+) -> Tensor:
+    xr = x[..., :rotary_dim].to(compute)
+    return _with_rest(_partnered(xr, cos, signed_sin(sin, layout, rotary_dim), layout), x)
+
+
+def rotate_small_pair(
+    q: Tensor, k: Tensor, cos: Tensor, signed: Tensor, layout: str, rotary_dim: int, axis: int
+) -> tuple[Tensor, Tensor]:
+    """A decoding step's rotation of ``q`` and ``k`` (one batch row, the tables' dtype),
+    joined along the heads ``axis`` so that the rotation's operations run once; the
+    results are ``q``'s and ``k``'s heads of it (contiguous: one batch row)."""
+    both = torch.cat((q, k), dim=axis)
+    out = _with_rest(_partnered(both[..., :rotary_dim], cos, signed, layout), both)
+    heads = q.shape[axis]
+    return out.narrow(axis, 0, heads), out.narrow(axis, heads, k.shape[axis])
+
+
+def _partnered(xr: Tensor, cos: Tensor, signed: Tensor, layout: str) -> Tensor:
+    """The forward rotation as ``x·cos + partner(x)·(±sin)``. The sign is exact, so each
+    product and the sum round as in :func:`_turn` (tested equal)."""
+    if layout == "half":  # [x₂, x₁]
+        partner = torch.roll(xr, xr.shape[-1] // 2, dims=-1)
+    else:  # (b, a) for each pair (a, b)
+        partner = xr.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # type: ignore[no-untyped-call]
+    return xr * cos + partner * signed
+
+
+def _with_rest(out: Tensor, x: Tensor) -> Tensor:
+    """``out`` in ``x``'s dtype, followed by ``x``'s features past the rotated ones."""
+    if out.dtype != x.dtype:
+        out = out.to(x.dtype)
+    if out.shape[-1] < x.shape[-1]:
+        out = torch.cat((out, x[..., out.shape[-1] :]), dim=-1)
+    return out
+
+
+def signed_sin(sin: Tensor, layout: str, rotary_dim: int) -> Tensor:
+    """``sin`` with the first member of each pair negated: what the partner feature is
+    multiplied by in :func:`_partnered`."""
+    key = (layout, rotary_dim, sin.dtype, sin.device)
+    traced = torch.compiler.is_compiling()  # a traced tensor must not outlive its trace
+    signs = None if traced else _SIGNS.get(key)
+    if signs is None:
+        signs = torch.ones(rotary_dim, dtype=sin.dtype, device=sin.device)
+        if layout == "half":
+            signs[: rotary_dim // 2] = -1
+        else:
+            signs[0::2] = -1
+        if not traced:
+            _SIGNS[key] = signs
+    return sin * signs
+
+
+def broadcast_tables(tables: tuple[Tensor, ...], qk_layout: str, device: Any) -> tuple[Tensor, ...]:
+    """``(seq, r)`` or ``(batch, seq, r)`` tables → broadcastable over ``qk_layout`` heads.
+
+    ``(seq, r)`` works for bhsd as is; ``(batch, seq, r)`` needs a heads axis at 1 (bhsd);
+    for bshd the heads axis sits at -2 in both cases.
+    """
+    out = []
+    for t in tables:
+        if qk_layout == "bshd":
+            t = t.unsqueeze(-2)  # (..., seq, 1, r)
+        elif t.dim() == 3:
+            t = t.unsqueeze(1)  # (batch, 1, seq, r)
+        out.append(t.to(device))
+    return tuple(out)
+
+
+def check_qk(q: Any, k: Any, head_dim: int, qk_layout: str, name: str) -> None:
+    axes = "batch, heads, seq, head_dim" if qk_layout == "bhsd" else "batch, seq, heads, head_dim"
+    for label, x in (("q", q), ("k", k)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name}: {label} must be a torch.Tensor, got {describe(x)}")
+        if x.dim() != 4:
+            raise ValueError(
+                f"{name}: {label} must have shape ({axes}) (qk_layout={qk_layout!r}), "
+                f"got shape {tuple(x.shape)}"
+            )
+        if x.shape[-1] != head_dim:
+            raise ValueError(
+                f"{name} was built for head_dim={head_dim}, but {label} has last dimension "
+                f"{x.shape[-1]} (shape {tuple(x.shape)})"
+            )
+        if not x.is_floating_point():
+            raise TypeError(f"{name}: {label} must be a floating-point tensor, got dtype {x.dtype}")
+    seq_axis = 2 if qk_layout == "bhsd" else 1
+    if q.shape[0] != k.shape[0] or q.shape[seq_axis] != k.shape[seq_axis]:
+        raise ValueError(
+            f"{name}: q and k must have the same batch and seq sizes (axes 0 and {seq_axis} "
+            f"for qk_layout={qk_layout!r}), got shapes {tuple(q.shape)} and {tuple(k.shape)}"
+        )
