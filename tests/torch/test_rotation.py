@@ -155,11 +155,16 @@ def test_decoding_steps_give_the_formulas_bits(layout, head_dim, rotary_dim, qk_
             shape_q = (1, 5, seq, head_dim) if qk_layout == "bhsd" else (1, seq, 5, head_dim)
             shape_k = (1, 2, seq, head_dim) if qk_layout == "bhsd" else (1, seq, 2, head_dim)
             q, k = _randn(*shape_q, dtype=dtype), _randn(*shape_k, dtype=dtype, seed=1)
-            out_q, out_k = rope(q, k, offset=offset)
-            cos, sin = rope.cos_sin(torch.arange(offset, offset + seq))
+            positions = torch.arange(offset, offset + seq)
+            cos, sin = rope.cos_sin(positions)
             if qk_layout == "bshd":
                 cos, sin = cos[:, None], sin[:, None]
-            for mine, x in ((out_q, q), (out_k, k)):
-                assert mine.dtype == dtype
-                assert mine.is_contiguous()
-                assert torch.equal(mine, formula(x, cos, sin, layout, rotary_dim))
+            for call in ({"offset": offset}, {"positions": positions},
+                         {"positions": positions[None].int()}):  # fmt: skip
+                out_q, out_k = rope(q, k, **call)
+                for mine, x in ((out_q, q), (out_k, k)):
+                    assert mine.dtype == dtype
+                    assert mine.is_contiguous()
+                    assert torch.equal(mine, formula(x, cos, sin, layout, rotary_dim))
+    with pytest.raises(ValueError, match="positions must be >= 0, got -1"):
+        rope(q, k, positions=torch.tensor([-1] * q.shape[2 if qk_layout == "bhsd" else 1]))

@@ -17,6 +17,7 @@ Conventions, shared with :mod:`posenc.torch.modules`:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -279,20 +280,21 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         check_qk(q, k, self.head_dim, self.qk_layout, name)
         batch, seq = q.shape[0], q.shape[seq_axis]
         offset = check_offset_or_positions(offset, positions, name)
+        fixed = not self.spec.scaling.length_dependent and not is_traced()
         if positions is None:
             end = offset + seq
         else:
             check_rope_positions(positions, batch, seq, name)
+            if fixed and positions.device.type == "cpu" and self._small_step(q, k, inplace):
+                # a CPU gather raises for a row outside the tables: then the checked path
+                with contextlib.suppress(IndexError, RuntimeError):
+                    return self._step(q, k, positions)
             end = positions_end(positions, seq, name)
 
-        if (
-            positions is None
-            and end <= self.table_length
-            and not self.spec.scaling.length_dependent
-            and not is_traced()
-        ):  # within the tables (decoding): the rows are a slice of them
+        if positions is None and end <= self.table_length and fixed:
+            # within the tables (decoding): the rows are a slice of them
             if self._small_step(q, k, inplace):
-                return self._step(q, k, offset, end)
+                return self._step(q, k, slice(offset, end))
             cos, sin = self.cos[offset:end], self.sin[offset:end]
         else:
             cos, sin = self._rows(seq, offset, positions, end, name)  # (seq|batch, seq, r)
@@ -315,15 +317,18 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
         )
 
-    def _step(self, q: Tensor, k: Tensor, offset: int, end: int) -> tuple[Tensor, Tensor]:
-        """q and k rotated together, the signed sin table kept from the last step."""
+    def _step(self, q: Tensor, k: Tensor, rows: slice | Tensor) -> tuple[Tensor, Tensor]:
+        """q and k rotated together at ``rows`` (a slice of the tables, or positions to
+        gather), the signed sin table kept from the last step."""
         cached = self.__dict__.get("_signed")
         if cached is None or cached[0] is not self.sin:  # new tables (grown, moved)
             cached = (self.sin, signed_sin(self.sin, self.layout, self.rotary_dim))
             self.__dict__["_signed"] = cached
-        cos, signed = self.cos[offset:end], cached[1][offset:end]
-        if self.qk_layout == "bshd":
-            cos, signed = cos.unsqueeze(-2), signed.unsqueeze(-2)
+        if isinstance(rows, slice):
+            cos, signed = self.cos[rows], cached[1][rows]
+        else:
+            cos, signed = F.embedding(rows, self.cos), F.embedding(rows, cached[1])
+        cos, signed = broadcast_tables((cos, signed), self.qk_layout, q.device)
         axis = 1 if self.qk_layout == "bhsd" else 2
         return rotate_small_pair(q, k, cos, signed, self.layout, self.rotary_dim, axis)
 
