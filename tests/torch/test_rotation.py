@@ -168,3 +168,16 @@ def test_decoding_steps_give_the_formulas_bits(layout, head_dim, rotary_dim, qk_
                     assert torch.equal(mine, formula(x, cos, sin, layout, rotary_dim))
     with pytest.raises(ValueError, match="positions must be >= 0, got -1"):
         rope(q, k, positions=torch.tensor([-1] * q.shape[2 if qk_layout == "bhsd" else 1]))
+
+
+def test_a_pickled_module_leaves_the_signed_table_out_and_decodes_the_same():
+    import pickle
+
+    rope = RotaryEmbedding(16, max_length=32)
+    q, k = _randn(1, 4, 1, 16), _randn(1, 2, 1, 16, seed=1)
+    before = rope(q, k, offset=7)
+    assert "_signed" in rope.__dict__  # made by the step
+    copy = pickle.loads(pickle.dumps(rope))
+    assert "_signed" not in copy.__dict__
+    for mine, theirs in zip(copy(q, k, offset=7), before, strict=True):
+        assert torch.equal(mine, theirs)

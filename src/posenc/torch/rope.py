@@ -317,6 +317,11 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_signed", None)  # derived from sin: made again by the next step
+        return state
+
     def _step(self, q: Tensor, k: Tensor, rows: slice | Tensor) -> tuple[Tensor, Tensor]:
         """q and k rotated together at ``rows`` (a slice of the tables, or positions to
         gather), the signed sin table kept from the last step."""
