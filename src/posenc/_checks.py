@@ -169,18 +169,22 @@ def check_probability(value: Any, name: str = "dropout") -> float:
     return p
 
 
-def check_positions(value: Any, name: str = "positions") -> np.ndarray:
-    """An array of finite real positions (integer or fractional, any shape)."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an int length or an array of numbers, got a bool")
+def real_array(value: Any, name: str, *, what: str = "real numbers") -> np.ndarray:
+    """``value`` as a NumPy array of integers or floats (not bools), its dtype kept."""
     try:
         array = np.asarray(value)
     except (TypeError, ValueError) as exc:  # ragged lists and the like
         raise TypeError(f"{name} must be an array of numbers, got {describe(value)}") from exc
     if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
-        raise TypeError(
-            f"{name} must hold integers or real numbers, got an array of dtype {array.dtype}"
-        )
+        raise TypeError(f"{name} must hold {what}, got an array of dtype {array.dtype}")
+    return array
+
+
+def check_positions(value: Any, name: str = "positions") -> np.ndarray:
+    """An array of finite real positions (integer or fractional, any shape)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int length or an array of numbers, got a bool")
+    array = real_array(value, name, what="integers or real numbers")
     if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
         bad = array[~np.isfinite(array)].ravel()[0]
         raise ValueError(f"{name} must be finite, got {bad!r} among them")

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_bool, check_int, check_positive, describe
+from .._checks import check_bool, check_int, check_positive, describe, real_array
 
 __all__ = [
     "mrope_positions",
@@ -260,14 +260,7 @@ def _time_steps(tokens_per_second: Any, seconds: Any, videos: int) -> list[Any]:
     rate = check_positive(tokens_per_second, "tokens_per_second")
     if seconds is None:
         seconds = [1.0] * videos
-    try:
-        array = np.asarray(seconds)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"second_per_grid_ts must be an array of numbers, got {describe(seconds)}"
-        ) from exc
-    if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
-        raise TypeError(f"second_per_grid_ts must hold numbers, got {describe(array)}")
+    array = real_array(seconds, "second_per_grid_ts")
     if array.shape != (videos,):
         raise ValueError(
             f"second_per_grid_ts must have shape ({videos},), one per video in video_grids, "

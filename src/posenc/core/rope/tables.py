@@ -23,7 +23,7 @@ from ..._checks import (
     check_int,
     check_memory,
     check_real,
-    describe,
+    real_array,
 )
 from ..phasors import CHUNK_ELEMENTS, contiguous_range, phasors
 from ..precision import CONTAINERS, FORMATS, resolve_dtype, turns_of, unit_phasors
@@ -49,14 +49,7 @@ def check_inv_freq(inv_freq: Any) -> np.ndarray:
         >>> check_inv_freq([1, 0.5]).tolist()
         [1.0, 0.5]
     """
-    try:
-        array = np.asarray(inv_freq)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"inv_freq must be a 1-D array of numbers, got {describe(inv_freq)}"
-        ) from exc
-    if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
-        raise TypeError(f"inv_freq must hold real numbers, got {describe(inv_freq)}")
+    array = real_array(inv_freq, "inv_freq")
     if array.ndim != 1 or array.size == 0:
         raise ValueError(
             f"inv_freq must be a non-empty 1-D array (one frequency per feature pair), got "
