@@ -166,8 +166,11 @@ def test_decoding_steps_give_the_formulas_bits(layout, head_dim, rotary_dim, qk_
                     assert mine.dtype == dtype
                     assert mine.is_contiguous()
                     assert torch.equal(mine, formula(x, cos, sin, layout, rotary_dim))
+    seq_axis = 2 if qk_layout == "bhsd" else 1
     with pytest.raises(ValueError, match="positions must be >= 0, got -1"):
-        rope(q, k, positions=torch.tensor([-1] * q.shape[2 if qk_layout == "bhsd" else 1]))
+        rope(q, k, positions=torch.tensor([-1] * q.shape[seq_axis]))
+    with pytest.raises(ValueError, match="positions must be >= 0, got -1"):  # one position
+        rope(q.narrow(seq_axis, 0, 1), k.narrow(seq_axis, 0, 1), positions=torch.tensor([[-1]]))
 
 
 def test_a_pickled_module_leaves_the_signed_table_out_and_decodes_the_same():

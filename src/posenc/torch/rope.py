@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -280,22 +280,24 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         check_qk(q, k, self.head_dim, self.qk_layout, name)
         batch, seq = q.shape[0], q.shape[seq_axis]
         offset = check_offset_or_positions(offset, positions, name)
-        fixed = not self.spec.scaling.length_dependent and not is_traced()
-        if positions is None:
-            end = offset + seq
-        else:
+        if positions is not None:
             check_rope_positions(positions, batch, seq, name)
-            if fixed and positions.device.type == "cpu" and self._small_step(q, k, inplace):
-                # a CPU gather raises for a row outside the tables: then the checked path
-                with contextlib.suppress(IndexError, RuntimeError):
-                    return self._step(q, k, positions)
-            end = positions_end(positions, seq, name)
-
+        fixed = not self.spec.scaling.length_dependent and not is_traced()
+        if fixed and self._small_step(q, k, inplace):
+            if positions is None:
+                if offset + seq <= self._table("cos").shape[0]:
+                    return self._step(q, k, slice(offset, offset + seq))
+            elif positions.device.type == "cpu":  # reading it costs no synchronisation
+                if positions.numel() == 1:  # one position: a slice of the tables
+                    row = int(positions.item())
+                    if 0 <= row < self._table("cos").shape[0]:
+                        return self._step(q, k, slice(row, row + 1))
+                else:  # a gather raises for a row outside the tables: then the checked path
+                    with contextlib.suppress(IndexError, RuntimeError):
+                        return self._step(q, k, positions)
+        end = offset + seq if positions is None else positions_end(positions, seq, name)
         if positions is None and end <= self.table_length and fixed:
-            # within the tables (decoding): the rows are a slice of them
-            if self._small_step(q, k, inplace):
-                return self._step(q, k, slice(offset, end))
-            cos, sin = self.cos[offset:end], self.sin[offset:end]
+            cos, sin = self.cos[offset:end], self.sin[offset:end]  # a slice of the tables
         else:
             cos, sin = self._rows(seq, offset, positions, end, name)  # (seq|batch, seq, r)
         cos, sin = broadcast_tables((cos, sin), self.qk_layout, q.device)
@@ -307,15 +309,22 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
     def _small_step(self, q: Tensor, k: Tensor, inplace: bool) -> bool:
         """Whether this call is a decoding step for :meth:`_step`: one batch row (and for
         bshd one position, so that q's and k's heads of the joint result are contiguous),
-        few elements, the tables' dtype, no autograd, not in place or fused."""
+        few elements, the tables' dtype and device, no autograd, not in place or fused.
+        (Buffers are read from ``_buffers``: ``nn.Module`` attribute lookup costs a
+        microsecond or two per name, a noticeable part of a decoding step.)"""
+        cos = self._table("cos")
         return (
             q.shape[0] == 1
             and (self.qk_layout == "bhsd" or q.shape[1] == 1)
             and q.numel() + k.numel() <= SMALL
-            and q.dtype == k.dtype == self.cos.dtype
+            and q.dtype == k.dtype == cos.dtype
+            and q.device == k.device == cos.device
             and not (inplace or self.fused)
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
         )
+
+    def _table(self, name: str) -> Tensor:
+        return cast(Tensor, self._buffers[name])  # as self.cos, without Module.__getattr__
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -324,16 +333,17 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
 
     def _step(self, q: Tensor, k: Tensor, rows: slice | Tensor) -> tuple[Tensor, Tensor]:
         """q and k rotated together at ``rows`` (a slice of the tables, or positions to
-        gather), the signed sin table kept from the last step."""
+        gather), the signed sin table kept from the last step. With one batch row (and
+        for bshd one position) the rows broadcast over the heads as they are."""
+        cos, sin = self._table("cos"), self._table("sin")
         cached = self.__dict__.get("_signed")
-        if cached is None or cached[0] is not self.sin:  # new tables (grown, moved)
-            cached = (self.sin, signed_sin(self.sin, self.layout, self.rotary_dim))
+        if cached is None or cached[0] is not sin:  # new tables (grown, moved)
+            cached = (sin, signed_sin(sin, self.layout, self.rotary_dim))
             self.__dict__["_signed"] = cached
         if isinstance(rows, slice):
-            cos, signed = self.cos[rows], cached[1][rows]
+            cos, signed = cos[rows], cached[1][rows]
         else:
-            cos, signed = F.embedding(rows, self.cos), F.embedding(rows, cached[1])
-        cos, signed = broadcast_tables((cos, signed), self.qk_layout, q.device)
+            cos, signed = F.embedding(rows, cos), F.embedding(rows, cached[1])
         axis = 1 if self.qk_layout == "bhsd" else 2
         return rotate_small_pair(q, k, cos, signed, self.layout, self.rotary_dim, axis)
 

@@ -204,9 +204,10 @@ def rotate_small_pair(
     joined along the heads ``axis`` so that the rotation's operations run once; the
     results are ``q``'s and ``k``'s heads of it (contiguous: one batch row)."""
     both = torch.cat((q, k), dim=axis)
-    out = _with_rest(_partnered(both[..., :rotary_dim], cos, signed, layout), both)
-    heads = q.shape[axis]
-    return out.narrow(axis, 0, heads), out.narrow(axis, heads, k.shape[axis])
+    xr = both if rotary_dim == both.shape[-1] else both[..., :rotary_dim]
+    out = _with_rest(_partnered(xr, cos, signed, layout), both)
+    q_out, k_out = out.split_with_sizes((q.shape[axis], k.shape[axis]), axis)  # one call
+    return q_out, k_out
 
 
 def _partnered(xr: Tensor, cos: Tensor, signed: Tensor, layout: str) -> Tensor:
