@@ -23,4 +23,10 @@ export POSENC_REQUIRE_ALL_FRONTENDS=1
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-.venv/bin/python -m pytest "$@"
+# One pytest worker per usable core, at most four (pytest-xdist): each worker runs its
+# frameworks with one thread (conftest.py), and every worker imports PyTorch, TensorFlow
+# and JAX, so more workers cost memory faster than they save time. POSENC_TEST_WORKERS
+# overrides the count (0: no workers, the tests in this process).
+CORES=$(.venv/bin/python -c "import os; print(len(os.sched_getaffinity(0)))" 2>/dev/null || nproc)
+WORKERS=${POSENC_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}
+.venv/bin/python -m pytest -n "$WORKERS" "$@"
