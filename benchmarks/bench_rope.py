@@ -6,6 +6,8 @@ under ``torch.no_grad()``. Every contender rotates both and returns ``(q_rot, k_
 Half layout (feature ``j`` pairs with ``j + 32``), q and k as (batch, heads, seq, head_dim):
 
 * ``posenc half``: ``RotaryEmbedding(64, layout="half", max_length=2048)(q, k)``.
+* ``posenc half fused``: the same with ``fused=True``: one kernel per tensor that
+  ``torch.compile`` makes of the formula (the same bits as the eager rotation).
 * ``HF apply (cos/sin precomputed)``: ``apply_rotary_pos_emb(q, k, cos, sin)`` from
   ``transformers.models.llama.modeling_llama``, with ``cos, sin`` computed once, before
   timing, by ``LlamaRotaryEmbedding``: the application alone, as each decoder layer pays
@@ -20,6 +22,7 @@ head_dim), torchtune's and Meta's layout (the transposed copies are made before 
 
 * ``posenc interleaved (bshd)``: ``RotaryEmbedding(64, layout="interleaved",
   qk_layout="bshd", max_length=2048)``.
+* ``posenc interleaved (bshd) fused``: the same with ``fused=True``.
 * ``torchtune-style (bshd)``: torchtune's ``RotaryPositionalEmbeddings.forward``, written
   out below: a cache (max_seq_len, 32, 2) of cos/sin of float32 angles;
   ``x.float().reshape(*x.shape[:-1], -1, 2)``, the two-line rotation, ``torch.stack``,
@@ -38,8 +41,22 @@ full-size temporaries, to test the suggestion the profile leads to:
 * ``sketch: interleaved, complex``: posenc's interleaved tables as one complex64 tensor,
   applied as Meta does.
 
-Before timing, every output is checked against a float64 reference (float64 angles) to
-within the error of float32 angles, and against posenc's output.
+The floor: ``copy``: ``copy_`` of q and k into two tensors of the same shape allocated
+before timing: reads and writes as many bytes as a rotation of both, allocates nothing
+(the bhsd and bshd tensors have the same size, so one row serves both layouts). Every
+timing table has a ``/ copy`` column: the row's median over the copy's median (in the same
+regime and thread count), how far the row is from the memory-bound limit.
+
+Before timing, every rotation's output is checked against a float64 reference (float64
+angles) to within the error of float32 angles, and against posenc's output; the fused
+rows must equal posenc's eager output bit for bit.
+
+The fused kernels are compiled by the untimed first call of each timing phase (seconds;
+torch.compile guards on the thread count, so each thread count gets kernels of its own).
+Only the first kernel compiled in a process (``posenc half fused`` at 1 thread) is
+specialised to its shape; the later ones, for a second shape of the same function, get
+symbolic sizes (torch.compile's automatic dynamic shapes), as in any program that
+rotates both layouts.
 
 Timed interleaved at ``torch.set_num_threads(1)``, then at ``(2)``, in fresh processes
 whose samples are pooled, under two allocator regimes. Each q or k is 32 MiB, and glibc
@@ -51,8 +68,9 @@ full-size temporaries decides the ranking. ``glibc default`` is that, what a pla
 ``MALLOC_TRIM_THRESHOLD_``, so freed memory is reused (as with a caching allocator such
 as jemalloc) and only arithmetic and memory traffic remain.
 
-A profile at 1 thread closes the report (a fresh process, default allocator): minor page
-faults per call, and the torch profiler's self time and new memory per aten op.
+A profile at 1 thread closes the report (a fresh process, default allocator): time per
+call (and its ratio to the copy's), minor page faults per call, and the torch profiler's
+self time and new memory per aten op.
 
 Usage::
 
@@ -93,28 +111,37 @@ PLANS: dict[str, tuple[int, int, int, float]] = {
 }
 
 POSENC_HALF = "posenc half"
+POSENC_HALF_FUSED = "posenc half fused"
 HF_APPLY = "HF apply (cos/sin precomputed)"
 HF_FULL = "HF cos/sin + apply"
 POSENC_IL = "posenc interleaved (bshd)"
+POSENC_IL_FUSED = "posenc interleaved (bshd) fused"
 TORCHTUNE = "torchtune-style (bshd)"
 META = "Meta complex (bshd)"
 SKETCH_HALF = "sketch: half, x·cos + 2 addcmul_"
 SKETCH_IL = "sketch: interleaved, complex"
+COPY = "copy"  # the memory-bound floor, not a rotation
+FUSED = {POSENC_HALF_FUSED: POSENC_HALF, POSENC_IL_FUSED: POSENC_IL}  # fused -> eager
 # (posenc, peer) pairs judged against "posenc at least as fast" (ratio <= 1)
 PAIRS = [(POSENC_HALF, HF_APPLY), (POSENC_HALF, HF_FULL), (POSENC_IL, TORCHTUNE), (POSENC_IL, META)]
 LAYOUT = {
     POSENC_HALF: "half, bhsd",
+    POSENC_HALF_FUSED: "half, bhsd",
     HF_APPLY: "half, bhsd",
     HF_FULL: "half, bhsd",
     SKETCH_HALF: "half, bhsd",
     POSENC_IL: "interleaved, bshd",
+    POSENC_IL_FUSED: "interleaved, bshd",
     TORCHTUNE: "interleaved, bshd",
     META: "interleaved, bshd",
     SKETCH_IL: "interleaved, bshd",
+    COPY: "either (same bytes)",
 }
 ANGLES = {
     POSENC_HALF: "exact (float64, reduced)",
+    POSENC_HALF_FUSED: "exact (float64, reduced)",
     POSENC_IL: "exact (float64, reduced)",
+    POSENC_IL_FUSED: "exact (float64, reduced)",
     SKETCH_HALF: "posenc's tables",
     SKETCH_IL: "posenc's tables",
     HF_APPLY: "float32",
@@ -219,7 +246,10 @@ def sketch_interleaved(x: Tensor, table: Tensor) -> Tensor:
 
 
 def build() -> tuple[dict[str, Callable[[], tuple[Tensor, Tensor]]], dict[str, Tensor]]:
-    """The contenders (name -> no-argument callable) and the inputs."""
+    """The contenders (name -> no-argument callable) and the inputs.
+
+    The fused contenders compile on their first call (not made here: torch.compile
+    compiles for the thread count of that call)."""
     torch.manual_seed(0)
     q = torch.randn(BATCH, HEADS, SEQ, HEAD_DIM)
     k = torch.randn(BATCH, HEADS, SEQ, HEAD_DIM)
@@ -229,6 +259,10 @@ def build() -> tuple[dict[str, Callable[[], tuple[Tensor, Tensor]]], dict[str, T
     rope_il = RotaryEmbedding(
         HEAD_DIM, base=BASE, layout="interleaved", qk_layout="bshd", max_length=SEQ
     )
+    fused_half = RotaryEmbedding(HEAD_DIM, base=BASE, layout="half", max_length=SEQ, fused=True)
+    fused_il = RotaryEmbedding(
+        HEAD_DIM, base=BASE, layout="interleaved", qk_layout="bshd", max_length=SEQ, fused=True
+    )
     hf, apply_rotary_pos_emb = hf_rotary()
     position_ids = torch.arange(SEQ).unsqueeze(0)
     cos, sin = hf(q, position_ids)  # (1, seq, 64): computed once, outside the timing
@@ -236,12 +270,18 @@ def build() -> tuple[dict[str, Callable[[], tuple[Tensor, Tensor]]], dict[str, T
     freqs_cis = meta_freqs_cis(HEAD_DIM, SEQ)
     half_sin = rope_half.sin[:, : HEAD_DIM // 2]
     il_table = torch.complex(rope_il.cos[:, 0::2], rope_il.sin[:, 0::2]).unsqueeze(1)
+    q_copy, k_copy = torch.empty_like(q), torch.empty_like(k)
+
+    def copy() -> tuple[Tensor, Tensor]:
+        return q_copy.copy_(q), k_copy.copy_(k)
 
     fns = {
         POSENC_HALF: lambda: rope_half(q, k),
+        POSENC_HALF_FUSED: lambda: fused_half(q, k),
         HF_APPLY: lambda: apply_rotary_pos_emb(q, k, cos, sin),
         HF_FULL: lambda: apply_rotary_pos_emb(q, k, *hf(q, position_ids)),
         POSENC_IL: lambda: rope_il(qs, ks),
+        POSENC_IL_FUSED: lambda: fused_il(qs, ks),
         TORCHTUNE: lambda: (torchtune_rope(qs, cache), torchtune_rope(ks, cache)),
         META: lambda: meta_rope(qs, ks, freqs_cis),
         SKETCH_HALF: lambda: (
@@ -249,6 +289,7 @@ def build() -> tuple[dict[str, Callable[[], tuple[Tensor, Tensor]]], dict[str, T
             sketch_half(k, rope_half.cos, half_sin),
         ),
         SKETCH_IL: lambda: (sketch_interleaved(qs, il_table), sketch_interleaved(ks, il_table)),
+        COPY: copy,
     }
     return fns, {"q": q, "k": k}
 
@@ -272,7 +313,8 @@ def _reference(x: Tensor, layout: str, seq_axis: int) -> Tensor:
 
 
 def accuracy(fns: dict[str, Callable[[], tuple[Tensor, Tensor]]], q: Tensor, k: Tensor):
-    """Checks every output against the float64 reference and posenc; a Markdown table.
+    """Checks every rotation's output against the float64 reference and posenc (the fused
+    rows: equal to posenc's eager output); a Markdown table. The copy is not checked.
 
     The peers' angles are float32 products ``p · θ₃₂`` (the same in all three); a pair of
     norm ``r`` rotated by an angle off by ``δ`` moves by at most ``r·δ``. So a peer must be
@@ -299,7 +341,7 @@ def accuracy(fns: dict[str, Callable[[], tuple[Tensor, Tensor]]], q: Tensor, k: 
     }
     rows = []
     with torch.no_grad():
-        outputs = {name: fn() for name, fn in fns.items()}
+        outputs = {name: fn() for name, fn in fns.items() if name != COPY}
     for name, (q_rot, k_rot) in outputs.items():
         layout, qk = LAYOUT[name].split(", ")
         axis = 2 if qk == "bhsd" else 1
@@ -319,6 +361,11 @@ def accuracy(fns: dict[str, Callable[[], tuple[Tensor, Tensor]]], q: Tensor, k: 
             diff = max(float((q_rot - pq).abs().max()), float((k_rot - pk).abs().max()))
             assert diff <= bound + slack, f"{name} vs posenc: {diff:.3e} > {bound + slack:.3e}"
             vs_posenc = f"{diff:.3e}"
+        if name in FUSED:
+            eager_q, eager_k = outputs[FUSED[name]]
+            assert torch.equal(q_rot, eager_q), f"{name}: q differs from eager posenc"
+            assert torch.equal(k_rot, eager_k), f"{name}: k differs from eager posenc"
+            vs_posenc += " (bit-identical)"
         rows.append([name, LAYOUT[name], ANGLES[name], f"{err:.3e}", f"{bound:.3e}", vs_posenc])
     assert torch.equal(outputs[HF_APPLY][0], outputs[HF_FULL][0])
     note = (
@@ -396,6 +443,8 @@ def timing(plans: dict[str, tuple[int, int, int, float]]) -> tuple[str, str, dic
     """Returns (summary table, per-regime and per-thread tables, verdicts) as Markdown.
 
     ``plans``: allocator regime -> (processes, min rounds, max rounds, budget per process).
+    Every table has a ``/ copy`` column: the median over the median of the copy timed in
+    the same rounds.
     """
     summary = []
     parts = []
@@ -409,6 +458,7 @@ def timing(plans: dict[str, tuple[int, int, int, float]]) -> tuple[str, str, dic
         for posenc_name, peer in PAIRS:
             for t in THREADS:
                 ours, theirs = pooled[t][posenc_name], pooled[t][peer]
+                floor = pooled[t][COPY].median
                 ratio = ours.median / theirs.median
                 verdicts[(regime, peer, t)] = ratio
                 per_process = [_median(r, t, posenc_name) / _median(r, t, peer) for r in results]
@@ -421,6 +471,8 @@ def timing(plans: dict[str, tuple[int, int, int, float]]) -> tuple[str, str, dic
                         fmt_time(theirs.median),
                         f"{ratio:.3f}",
                         f"{ours.min / theirs.min:.3f}",
+                        f"{ours.median / floor:.2f}",
+                        f"{theirs.median / floor:.2f}",
                         ", ".join(f"{x:.3f}" for x in per_process),
                         ("met" if ratio <= 1.0 else "NOT met")
                         + f" ({sum(x <= 1.0 for x in per_process)}/{len(per_process)})",
@@ -429,6 +481,7 @@ def timing(plans: dict[str, tuple[int, int, int, float]]) -> tuple[str, str, dic
         for t in THREADS:
             group = pooled[t]
             base = {"half": group[POSENC_HALF].median, "interleaved": group[POSENC_IL].median}
+            floor = group[COPY].median
             rows = []
             for c in group.values():
                 layout = LAYOUT[c.name].split(",")[0]
@@ -439,7 +492,8 @@ def timing(plans: dict[str, tuple[int, int, int, float]]) -> tuple[str, str, dic
                         fmt_time(c.median),
                         fmt_time(c.min),
                         f"{fmt_time(c.quartiles[0])} – {fmt_time(c.quartiles[1])}",
-                        f"{c.median / base[layout]:.3f}",
+                        f"{c.median / base[layout]:.3f}" if layout in base else "–",
+                        f"{c.median / floor:.2f}",
                     ]
                 )
             rounds = len(group[POSENC_HALF].samples) // len(results)
@@ -458,6 +512,7 @@ def timing(plans: dict[str, tuple[int, int, int, float]]) -> tuple[str, str, dic
                         "min",
                         "IQR",
                         "median / posenc of that layout",
+                        "/ copy",
                     ],
                     rows,
                 )
@@ -473,6 +528,8 @@ def timing(plans: dict[str, tuple[int, int, int, float]]) -> tuple[str, str, dic
             "peer median",
             "ratio of medians",
             "ratio of mins",
+            "posenc / copy",
+            "peer / copy",
             "ratio in each process",
             "at least as fast (processes)",
         ],
@@ -483,7 +540,18 @@ def timing(plans: dict[str, tuple[int, int, int, float]]) -> tuple[str, str, dic
 
 # -- profile --------------------------------------------------------------------------------
 
-PROFILED = (POSENC_HALF, HF_APPLY, POSENC_IL, TORCHTUNE, META, SKETCH_HALF, SKETCH_IL)
+PROFILED = (
+    POSENC_HALF,
+    POSENC_HALF_FUSED,
+    HF_APPLY,
+    POSENC_IL,
+    POSENC_IL_FUSED,
+    TORCHTUNE,
+    META,
+    SKETCH_HALF,
+    SKETCH_IL,
+    COPY,
+)
 
 
 def _malloc_trim() -> None:
@@ -492,14 +560,22 @@ def _malloc_trim() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
+def _op_name(key: str) -> str:
+    """A profiler event's name, short: ``aten::`` dropped, a compiled graph's call (a fused
+    kernel) without its hash."""
+    if key.startswith("## Call CompiledFxGraph"):
+        return "compiled graph"
+    return key.removeprefix("aten::")
+
+
 def profile_worker() -> dict:
     """Where the time goes at 1 thread, in a fresh process with the default allocator.
 
     First the cost of one new 32 MiB output: ``q + q`` against ``torch.add(q, q,
     out=buf)``. Then per contender, after ``malloc_trim(0)`` (so that it does not live off
-    heap memory a previous contender freed) and 2 warm-up calls of its own: wall time and
-    minor page faults per call (``getrusage``), then the torch profiler's self CPU time and
-    new memory per aten op.
+    heap memory a previous contender freed) and 2 warm-up calls of its own (the first
+    compiles the fused contenders): wall time and minor page faults per call
+    (``getrusage``), then the torch profiler's self CPU time and new memory per aten op.
     """
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -544,7 +620,7 @@ def profile_worker() -> dict:
                     "new": sum(max(e.self_cpu_memory_usage, 0) for e in events) / calls,
                     "ops": [
                         (
-                            e.key.removeprefix("aten::"),
+                            _op_name(e.key),
                             e.count // calls,
                             e.self_cpu_time_total / 1e6 / calls,
                             max(e.self_cpu_memory_usage, 0) / calls,
@@ -558,10 +634,12 @@ def profile_worker() -> dict:
 
 def profile() -> str:
     data = _spawn(["--profile-worker"], {})
+    floor = next(r["wall"] for r in data["rows"] if r["name"] == COPY)
     rows = [
         [
             r["name"],
             fmt_time(r["wall"]),
+            f"{r['wall'] / floor:.2f}",
             f"{r['faults']:,.0f}",
             f"{r['new'] / 2**20:.0f} MiB",
             "; ".join(
@@ -575,6 +653,7 @@ def profile() -> str:
         [
             "contender",
             "time per call",
+            "/ copy",
             "minor page faults per call",
             "new memory per call",
             "aten ops ≥ 2 % of self time (calls, self time, new memory; per call)",
@@ -649,6 +728,12 @@ def main(argv: list[str] | None = None) -> int:
                 "(2048, 32, 2), reshape to pairs, two-line rotation, `stack`, `flatten(3)`, "
                 "`type_as`), once for q and once for k; `Meta complex` is Meta Llama's "
                 "`apply_rotary_emb` (`view_as_complex` × `freqs_cis`, `view_as_real`). "
+                "The `fused` rows are the two posenc modules with `fused=True` (one kernel "
+                "per tensor made by `torch.compile`, compiled before timing; the same bits "
+                "as eager). `copy` is `copy_` of q and k into two tensors allocated before "
+                "timing: the same bytes read and written as by a rotation, nothing "
+                "allocated, the memory-bound floor; every timing table's `/ copy` column is "
+                "a median over the copy's median from the same rounds. "
                 "The two `sketch:` rows are not posenc code but posenc's own tables "
                 "applied with fewer temporaries (see the script's docstring). Timed "
                 "interleaved, one phase per torch thread count, in fresh processes whose "
@@ -667,8 +752,9 @@ def main(argv: list[str] | None = None) -> int:
                 per_regime,
                 "### Accuracy",
                 "",
-                "Checked before timing: each output against RoPE in float64 with float64 "
-                "angles, and against posenc's output in the same layout. " + accuracy_note,
+                "Checked before timing: each rotation's output against RoPE in float64 "
+                "with float64 angles, and against posenc's output in the same layout (the "
+                "fused rows: bit for bit). " + accuracy_note,
                 "",
                 accuracy_table,
                 "",
