@@ -347,6 +347,24 @@ def test_every_bench_scheme_acts_where_its_registered_role_says(scheme):
         assert in_attention[0] is not in_attention[1]  # a module per layer
 
 
+def test_t5_bias_starts_as_t5_initialises_it():
+    """N(0, 1/d_model): the draws Hugging Face's T5 initialisation makes from the same
+    generator state (its T5Attention builds the same nn.Embedding first)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers import initialization
+
+    from posenc.bench.model import _IN_ATTENTION
+
+    config = GPTConfig(vocab_size=11, scheme="t5", d_model=64, n_heads=4)
+    factor = transformers.T5Config(d_model=64).initializer_factor
+    torch.manual_seed(3)
+    ours = _IN_ATTENTION["t5"](config).relative_attention_bias.weight  # what GPT builds
+    torch.manual_seed(3)
+    reference = torch.nn.Embedding(32, 4)  # T5Attention's relative_attention_bias
+    initialization.normal_(reference.weight, mean=0.0, std=factor * (64**-0.5))
+    torch.testing.assert_close(ours, reference.weight, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_model_is_causal(scheme):
     torch.manual_seed(0)

@@ -16,7 +16,8 @@ scheme          where
 ``rope``        rotates queries and keys in every layer (:class:`RotaryEmbedding`)
 ``alibi``       a fixed linear distance penalty on the scores (:class:`ALiBiBias`)
 ``t5``          a learned bias per distance bucket and head on the scores, one module
-                per layer (:class:`T5RelativeBias`, ``bidirectional=False``)
+                per layer (:class:`T5RelativeBias`, ``bidirectional=False``),
+                initialised as T5's: N(0, 1/d_model)
 ==============  =========================================================================
 
 Shapes in comments: ``B`` batch, ``T`` sequence, ``C`` d_model, ``V`` vocabulary.
@@ -79,7 +80,13 @@ def _alibi(config: GPTConfig) -> ALiBiBias:
 
 
 def _t5(config: GPTConfig) -> T5RelativeBias:
-    return T5RelativeBias(config.n_heads, bidirectional=False)
+    bias = T5RelativeBias(config.n_heads, bidirectional=False)
+    # As T5 itself (Hugging Face's T5PreTrainedModel._init_weights, initializer_factor 1):
+    # N(0, 1/d_model), not nn.Embedding's N(0, 1). A bucket that training never reaches
+    # keeps its initial bias at evaluation; at N(0, 1) that is a random bias as large as
+    # the scores themselves at every distance past the trained ones.
+    nn.init.normal_(bias.relative_attention_bias.weight, std=config.d_model**-0.5)
+    return bias
 
 
 #: The bench's schemes by where they act, a builder each: on the input embeddings, or
