@@ -49,6 +49,8 @@ RESULT_KEYS = {
     "perplexity",
     "in_distribution",
     "samples",
+    "scored_tokens",
+    "unknown_tokens",
 }
 
 

@@ -247,6 +247,32 @@ def test_lm_text_file_vocabulary_unknown_and_errors(tmp_path):
         make_task("copy", text=path)
 
 
+def test_lm_counts_and_reports_the_unknown_characters_it_scores(tmp_path):
+    """Each held-out window of 4 of "abxabc" holds the one "x" never seen in training."""
+    from posenc.bench import report
+
+    path = tmp_path / "corpus.txt"
+    path.write_text("abc" * 18 + "abxabc", encoding="utf-8")  # 54 to train, 6 to evaluate
+    spec = RunSpec("lm", "nope", steps=1, train_lengths=(2, 4), eval_lengths=(3, 4),
+                   eval_samples=5, text=str(path), **TINY)  # fmt: skip
+    record = train.run(spec)
+    got = [(r["length"], r["unknown_tokens"], r["scored_tokens"]) for r in record["results"]]
+    assert got[1] == (4, 5, 20)
+    # length 3: windows "abx", "bxa", "xab" hold the x, "abc" does not
+    task = make_task("lm", text=path)
+    rows = [row for tokens, _ in train.evaluation_batches(task, 3, 5, spec.seed) for row in tokens]
+    windows = ["".join(task.decode(row[1:])) for row in rows]
+    assert len(windows) == 5
+    assert set(windows) <= {"ab<unk>", "b<unk>a", "<unk>ab", "abc"}
+    assert got[0] == (3, sum(w != "abc" for w in windows), 15)
+    text = report.write_reports(tmp_path / "out", [record])["markdown"].read_text()
+    assert f"| {path} | 4 | 5 | 20 (25.000%) |" in text
+    copy = train.run(dataclasses.replace(spec, task="copy", text=None, eval_lengths=(3,)))
+    assert copy["results"][0]["unknown_tokens"] == 0
+    assert "never seen in training" not in report.write_reports(tmp_path / "c", [copy])[
+        "markdown"].read_text()  # fmt: skip
+
+
 @pytest.mark.parametrize("name", TASKS)
 def test_batches_pad_at_the_end_and_mask(name):
     task = make_task(name)
@@ -488,8 +514,13 @@ def check_record(record, spec):
             "perplexity",
             "in_distribution",
             "samples",
+            "scored_tokens",
+            "unknown_tokens",
         }
         assert result["in_distribution"] == (lo <= result["length"] <= hi)
+        assert result["scored_tokens"] >= result["samples"]  # each sequence scores some
+        if spec.task != "lm":
+            assert result["unknown_tokens"] == 0
         assert result["samples"] == spec.eval_samples
         assert 0.0 <= result["token_accuracy"] <= 1.0
         assert math.isfinite(result["loss"])

@@ -458,6 +458,7 @@ def write_reports(
     text = "# Bench results\n\n" + markdown(records)
     if records:
         text += "\n# Token accuracy\n\n" + markdown(records, metric="token_accuracy")
+    text += _unknown_note(records)
     written = {
         "markdown": _write_text(out / "results.md", text),
         "summary": _write_text(
@@ -470,6 +471,34 @@ def write_reports(
         with contextlib.suppress(ImportError):  # no matplotlib: tables only
             written["plot"] = plot(records, picture)
     return written
+
+
+def _unknown_note(records: list[dict[str, Any]]) -> str:
+    """lm: how many scored evaluation characters were never seen in training, per length."""
+    counts: dict[tuple[str, int], list[int]] = {}
+    for record in records:
+        spec = record.get("spec", {})
+        if spec.get("task") != "lm":
+            continue
+        text = spec.get("text") or "synthetic grammar"
+        for result in record.get("results", []):
+            if "unknown_tokens" in result and result["variant"] == spec.get("scheme"):
+                total = counts.setdefault((text, result["length"]), [0, 0])
+                total[0] += result["unknown_tokens"]
+                total[1] += result["scored_tokens"]
+    if not counts:
+        return ""
+    lines = [
+        "\n# lm: evaluation characters never seen in training\n",
+        "They are `<unk>`: scored, never a training target, so always predicted wrong and",
+        "counted in the perplexity. Over every run's evaluation windows:\n",
+        "| text | length | `<unk>` scored | of all scored |",
+        "|---|---:|---:|---:|",
+    ]
+    for (text, length), (unknown, scored) in sorted(counts.items()):
+        share = unknown / scored if scored else 0.0
+        lines.append(f"| {text} | {length} | {unknown} | {scored} ({share:.3%}) |")
+    return "\n".join(lines) + "\n"
 
 
 def _write_text(path: Path, text: str) -> Path:

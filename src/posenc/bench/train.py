@@ -131,11 +131,15 @@ def evaluate(
     """Scores of ``model`` at problem length ``length`` (see the module docstring).
 
     Returns:
-        ``{"exact_match", "token_accuracy", "loss", "perplexity", "samples"}``:
-        ``exact_match`` is None for lm, ``perplexity`` None for the other tasks.
+        ``{"exact_match", "token_accuracy", "loss", "perplexity", "samples", "scored",
+        "unknown"}``: ``exact_match`` is None for lm, ``perplexity`` None for the other
+        tasks; ``scored`` counts the tokens scored and ``unknown`` those of them that are
+        ``<unk>`` (lm: an evaluation character never seen in training, which the model
+        was never trained to predict; 0 for the other tasks).
     """
     model.eval()
-    nll, correct, scored, exact = 0.0, 0, 0, 0
+    nll, correct, scored, exact, unknown = 0.0, 0, 0, 0, 0
+    unk_id = getattr(task, "unk_id", None)
     for tokens, target_mask in evaluation_batches(task, length, samples, seed):
         tokens, target_mask = tokens.to(device), target_mask.to(device)  # (B, T) each
         logits = model(tokens)[:, :-1].float()  # (B, T-1, V)
@@ -147,6 +151,8 @@ def evaluate(
         nll += float(token_nll[mask].double().sum())
         correct += int(right.sum())
         scored += int(mask.sum())
+        if unk_id is not None:
+            unknown += int(((targets == unk_id) & mask).sum())
         # Exact match by teacher forcing equals greedy decoding's sequence accuracy: if
         # every scored argmax is right, greedy decoding reproduces the true prefix at each
         # step and so emits the whole target; if one is wrong, greedy decoding has the true
@@ -161,6 +167,8 @@ def evaluate(
         "loss": loss,
         "perplexity": (math.exp(loss) if loss < 700 else math.inf) if is_lm else None,
         "samples": samples,
+        "scored": scored,
+        "unknown": unknown,
     }
 
 
@@ -200,13 +208,16 @@ def run(spec: RunSpec, *, progress: Callable[[int, int], None] | None = None) ->
 
             {"key": spec.key(), "spec": spec.to_dict(),
              "results": [{"variant", "length", "exact_match", "token_accuracy", "loss",
-                          "perplexity", "in_distribution", "samples"}, ...],
+                          "perplexity", "in_distribution", "samples", "scored_tokens",
+                          "unknown_tokens"}, ...],
              "train_loss": float, "seconds": float, "device": str, "parameters": int,
              "versions": {"posenc", "torch", "python"}}
 
         with one result per variant and evaluation length: the variant is the scheme,
         plus ``"rope+<scaling>"`` for each of ``spec.rope_eval_scalings``.
         ``train_loss`` is the mean training loss of the last 10% of the steps.
+        ``unknown_tokens`` of the ``scored_tokens`` are ``<unk>`` (lm only: evaluation
+        characters not in the training text; each counts as a token predicted wrong).
 
     Example:
         >>> spec = RunSpec("copy", "alibi", steps=2, d_model=16, n_heads=2,
@@ -315,6 +326,8 @@ def _evaluate_all(
                     "perplexity": scores["perplexity"],
                     "in_distribution": lo <= length <= hi,
                     "samples": scores["samples"],
+                    "scored_tokens": scores["scored"],
+                    "unknown_tokens": scores["unknown"],
                 }
             )
     return results
