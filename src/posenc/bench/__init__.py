@@ -11,6 +11,10 @@ beyond the training lengths, averaged over seeds.
 
 * :class:`RunSpec` (with :data:`TASKS`, :data:`SCHEMES`, :data:`ROPE_EVAL_SCALINGS`)
   describes one run, and :func:`run` trains and evaluates it (PyTorch);
+* :func:`register_task` and :func:`register_scheme` add tasks and schemes of your own
+  (:mod:`~posenc.bench.plugins`; ``posenc bench --plugin FILE.py`` loads a file that
+  registers them, :func:`load_plugin` in Python), and :func:`task_names` and
+  :func:`scheme_names` list what the bench knows;
 * :func:`expand` turns a configuration (tasks × schemes × seeds, shared settings; the
   presets :data:`QUICK` and :data:`FULL`) into specs, and :func:`execute` runs them,
   in parallel worker processes if asked, appending to ``results.jsonl`` and resuming
@@ -46,6 +50,11 @@ _EXPORTS = {
     "execute": "runner",
     "QUICK": "runner",
     "FULL": "runner",
+    "register_task": "plugins",
+    "register_scheme": "plugins",
+    "load_plugin": "plugins",
+    "task_names": "plugins",
+    "scheme_names": "plugins",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -22,8 +22,9 @@ from typing import Any
 from .._checks import check_choice
 from .._extras import require
 from ..cli.base import UsageError
+from .plugins import load_plugin, scheme_names, task_names
 from .records import RESULTS_FILE, FolderInUseError, load_records
-from .spec import SCHEMES, TASKS, RunSpec, check_rope_eval_scaling
+from .spec import RunSpec, check_rope_eval_scaling
 
 __all__ = ["add_parser", "run"]
 
@@ -51,9 +52,25 @@ def add_parser(commands: Any) -> None:
         "3 seeds (default quick)",
     )
     grid = bench.add_argument_group("the grid (default: the preset's)")
-    grid.add_argument("--tasks", nargs="+", metavar="TASK", help="copy reverse sort add lm")
     grid.add_argument(
-        "--schemes", nargs="+", metavar="SCHEME", help="nope learned sinusoidal rope alibi t5"
+        "--tasks",
+        nargs="+",
+        metavar="TASK",
+        help="copy reverse sort add lm, or a task a --plugin registers",
+    )
+    grid.add_argument(
+        "--schemes",
+        nargs="+",
+        metavar="SCHEME",
+        help="nope learned sinusoidal rope alibi t5, or a scheme a --plugin registers",
+    )
+    grid.add_argument(
+        "--plugin",
+        action="append",
+        type=Path,
+        metavar="FILE.py",
+        help="import this Python file first: it registers tasks or schemes "
+        "(posenc.bench.register_task / register_scheme); repeatable",
     )
     grid.add_argument(
         "--seeds",
@@ -161,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
     from . import report, runner
 
     given = _given_flags(args)
+    _load_plugins(args.plugin or [])
     if args.report_only is not None:
         _check_report_only(args, given)
         return _report_only(args.report_only, report)
@@ -179,6 +197,20 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(spec.to_dict(), ensure_ascii=False))
         return 0
     return _execute(args, specs, out, runner, report)
+
+
+def _load_plugins(paths: list[Path]) -> None:
+    """Import each ``--plugin`` file; a missing or failing one is a usage error."""
+    for path in paths:
+        try:
+            load_plugin(path)
+        except (FileNotFoundError, ValueError) as exc:
+            raise UsageError(f"posenc bench: --plugin {path}: {exc}") from None
+        except ImportError as exc:
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            raise UsageError(
+                f"posenc bench: --plugin {path} failed: {type(cause).__name__}: {cause}"
+            ) from None
 
 
 def _given_flags(args: argparse.Namespace) -> list[str]:
@@ -248,9 +280,9 @@ def _config(args: argparse.Namespace, preset: Mapping[str, Any]) -> dict[str, An
         if value is not None:
             config[key] = str(value) if dest == "text" else value
     if args.tasks is not None:
-        config["tasks"] = [check_choice(t, "--tasks", TASKS) for t in args.tasks]
+        config["tasks"] = [check_choice(t, "--tasks", task_names()) for t in args.tasks]
     if args.schemes is not None:
-        config["schemes"] = [check_choice(s, "--schemes", SCHEMES) for s in args.schemes]
+        config["schemes"] = [check_choice(s, "--schemes", scheme_names()) for s in args.schemes]
     if args.seeds is not None:
         config["seeds"] = _seeds(args.seeds)
     _check_task_options(args, config)

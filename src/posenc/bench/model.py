@@ -43,11 +43,12 @@ from posenc.torch import (
     T5RelativeBias,
     TokenEmbedding,
 )
-from posenc.torch.protocols import QueryKeyRotation, ScoreBias
+from posenc.torch.protocols import InputEncoding, QueryKeyRotation, ScoreBias
 
 from .._checks import check_choice, check_int, describe
 from ..core.rope import ROPE_SCALING_SPECS
-from .spec import SCHEMES, check_rope_eval_scaling
+from .plugins import registered_scheme, scheme_names
+from .spec import check_rope_eval_scaling
 
 
 def _learned(config: GPTConfig) -> nn.Module:
@@ -106,13 +107,36 @@ _IN_ATTENTION: dict[str, Callable[[GPTConfig], QueryKeyRotation | ScoreBias]] = 
 MODEL_SCHEMES = (*_INPUT_ENCODINGS, *_IN_ATTENTION)
 
 
+def _registered_module(config: GPTConfig) -> nn.Module | None:
+    """A fresh module of a scheme registered with :func:`posenc.bench.register_scheme`
+    (None for a built-in scheme), checked to play one of the attention protocol's roles."""
+    factory = registered_scheme(config.scheme)
+    if factory is None:
+        return None
+    module = factory(
+        d_model=config.d_model,
+        n_heads=config.n_heads,
+        head_dim=config.head_dim,
+        max_positions=config.max_positions,
+    )
+    roles = (InputEncoding, QueryKeyRotation, ScoreBias)
+    if not isinstance(module, nn.Module) or not isinstance(module, roles):
+        raise TypeError(
+            f"scheme {config.scheme!r}: its factory must return an nn.Module that is an "
+            "InputEncoding, a QueryKeyRotation or a ScoreBias (posenc.torch.protocols), "
+            f"got {describe(module)}"
+        )
+    return module
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """Hyperparameters of :class:`GPT`.
 
     Args:
         vocab_size: Number of token ids.
-        scheme: One of :data:`posenc.bench.spec.SCHEMES`.
+        scheme: One of :data:`posenc.bench.spec.SCHEMES`, or a registered scheme
+            (:func:`posenc.bench.register_scheme`).
         d_model: Width of the residual stream; a multiple of ``n_heads``.
         n_layers: Number of blocks.
         n_heads: Attention heads per block.
@@ -132,8 +156,8 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         check_int(self.vocab_size, "vocab_size", minimum=1)
-        check_choice(self.scheme, "scheme", SCHEMES)
-        if self.scheme not in MODEL_SCHEMES:  # registered for the bench, unknown to GPT
+        check_choice(self.scheme, "scheme", scheme_names())
+        if self.scheme not in MODEL_SCHEMES and registered_scheme(self.scheme) is None:
             raise ValueError(
                 f"scheme {self.scheme!r} has no place in the bench model yet; it builds "
                 f"{', '.join(map(repr, MODEL_SCHEMES))}"
@@ -260,10 +284,19 @@ class GPT(nn.Module):
         self.tokens = TokenEmbedding(config.vocab_size, C, scale=True)
         nn.init.normal_(self.tokens.embedding.weight, std=1.0 / math.sqrt(C))
         # Absolute schemes act on the embeddings; the others inside attention.
-        self.positions: nn.Module = _INPUT_ENCODINGS.get(scheme, _no_encoding)(config)
-        self.blocks = nn.ModuleList(
-            [Block(config, self._attention_position()) for _ in range(config.n_layers)]
-        )
+        first = _registered_module(config)  # a registered scheme's module, or None
+        if isinstance(first, InputEncoding):
+            self.positions: nn.Module = first
+            in_attention: list[QueryKeyRotation | ScoreBias | None] = [None] * config.n_layers
+        else:
+            self.positions = _INPUT_ENCODINGS.get(scheme, _no_encoding)(config)
+            in_attention = [
+                cast("QueryKeyRotation | ScoreBias", first)
+                if first is not None
+                else self._attention_position()
+            ]
+            in_attention += [self._attention_position() for _ in range(config.n_layers - 1)]
+        self.blocks = nn.ModuleList([Block(config, position) for position in in_attention])
         self.ln_f = nn.LayerNorm(C)
         # The linear layers keep PyTorch's default initialisation (uniform, standard
         # deviation 1/√(3·fan_in), about 0.07 here): in a model this small it learns the
@@ -272,6 +305,8 @@ class GPT(nn.Module):
 
     def _attention_position(self) -> QueryKeyRotation | ScoreBias | None:
         """A fresh module for one attention layer (None for the input encodings)."""
+        if registered_scheme(self.config.scheme) is not None:
+            return cast("QueryKeyRotation | ScoreBias", _registered_module(self.config))
         build = _IN_ATTENTION.get(self.config.scheme)
         return None if build is None else build(self.config)
 
@@ -280,7 +315,7 @@ class GPT(nn.Module):
             shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else describe(tokens)
             raise ValueError(f"GPT expects tokens of shape (batch, seq), got {shape}")
         x = self.tokens(tokens)  # (B, T, C)
-        x = self.positions(x)  # (B, T, C), plus the position vectors if absolute
+        x = cast(InputEncoding, self.positions).encode(x)  # (B, T, C), plus position vectors
         for block in self.blocks:
             x = block(x)  # (B, T, C)
         x = self.ln_f(x)  # (B, T, C)

@@ -34,6 +34,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .._checks import check_choice, check_int, describe
+from .plugins import register_task, scheme_names, task_names
 from .records import (
     FAILURES_FILE,
     RESULTS_FILE,
@@ -119,10 +120,11 @@ def expand(config: Mapping[str, Any]) -> list[RunSpec]:
     Args:
         config: A mapping with
 
-            * ``"tasks"``: names from :data:`~posenc.bench.spec.TASKS`, distinct
-              (default: all of them);
-            * ``"schemes"``: names from :data:`~posenc.bench.spec.SCHEMES`, distinct
-              (default: all of them);
+            * ``"tasks"``: names from :data:`~posenc.bench.spec.TASKS` or of registered
+              tasks, or task objects (registered here: :mod:`posenc.bench.plugins`),
+              distinct (default: the built-in ones);
+            * ``"schemes"``: names from :data:`~posenc.bench.spec.SCHEMES` or of
+              registered schemes, distinct (default: the built-in ones);
             * ``"seeds"``: an int ``N >= 1`` for the seeds ``0 .. N-1``, or a sequence of
               distinct ints ``>= 0`` (default: 1);
             * any other field of :class:`RunSpec` (``steps``, ``batch_size``, ``lr``,
@@ -161,8 +163,8 @@ def expand(config: Mapping[str, Any]) -> list[RunSpec]:
         raise ValueError(
             f"unknown configuration keys {unknown}; valid keys are {list(_CONFIG_KEYS)}"
         )
-    tasks = _names(config.get("tasks", TASKS), "tasks", TASKS)
-    schemes = _names(config.get("schemes", SCHEMES), "schemes", SCHEMES)
+    tasks = _names(_register_objects(config.get("tasks", TASKS)), "tasks", task_names())
+    schemes = _names(config.get("schemes", SCHEMES), "schemes", scheme_names())
     seeds = _seeds(config.get("seeds", 1))
     shared = {key: config[key] for key in _SHARED if key in config}
     scalings = shared.pop("rope_eval_scalings", ())
@@ -180,6 +182,13 @@ def expand(config: Mapping[str, Any]) -> list[RunSpec]:
         for task in tasks
         for scheme in schemes
     ]
+
+
+def _register_objects(value: Any) -> Any:
+    """``value`` with each task object in it registered and replaced by its name."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        return value  # _names says what is wrong
+    return [item if isinstance(item, str) else register_task(item).name for item in value]
 
 
 def _names(value: Any, name: str, valid: Sequence[str]) -> tuple[str, ...]:

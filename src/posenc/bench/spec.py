@@ -18,10 +18,13 @@ from typing import Any
 
 from posenc._checks import check_choice, check_int, check_positive, describe
 from posenc.core.rope import ROPE_SCALING_SPECS, RopeScaling
-from posenc.schemes import scheme_names
+from posenc.schemes import scheme_names as registry_scheme_names
 
-SCHEMES = scheme_names(bench=True)
-TASKS = ("copy", "reverse", "sort", "add", "lm")
+from .plugins import BUILTIN_TASKS, scheme_names, task_names
+
+#: The built-in schemes and tasks (registered ones: :func:`scheme_names`, :func:`task_names`).
+SCHEMES = registry_scheme_names(bench=True)
+TASKS = BUILTIN_TASKS
 ROPE_EVAL_SCALINGS = ("linear", "ntk", "yarn", "dynamic_ntk")  # applied at evaluation only
 
 # The bench chooses an evaluation scaling's parameters from two numbers: the context
@@ -102,9 +105,11 @@ class RunSpec:
 
     Args:
         task: One of :data:`TASKS`: ``"copy"``, ``"reverse"``, ``"sort"``, ``"add"``
-            (least-significant digit first) or ``"lm"`` (character-level language model).
+            (least-significant digit first) or ``"lm"`` (character-level language model),
+            or a task registered with :func:`posenc.bench.register_task`.
         scheme: One of :data:`SCHEMES`: ``"nope"``, ``"learned"``, ``"sinusoidal"``,
-            ``"rope"``, ``"alibi"`` or ``"t5"``.
+            ``"rope"``, ``"alibi"`` or ``"t5"``, or a scheme registered with
+            :func:`posenc.bench.register_scheme`.
         seed: Seed of the model initialisation and of the training and evaluation data.
         steps: Optimizer steps (>= 1). The defaults (600 steps at lr 5e-3) learn copy within
             the training lengths (exact match > 0.9) with every scheme that has position
@@ -168,8 +173,8 @@ class RunSpec:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        check_choice(self.task, "task", TASKS)
-        check_choice(self.scheme, "scheme", SCHEMES)
+        check_choice(self.task, "task", task_names())
+        check_choice(self.scheme, "scheme", scheme_names())
         put("seed", check_int(self.seed, "seed", minimum=0))
         put("steps", check_int(self.steps, "steps", minimum=1))
         put("batch_size", check_int(self.batch_size, "batch_size", minimum=1))

@@ -36,24 +36,22 @@ from __future__ import annotations
 import abc
 import functools
 import math
-import numbers
 import os
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from .._checks import check_choice, check_int, describe
+from .batches import _sample, make_batch
+from .grammar import synthetic_text
+from .plugins import registered_task, task_names
 from .spec import TASKS
 
 PAD, BOS = "<pad>", "<bos>"
 SEP, EOS, UNK = "<sep>", "<eos>", "<unk>"
-SPLITS = ("train", "eval")
 
 _ALPHABETS = {"copy": 10, "reverse": 10, "sort": 6}
-_SYNTHETIC_SEED = 20240601  # the synthetic text is the same in every run
-_SYNTHETIC_CHARS = 300_000
 
 
 def max_positions(task: str | Task, length: int) -> int:
@@ -81,31 +79,6 @@ def max_positions(task: str | Task, length: int) -> int:
     if name == "lm":
         return n + 1  # BOS and n characters
     return 2 * n + 3  # BOS, n symbols, SEP, n symbols, EOS
-
-
-def _check_lengths(length: Any) -> tuple[int, int]:
-    """An int ``n`` (as ``(n, n)``) or an inclusive range ``(lo, hi)``, ``1 <= lo <= hi``."""
-    if isinstance(length, numbers.Integral) and not isinstance(length, (bool, np.bool_)):
-        n = check_int(length, "length", minimum=1)
-        return n, n
-    if isinstance(length, (tuple, list)) and len(length) == 2:
-        lo = check_int(length[0], "length[0]", minimum=1)
-        hi = check_int(length[1], "length[1]", minimum=1)
-        if lo <= hi:
-            return lo, hi
-        raise ValueError(f"length range (lo, hi) needs lo <= hi, got {tuple(length)!r}")
-    raise TypeError(
-        f"length must be an int >= 1 or an inclusive range (lo, hi), got {describe(length)}"
-    )
-
-
-def _check_generator(generator: Any) -> np.random.Generator:
-    if not isinstance(generator, np.random.Generator):
-        raise TypeError(
-            "generator must be a numpy.random.Generator (e.g. numpy.random.default_rng(0)), "
-            f"got {describe(generator)}"
-        )
-    return generator
 
 
 class Task(abc.ABC):
@@ -178,22 +151,28 @@ class Task(abc.ABC):
             >>> mask[0].tolist()
             [False, False, False, False, False, True, True, True, True]
         """
-        n = check_int(n, "n", minimum=1)
-        lo, hi = _check_lengths(length)
-        generator = _check_generator(generator)
-        check_choice(split, "split", SPLITS)
-        lengths = np.full(n, lo) if lo == hi else generator.integers(lo, hi + 1, size=n)
-        rows = self._rows(lengths, generator, split)  # n × (tokens, scored)
-        width = max(len(row) for row, _ in rows)
-        tokens = torch.full((n, width), self.pad_id, dtype=torch.long)  # (n, T)
-        mask = torch.zeros((n, width), dtype=torch.bool)  # (n, T)
-        for i, (row, scored) in enumerate(rows):
-            tokens[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
-            if isinstance(scored, np.ndarray):  # a mask of the scored tokens
-                mask[i, : len(row)] = torch.from_numpy(scored)
-            else:  # the scored tokens are the last ones, from index `scored` on
-                mask[i, scored : len(row)] = True
-        return tokens, mask
+        return make_batch(self, n, length, generator, split=split)
+
+    def sample(
+        self, lengths: Any, generator: np.random.Generator, split: str = "train"
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """One problem per length of ``lengths``, as the bench's task protocol has it
+        (:mod:`posenc.bench.plugins`): ``(token ids, scored)`` with ``scored`` a bool
+        array of the same length, True at the tokens to predict.
+
+        Example:
+            >>> tokens, scored = make_task("copy").sample([2], np.random.default_rng(0))[0]
+            >>> tokens.tolist(), scored.tolist()
+            ([1, 12, 10, 2, 12, 10, 3], [False, False, False, False, True, True, True])
+        """
+        rows = self._rows(np.asarray(lengths, dtype=np.int64), generator, split)
+        out = []
+        for row, scored in rows:
+            if not isinstance(scored, np.ndarray):  # the scored tokens are the last ones
+                first, scored = scored, np.zeros(len(row), dtype=bool)
+                scored[first:] = True
+            out.append((row, scored))
+        return out
 
     @abc.abstractmethod
     def problem_lengths(self, tokens: Tensor) -> Tensor:
@@ -366,6 +345,51 @@ class TextTask(Task):
         return (tokens != self.pad_id).long().sum(dim=1) - 1  # (B,) characters after BOS
 
 
+def get_task(name: str, *, text: str | os.PathLike[str] | None = None) -> Any:
+    """The task called ``name``: a built-in (:func:`make_task`) or a registered one
+    (:func:`posenc.bench.plugins.register_task`).
+
+    Example:
+        >>> get_task("sort").name
+        'sort'
+    """
+    check_choice(name, "task", task_names())
+    found = registered_task(name)
+    if found is None:
+        return make_task(name, text=text)
+    if text is not None:
+        raise ValueError(f"text={text!r} applies to task 'lm' only, got task {name!r}")
+    return found
+
+
+# Problems drawn to measure a task without max_positions: per length, with this seed.
+_PROBE, _PROBE_SEED = 64, 0
+
+
+def task_max_positions(task: Any, length: int) -> int:
+    """Positions of the longest problem of length ``length``: the task's
+    ``max_positions(length)`` if it has one, else the longest of 64 problems drawn
+    (with a fixed seed) at that length.
+
+    Example:
+        >>> task_max_positions(make_task("copy"), 16)
+        35
+    """
+    n = check_int(length, "length", minimum=1)
+    if isinstance(task, Task):
+        return max_positions(task, n)
+    method = getattr(task, "max_positions", None)
+    if method is None:
+        rows = _sample(task, np.full(_PROBE, n), np.random.default_rng(_PROBE_SEED), "eval")
+        return max(len(tokens) for tokens, _ in rows)
+    value = method(n)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 2:
+        raise ValueError(
+            f"task {task.name!r}: max_positions({n}) must be an int >= 2, got {value!r}"
+        )
+    return int(value)
+
+
 def make_task(name: str, *, text: str | os.PathLike[str] | None = None) -> Task:
     """The task called ``name``; for ``"lm"``, on the text file ``text`` or the synthetic text.
 
@@ -406,95 +430,3 @@ def make_task(name: str, *, text: str | os.PathLike[str] | None = None) -> Task:
 @functools.lru_cache(maxsize=1)
 def _synthetic_task() -> TextTask:
     return TextTask(synthetic_text(), source="synthetic grammar")
-
-
-# ---------------------------------------------------------------------------------------
-# The synthetic text
-
-_NOUNS = (
-    ("cat", "cats"),
-    ("dog", "dogs"),
-    ("bird", "birds"),
-    ("child", "children"),
-    ("teacher", "teachers"),
-    ("farmer", "farmers"),
-    ("mouse", "mice"),
-)
-_TRANSITIVE = (("sees", "see"), ("likes", "like"), ("chases", "chase"), ("helps", "help"))
-_INTRANSITIVE = (("runs", "run"), ("sleeps", "sleep"), ("sings", "sing"), ("waits", "wait"))
-_ADJECTIVES = ("old", "small", "red", "happy", "quiet")
-_DETERMINERS = (("the", "a", "one"), ("the", "some", "two"))  # singular, plural
-_MAX_DEPTH = 4
-
-
-class _Grammar:
-    """Sentences whose verbs agree in number with subjects that nested clauses separate.
-
-    ``S → NP_x VP_x``; ``NP_x → Det_x [Adj] Noun_x [RC_x] [( S )]``;
-    ``RC_x → that VP_x`` (subject relative: agrees with the head noun) or
-    ``that NP_y TV_y`` (object relative: agrees with its own subject); ``VP_x → IV_x`` or
-    ``TV_x NP_y``. The number ``x`` of a subject is drawn at random, and a relative clause
-    or a bracketed sentence between a subject and its verb makes the agreement
-    long-range; brackets nest. Each level of nesting halves the chance of another.
-    """
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-
-    def pick(self, options: tuple[Any, ...]) -> Any:
-        return options[int(self.rng.integers(len(options)))]
-
-    def chance(self, p: float) -> bool:
-        return bool(self.rng.random() < p)
-
-    def sentence(self, depth: int) -> list[str]:
-        number = int(self.rng.integers(2))  # 0 singular, 1 plural
-        return self.noun_phrase(number, depth) + self.verb_phrase(number, depth)
-
-    def noun_phrase(self, number: int, depth: int) -> list[str]:
-        words = [self.pick(_DETERMINERS[number])]
-        if self.chance(0.3):
-            words.append(self.pick(_ADJECTIVES))
-        words.append(self.pick(_NOUNS)[number])
-        deeper = depth < _MAX_DEPTH
-        if deeper and self.chance(0.4 * 0.5**depth):
-            if self.chance(0.5):  # subject relative clause
-                words += ["that", *self.verb_phrase(number, depth + 1)]
-            else:  # object relative clause
-                other = int(self.rng.integers(2))
-                inner = self.noun_phrase(other, depth + 1)
-                words += ["that", *inner, self.pick(_TRANSITIVE)[other]]
-        if deeper and self.chance(0.2 * 0.5**depth):
-            words += ["(", *self.sentence(depth + 1), ")"]
-        return words
-
-    def verb_phrase(self, number: int, depth: int) -> list[str]:
-        if self.chance(0.5):
-            return [self.pick(_INTRANSITIVE)[number]]
-        other = int(self.rng.integers(2))
-        return [self.pick(_TRANSITIVE)[number], *self.noun_phrase(other, depth + 1)]
-
-
-@functools.lru_cache(maxsize=1)
-def synthetic_text() -> str:
-    """The default lm text: about 300 KB from a small grammar, the same in every process.
-
-    Sentences of a toy English (nouns and verbs that agree in number, relative clauses,
-    bracketed sentences nested inside noun phrases) end with ``" ."``, and a line break
-    follows every sentence; the generator's seed is fixed, so the text never changes.
-
-    Returns:
-        A str of at least 300,000 characters: lowercase letters, spaces, ``( ) .`` and
-        newlines.
-
-    Example:
-        >>> synthetic_text()[:60]
-        'one bird ( one child likes two dogs ) sees two dogs that a h'
-    """
-    grammar = _Grammar(np.random.default_rng(_SYNTHETIC_SEED))
-    lines, size = [], 0
-    while size < _SYNTHETIC_CHARS:
-        line = " ".join([*grammar.sentence(0), "."]) + "\n"
-        lines.append(line)
-        size += len(line)
-    return "".join(lines)

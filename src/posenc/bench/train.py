@@ -41,9 +41,10 @@ from torch import Tensor, nn
 import posenc
 
 from .._checks import describe
+from .batches import make_batch
 from .model import GPT, GPTConfig
 from .spec import RunSpec
-from .tasks import Task, make_task, max_positions
+from .tasks import get_task, task_max_positions
 
 EVAL_BATCH = 256  # sequences per forward pass in evaluation
 WARMUP = 0.1  # share of the steps with a linear warmup
@@ -102,7 +103,7 @@ def masked_loss(logits: Tensor, tokens: Tensor, target_mask: Tensor) -> Tensor:
 
 
 def evaluation_batches(
-    task: Task, length: int, samples: int, seed: int, batch_size: int = EVAL_BATCH
+    task: Any, length: int, samples: int, seed: int, batch_size: int = EVAL_BATCH
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """The evaluation sequences of problem length exactly ``length``, in batches.
 
@@ -121,12 +122,12 @@ def evaluation_batches(
     """
     generator = np.random.default_rng([seed, 1, length])  # 1: the evaluation stream
     for start in range(0, samples, batch_size):
-        yield task.batch(min(batch_size, samples - start), length, generator, split="eval")
+        yield make_batch(task, min(batch_size, samples - start), length, generator, split="eval")
 
 
 @torch.no_grad()
 def evaluate(
-    model: GPT, task: Task, length: int, samples: int, seed: int, device: torch.device
+    model: GPT, task: Any, length: int, samples: int, seed: int, device: torch.device
 ) -> dict[str, Any]:
     """Scores of ``model`` at problem length ``length`` (see the module docstring).
 
@@ -172,20 +173,22 @@ def evaluate(
     }
 
 
-def build_model(spec: RunSpec, task: Task) -> GPT:
+def build_model(spec: RunSpec, task: Any) -> GPT:
     """The untrained model of ``spec`` (on the CPU), sized to cover every evaluation length.
 
-    Its ``max_positions`` is ``max_positions(task, L)`` for the longest training or
-    evaluation length, so learned position vectors exist for every position evaluated.
+    Its ``max_positions`` is the most of ``task_max_positions(task, L)`` over the longest
+    training length and every evaluation length, so learned position vectors exist for
+    every position evaluated.
     """
-    longest = max(spec.train_lengths[1], *spec.eval_lengths)
     config = GPTConfig(
-        vocab_size=task.vocab_size,
+        vocab_size=len(task.vocab),
         scheme=spec.scheme,
         d_model=spec.d_model,
         n_layers=spec.n_layers,
         n_heads=spec.n_heads,
-        max_positions=max_positions(task, longest),
+        max_positions=max(
+            task_max_positions(task, n) for n in (spec.train_lengths[1], *spec.eval_lengths)
+        ),
     )
     return GPT(config)
 
@@ -239,7 +242,7 @@ def run(spec: RunSpec, *, progress: Callable[[int, int], None] | None = None) ->
             torch.use_deterministic_algorithms(True)
         try:
             torch.manual_seed(spec.seed)
-            task = make_task(spec.task, text=spec.text)
+            task = get_task(spec.task, text=spec.text)
             model = build_model(spec, task).to(device)
             train_loss = _train(model, task, spec, device, progress)
             results = _evaluate_all(model, task, spec, device)
@@ -263,7 +266,7 @@ def run(spec: RunSpec, *, progress: Callable[[int, int], None] | None = None) ->
 
 def _train(
     model: GPT,
-    task: Task,
+    task: Any,
     spec: RunSpec,
     device: torch.device,
     progress: Callable[[int, int], None] | None,
@@ -285,7 +288,7 @@ def _train(
     for step in range(spec.steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, spec.steps, spec.lr)
-        tokens, target_mask = task.batch(spec.batch_size, spec.train_lengths, generator)
+        tokens, target_mask = make_batch(task, spec.batch_size, spec.train_lengths, generator)
         tokens, target_mask = tokens.to(device), target_mask.to(device)  # (B, T) each
         loss = masked_loss(model(tokens), tokens, target_mask)  # ()
         optimizer.zero_grad(set_to_none=True)
@@ -300,11 +303,11 @@ def _train(
 
 
 def _evaluate_all(
-    model: GPT, task: Task, spec: RunSpec, device: torch.device
+    model: GPT, task: Any, spec: RunSpec, device: torch.device
 ) -> list[dict[str, Any]]:
     """One result per variant and evaluation length (see :func:`run`)."""
     lo, hi = spec.train_lengths
-    trained = max_positions(task, hi)  # P: the most positions seen in training
+    trained = task_max_positions(task, hi)  # P: the most positions seen in training
     variants: list[str | None] = [None, *spec.rope_eval_scalings]
     results = []
     for scaling in variants:
@@ -312,7 +315,7 @@ def _evaluate_all(
             if scaling is None:
                 scores = evaluate(model, task, length, spec.eval_samples, spec.seed, device)
             else:
-                factor = max(1.0, max_positions(task, length) / trained)
+                factor = max(1.0, task_max_positions(task, length) / trained)
                 with model.rope_scaling(scaling, factor=factor, original=trained):
                     scores = evaluate(model, task, length, spec.eval_samples, spec.seed, device)
             variant = spec.scheme if scaling is None else f"{spec.scheme}+{scaling}"

@@ -23,6 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from .._checks import describe
+from .plugins import restore_worker_state, worker_state
 from .records import json_line
 from .spec import RunSpec
 
@@ -109,7 +110,7 @@ def run_pool(
         max_workers=min(jobs, len(todo)),
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_init_worker,
-        initargs=(threads, run_fn is None),
+        initargs=(threads, run_fn is None, worker_state()),
     )
     try:
         with _bars(progress, len(todo)) as (runs, write, _):
@@ -148,9 +149,12 @@ def _stop(pool: concurrent.futures.ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _init_worker(threads: int, import_torch: bool) -> None:
-    """Worker start: limit the threads so that the workers share the cores, and end
-    this worker when the bench's process dies."""
+def _init_worker(
+    threads: int, import_torch: bool, registries: tuple[tuple[str, ...], bytes]
+) -> None:
+    """Worker start: limit the threads so that the workers share the cores, end this
+    worker when the bench's process dies, and register the tasks and schemes of the
+    bench's process (its plugin files, then its other registrations)."""
     parent = os.getppid()
     threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -159,6 +163,7 @@ def _init_worker(threads: int, import_torch: bool) -> None:
         import torch
 
         torch.set_num_threads(threads)
+    restore_worker_state(registries)
 
 
 def _exit_with(parent: int) -> None:
