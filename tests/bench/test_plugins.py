@@ -197,3 +197,72 @@ def test_the_cli_names_a_bad_plugin_and_unknown_names_in_one_line(tmp_path, caps
                              "learned-recency", "--dry-run")  # fmt: skip
     assert status == 0, err
     assert [json.loads(line)["task"] for line in out.splitlines()] == ["second"]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray instance of two CPUs, shared by this file's Ray tests."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("torch")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_plugin_runs_on_ray_are_the_local_executors_records(local_ray, tmp_path, capsys):
+    """posenc bench --executor ray on a local Ray instance (two CPUs) runs a plugin's task
+    and scheme and a built-in one: the same records, bit for bit, as the local executor;
+    then --resume runs the rest."""
+    argv = ["--plugin", PLUGIN, "--schemes", "learned-recency", "rope", *TINY]
+    status, _, err = bench(capsys, *argv, "--tasks", "second", "--executor", "ray",
+                           "--out", tmp_path / "ray")  # fmt: skip
+    assert status == 0, err
+    assert len(results(tmp_path / "ray")) == 2
+    status, _, err = bench(capsys, *argv, "--tasks", "second", "copy", "--executor", "ray",
+                           "--resume", "--out", tmp_path / "ray")  # fmt: skip
+    assert status == 0, err
+    status, _, err = bench(capsys, *argv, "--tasks", "second", "copy", "--jobs", "1",
+                           "--out", tmp_path / "local")  # fmt: skip
+    assert status == 0, err
+    on_ray, local = results(tmp_path / "ray"), results(tmp_path / "local")
+    assert len(on_ray) == 4
+    assert [without_times(r) for r in on_ray] == [without_times(r) for r in local]
+    assert local_ray.is_initialized()  # the instance the fixture started is left running
+
+
+def failing_run(spec, *, progress=None):
+    if spec.scheme == "rope":
+        raise RuntimeError("no rope today")
+    return {"key": spec.key(), "spec": spec.to_dict(), "results": []}
+
+
+@pytest.mark.slow
+def test_a_failing_ray_task_is_recorded_and_the_others_go_on(local_ray, tmp_path):
+    from posenc.bench.runner import FAILURES_FILE, execute
+
+    specs = expand({"tasks": ["copy"], "schemes": ["rope", "nope", "alibi"], **SMALL})
+    outcome = execute(specs, tmp_path, executor="ray", progress=False, run_fn=failing_run)
+    assert outcome.ran == 2
+    assert [(f.spec.scheme, f.error) for f in outcome.failures] == [
+        ("rope", "RuntimeError: no rope today")
+    ]
+    entry = json.loads((tmp_path / FAILURES_FILE).read_text().splitlines()[0])
+    assert "no rope today" in entry["traceback"]
+
+
+def test_the_executor_options_are_checked(tmp_path, capsys):
+    from posenc.bench.runner import execute
+
+    specs = expand({"tasks": ["copy"], "schemes": ["nope"], **SMALL})
+    with pytest.raises(ValueError, match="executor must be one of"):
+        execute(specs, tmp_path, executor="slurm", progress=False)
+    with pytest.raises(ValueError, match="applies to executor='ray' only"):
+        execute(specs, tmp_path, address="auto", progress=False)
+    status, _, err = bench(capsys, "--address", "auto", "--dry-run")
+    assert status == 2
+    assert "--address applies with --executor ray only" in err
+    status, _, err = bench(capsys, "--spec-json", json.dumps(specs[0].to_dict()),
+                           "--executor", "ray")  # fmt: skip
+    assert status == 2
+    assert "--executor does not apply with --spec-json" in err

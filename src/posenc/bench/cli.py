@@ -131,6 +131,18 @@ def add_parser(commands: Any) -> None:
         "records are then the same whatever --jobs)",
     )
     execution.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        help="local: this machine's worker processes (default); ray: each run a Ray task "
+        "(pip install 'posenc[ray]'), --jobs then caps the tasks in flight",
+    )
+    execution.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="with --executor ray: the cluster to join (auto, ray://HEAD:10001, ...; "
+        "default: start a local Ray instance)",
+    )
+    execution.add_argument(
         "--out", "-o", type=Path, metavar="DIR", help="output folder (default ./posenc-bench)"
     )
     execution.add_argument(
@@ -185,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
     if args.spec_json is not None:
         return _run_spec_json(args, given, runner)
 
+    if args.address is not None and args.executor != "ray":
+        raise UsageError("posenc bench: --address applies with --executor ray only")
     config = _config(args, runner.PRESETS[args.preset])
     for flag, value in (("--jobs", args.jobs), ("--threads", args.threads)):
         if value is not None and value < 1:
@@ -238,16 +252,17 @@ def _check_report_only(args: argparse.Namespace, given: list[str]) -> None:
 
 
 def _execution_flags(args: argparse.Namespace) -> list[str]:
-    """``--jobs`` and ``--threads`` where given."""
-    return [flag for flag, value in (("--jobs", args.jobs), ("--threads", args.threads))
-            if value is not None]  # fmt: skip
+    """``--jobs``, ``--threads``, ``--executor`` and ``--address`` where given."""
+    flags = (("--jobs", args.jobs), ("--threads", args.threads), ("--executor", args.executor),
+             ("--address", args.address))  # fmt: skip
+    return [flag for flag, value in flags if value is not None]
 
 
 def _run_spec_json(args: argparse.Namespace, given: list[str], runner: ModuleType) -> int:
     """``--spec-json``: run that one spec and print its record as one JSON line."""
     require("torch", "posenc bench", extra="posenc[bench]")
     extra = given + (["--out"] if args.out is not None else [])
-    extra += ["--jobs"] if args.jobs is not None else []
+    extra += [flag for flag in _execution_flags(args) if flag != "--threads"]
     if extra:
         raise UsageError(
             f"posenc bench: {extra[0]} does not apply with --spec-json (the spec gives "
@@ -322,6 +337,8 @@ def _execute(
             threads=args.threads,
             resume=args.resume,
             progress=not args.no_progress,
+            executor=args.executor or "local",
+            address=args.address,
         )
     except (FileExistsError, FolderInUseError) as exc:
         raise UsageError(f"posenc bench: {exc}") from None

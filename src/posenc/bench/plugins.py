@@ -32,7 +32,6 @@ the workers. This module does not import PyTorch.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import inspect
 import os
 import pickle
@@ -62,7 +61,7 @@ BUILTIN_TASKS = ("copy", "reverse", "sort", "add", "lm")
 _TASKS: dict[str, Any] = {}  # registered tasks by name (not the built-ins)
 _SCHEMES: dict[str, Callable[..., Any]] = {}  # registered scheme factories by name
 _FROM_PLUGIN: set[tuple[str, str]] = set()  # ("task" | "scheme", name) made by a plugin
-_PLUGINS: list[str] = []  # plugin files loaded in this process, in order
+_PLUGINS: list[tuple[str, str]] = []  # (absolute path, source) loaded in this process
 _LOADING: list[str] = []  # the plugin file being loaded (its registrations are marked)
 
 
@@ -238,36 +237,50 @@ def load_plugin(path: str | os.PathLike[str]) -> ModuleType:
         raise FileNotFoundError(f"plugin {os.fspath(path)!r}: no such file")
     if file.suffix != ".py":
         raise ValueError(f"plugin {os.fspath(path)!r} must be a Python file (.py)")
-    digest = hashlib.sha1(str(file).encode("utf-8")).hexdigest()[:12]
-    module_name = f"posenc_bench_plugin_{file.stem}_{digest}"
+    return _load_source(str(file), file.read_text(encoding="utf-8"), os.fspath(path))
+
+
+def _module_name(file: str) -> str:
+    digest = hashlib.sha1(file.encode("utf-8")).hexdigest()[:12]
+    return f"posenc_bench_plugin_{Path(file).stem}_{digest}"
+
+
+def _load_source(file: str, source: str, shown: str) -> ModuleType:
+    """Run a plugin's ``source`` as the module named after its absolute path ``file``
+    (once per process), marking what it registers as coming from a plugin."""
+    module_name = _module_name(file)
     if module_name in sys.modules:
         return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:  # not for a .py file, which has both
-        raise ImportError(f"plugin {os.fspath(path)!r} cannot be imported")
-    module = importlib.util.module_from_spec(spec)
+    module = ModuleType(module_name)
+    module.__file__ = file
     sys.modules[module_name] = module
-    _LOADING.append(str(file))
+    _LOADING.append(file)
     try:
-        spec.loader.exec_module(module)
+        exec(compile(source, file, "exec"), module.__dict__)  # the user's plugin: meant to run
     except Exception as exc:
         del sys.modules[module_name]
-        raise ImportError(f"plugin {os.fspath(path)!r} failed: {exc}") from exc
+        raise ImportError(f"plugin {shown!r} failed: {exc}") from exc
     finally:
         _LOADING.pop()
-    _PLUGINS.append(str(file))
+    _PLUGINS.append((file, source))
     return module
 
 
 def loaded_plugins() -> tuple[str, ...]:
     """The absolute paths of the plugin files loaded in this process, in order."""
-    return tuple(_PLUGINS)
+    return tuple(file for file, _ in _PLUGINS)
 
 
-def worker_state() -> tuple[tuple[str, ...], bytes]:
+#: What a worker process needs to see the bench process's registries: the plugin files
+#: (absolute path and source) and the other registrations, pickled.
+WorkerState = tuple[tuple[tuple[str, str], ...], bytes]
+
+
+def worker_state() -> WorkerState:
     """What a worker process needs to see this process's registries: the plugin files,
-    and the registrations made outside them, pickled (to be unpickled once the plugin
-    files, whose classes they may use, are loaded).
+    with their sources (a worker on another machine may not have the file), and the
+    registrations made outside them, pickled (to be unpickled once the plugins, whose
+    classes they may use, are loaded).
 
     Raises:
         ValueError: A registration made outside a plugin file does not pickle (a class
@@ -288,12 +301,12 @@ def worker_state() -> tuple[tuple[str, ...], bytes]:
     return tuple(_PLUGINS), pickle.dumps((tasks, schemes))
 
 
-def restore_worker_state(state: tuple[tuple[str, ...], bytes]) -> None:
-    """In a worker: load the plugin files, then the other registrations of
-    :func:`worker_state`."""
+def restore_worker_state(state: WorkerState) -> None:
+    """In a worker: load the plugins (from their sources, under the module names the
+    bench process gave them), then the other registrations of :func:`worker_state`."""
     plugins, registrations = state
-    for path in plugins:
-        load_plugin(path)
+    for file, source in plugins:
+        _load_source(file, source, file)
     tasks, schemes = pickle.loads(registrations)
     for task in tasks.values():
         register_task(task, replace=True)

@@ -27,13 +27,13 @@ import dataclasses
 import datetime
 import json
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from .._checks import check_choice, check_int, describe
+from .executors import dispatch
 from .plugins import register_task, scheme_names, task_names
 from .records import (
     FAILURES_FILE,
@@ -51,8 +51,6 @@ from .workers import (
     default_run,
     label,
     load_tqdm,
-    run_here,
-    run_pool,
     step_callback,
     usable_cores,
 )
@@ -206,6 +204,9 @@ def _names(value: Any, name: str, valid: Sequence[str]) -> tuple[str, ...]:
     return names
 
 
+#: Where :func:`execute` runs the specs.
+EXECUTORS = ("local", "ray")
+
 MAX_SEEDS = 100_000  # a number of seeds: far past any grid one machine can run
 
 
@@ -348,6 +349,8 @@ def execute(
     resume: bool = False,
     progress: bool = True,
     run_fn: RunFn | None = None,
+    executor: str = "local",
+    address: str | None = None,
 ) -> Outcome:
     """Run every spec once, appending one JSON line per finished run to ``results.jsonl``.
 
@@ -384,6 +387,14 @@ def execute(
         run_fn: The function that trains and evaluates one spec, called as
             ``run_fn(spec, progress=callback_or_None)`` and returning a record whose
             ``"key"`` is ``spec.key()``; default :func:`posenc.bench.train.run`.
+        executor: ``"local"`` (this process or a pool of worker processes, as ``jobs``
+            says) or ``"ray"``: each run a Ray task of ``threads`` CPUs
+            (:mod:`posenc.bench.executors`; ``jobs`` then caps the tasks in flight, ``None``:
+            no cap). Records are written here as they come back, the same bits as the
+            local executor's.
+        address: ``"ray"`` only: the cluster to join (``ray.init(address=...)``, e.g.
+            ``"auto"`` or ``"ray://head:10001"``); ``None`` joins the Ray instance this
+            process started or starts a local one.
 
     Returns:
         An :class:`Outcome`.
@@ -415,9 +426,13 @@ def execute(
         raise TypeError(f"out_dir must be a str or os.PathLike, got {describe(out_dir)}")
     if run_fn is not None and not callable(run_fn):
         raise TypeError(f"run_fn must be callable or None, got {describe(run_fn)}")
+    check_choice(executor, "executor", EXECUTORS)
+    if address is not None and (executor != "ray" or not isinstance(address, str)):
+        raise ValueError(f"address={address!r} applies to executor='ray' only, as a str")
     out = Path(out_dir)
     with lock_folder(out):
-        return _execute_locked(specs, out, jobs, threads, resume, progress, run_fn)
+        where = (executor, address)
+        return _execute_locked(specs, out, jobs, threads, resume, progress, run_fn, where)
 
 
 def _execute_locked(
@@ -428,6 +443,7 @@ def _execute_locked(
     resume: bool,
     progress: bool,
     run_fn: RunFn | None,
+    where: tuple[str, str | None] = ("local", None),
 ) -> Outcome:
     """:func:`execute` once this process holds the output folder's lock."""
     results = out / RESULTS_FILE
@@ -441,16 +457,6 @@ def _execute_locked(
     failures_path = out / FAILURES_FILE
     failures: list[Failure] = []
     ran = 0
-    cores = usable_cores()
-    if jobs is None:
-        jobs = max(1, min(cores, len(todo)))
-    if progress and todo:
-        runs, each = f"{len(todo)} run{'s' * (len(todo) != 1)}", f"thread{'s' * (threads > 1)}"
-        print(
-            f"posenc bench: {runs}, {jobs} job{'s' * (jobs > 1)} x {threads} {each} each "
-            f"({cores} cores usable)",
-            file=sys.stderr,
-        )
 
     def finished(spec: RunSpec, record: dict[str, Any]) -> None:
         nonlocal ran
@@ -470,10 +476,8 @@ def _execute_locked(
         write(f"run failed: {label(spec)}: {error}\n  spec: {json.dumps(spec.to_dict())}")
 
     try:
-        if todo and jobs == 1:
-            run_here(todo, run_fn, progress, finished, failed, threads)
-        elif todo:
-            run_pool(todo, run_fn, progress, jobs, finished, failed, threads)
+        if todo:
+            dispatch(todo, run_fn, progress, finished, failed, threads, jobs, where)
     except BaseException:  # interrupted: the reports still show the runs finished so far
         with contextlib.suppress(Exception):
             write_reports(out)

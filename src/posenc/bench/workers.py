@@ -23,7 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from .._checks import describe
-from .plugins import restore_worker_state, worker_state
+from .plugins import WorkerState, restore_worker_state, worker_state
 from .records import json_line
 from .spec import RunSpec
 
@@ -33,6 +33,7 @@ __all__ = [
     "default_run",
     "label",
     "load_tqdm",
+    "record_outcome",
     "run_here",
     "run_pool",
     "step_callback",
@@ -123,19 +124,31 @@ def run_pool(
                     outcome = (False, f"the worker process died ({_one_line(exc)})", "")
                 except Exception as exc:  # the record or the error could not be pickled
                     outcome = (False, _one_line(exc), traceback.format_exc())
-                if outcome[0]:
-                    try:
-                        finished(spec, checked(outcome[1], spec))
-                    except (TypeError, ValueError) as exc:
-                        failed(spec, _one_line(exc), traceback.format_exc(), write)
-                else:
-                    failed(spec, outcome[1], outcome[2], write)
+                record_outcome(spec, outcome, finished, failed, write)
                 if runs is not None:
                     runs.update(1)
     except BaseException:  # interrupted: stop the runs under way too, and return at once
         _stop(pool)
         raise
     pool.shutdown(wait=True)
+
+
+def record_outcome(
+    spec: RunSpec,
+    outcome: tuple[bool, Any, str],
+    finished: Callable[[RunSpec, dict[str, Any]], None],
+    failed: Callable[..., None],
+    write: Callable[[str], None],
+) -> None:
+    """Hand a worker's ``(True, record, "")`` to ``finished`` (once the record is checked)
+    or its ``(False, error, traceback)`` to ``failed``."""
+    if not outcome[0]:
+        failed(spec, outcome[1], outcome[2], write)
+        return
+    try:
+        finished(spec, checked(outcome[1], spec))
+    except (TypeError, ValueError) as exc:
+        failed(spec, _one_line(exc), traceback.format_exc(), write)
 
 
 def _stop(pool: concurrent.futures.ProcessPoolExecutor) -> None:
@@ -149,9 +162,7 @@ def _stop(pool: concurrent.futures.ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _init_worker(
-    threads: int, import_torch: bool, registries: tuple[tuple[str, ...], bytes]
-) -> None:
+def _init_worker(threads: int, import_torch: bool, registries: WorkerState) -> None:
     """Worker start: limit the threads so that the workers share the cores, end this
     worker when the bench's process dies, and register the tasks and schemes of the
     bench's process (its plugin files, then its other registrations)."""
