@@ -474,6 +474,8 @@ KNOWN = [
 
 
 def test_aggregate_means_and_sample_standard_deviations():
+    from scipy.stats import t
+
     rows = report.aggregate(KNOWN)
     assert [(r["task"], r["variant"], r["length"], r["n"]) for r in rows] == [
         ("copy", "nope", 8, 2),
@@ -503,36 +505,57 @@ def test_aggregate_means_and_sample_standard_deviations():
             assert row[metric]["sd"] == pytest.approx(values.std(ddof=1), rel=1e-12)
         else:
             assert row[metric]["sd"] is None
+        if values.size > 1:  # the 95% t-interval of the mean (scipy's t quantile)
+            half = t.ppf(0.975, values.size - 1) * values.std(ddof=1) / np.sqrt(values.size)
+            assert row[metric]["ci"] == pytest.approx([values.mean() - half,
+                                                       values.mean() + half], rel=1e-12)  # fmt: skip
+        else:
+            assert row[metric]["ci"] is None
+        assert row[metric]["values"] == pytest.approx(list(values))
         assert row["token_accuracy"] == {
             "mean": 0.5,
             "sd": 0.0 if values.size > 1 else None,
+            "ci": [0.5, 0.5] if values.size > 1 else None,
             "n": values.size,
+            "values": [0.5] * values.size,
         }
         assert row["in_distribution"] == (row["length"] == 8)
         assert row["settings"]["steps"] == 300
 
 
 def test_markdown_tables_hold_mean_and_sd_strings():
+    from scipy.stats import t
+
     text = report.markdown(KNOWN)
+    h = t.ppf(0.975, 1) / np.sqrt(2)  # half-width of a 2-seed 95% interval per unit of sd
+
+    def cell(values, digits=3):
+        mean, sd = np.mean(values), np.std(values, ddof=1)
+        return f"{mean:.{digits}f} ± {h * sd:.{digits}f}"
+
     settings = (
         "trained on lengths 4–16 (columns marked *), steps 300, batch 32, lr 0.003, "
         "d_model 64, layers 2, heads 4, 200 samples per length"
     )
     assert text == (
         "## copy\n\n"
-        f"exact match, mean ± sd over 2 seeds; {settings}\n\n"
+        f"exact match, mean ± 95% interval (Student's t) over 2 seeds; {settings}\n\n"
         "| variant | 8* | 32 |\n"
         "|---|---|---|\n"
-        "| nope | 1.000 ± 0.000 | 0.250 (n=1) |\n"
-        "| rope | 0.600 ± 0.141 | 0.050 ± 0.071 |\n"
-        "| rope+ntk | 0.600 ± 0.141 | 0.300 ± 0.141 |\n"
+        "| nope | **1.000 ± 0.000** | 0.250 (n=1) |\n"  # at 32 nope has one seed: unpaired
+        f"| rope | **{cell([0.5, 0.7])}** | **{cell([0.1, 0.0])}** |\n"
+        f"| rope+ntk | **{cell([0.5, 0.7])}** | **{cell([0.2, 0.4])}** |\n"
+        "\n"
+        "**Bold**: the best mean at that length and each variant whose difference from it "
+        "the seeds do not resolve (95% t-interval of the per-seed differences).\n"
         "\n"
         "## lm\n\n"
-        f"perplexity, mean ± sd over 2 seeds; {settings}\n\n"
+        f"perplexity, mean ± 95% interval (Student's t) over 2 seeds; {settings}\n\n"
         "| variant | 8* | 64 |\n"
         "|---|---|---|\n"
-        "| alibi | 3.50 ± 0.71 | 20.00 ± 14.14 |\n"
+        f"| alibi | {cell([3.0, 4.0], 2)} | {cell([10.0, 30.0], 2)} |\n"
     )
+    assert cell([0.5, 0.7]) == "0.600 ± 1.271"  # 12.706 · 0.1414 / √2
     one_seed = report.markdown([KNOWN[0]], metric="token_accuracy")
     assert "token accuracy, 1 seed;" in one_seed
     assert "| rope | 0.500 | 0.500 |\n" in one_seed

@@ -1,37 +1,35 @@
-"""Reports of a bench: the mean and spread over seeds of each variant's scores by length.
+"""Reports of a bench: each variant's scores by length, with 95% intervals over seeds.
 
 Records are the dicts that :func:`posenc.bench.train.run` returns (one per run, one line
-each of ``results.jsonl``). Runs that differ only in their seed (and device) are the
-repetitions of one experiment: :func:`aggregate` gives, per task, settings, variant and
-evaluation length, the mean and the sample standard deviation over the seeds of exact
-match, token accuracy, loss and perplexity. :func:`markdown` writes one table per task,
-:func:`plot` one panel per task, and :func:`write_reports` puts ``results.md``,
-``summary.json`` and ``accuracy.png`` into an output folder.
+each of ``results.jsonl``). :func:`~posenc.bench.aggregate.aggregate` gives, per task,
+settings, variant and evaluation length, the mean, the standard deviation and the 95%
+confidence interval (Student's t) over the seeds of exact match, token accuracy, loss
+and perplexity. :func:`markdown` writes one table per task, marking at each length the
+variants the seeds do not tell apart from the best (:func:`~posenc.bench.aggregate.resolved`),
+:func:`~posenc.bench.figure.plot` one panel per task, and :func:`write_reports` puts
+``results.md``, ``summary.json`` and ``accuracy.png`` into an output folder.
 
 The headline score is exact match (the fraction of sequences whose every target token is
-right) for copy, reverse, sort and add, and perplexity for lm.
+right) for every task but lm, and perplexity for lm.
 
-matplotlib is imported by :func:`plot` only.
+matplotlib is imported when a picture is drawn, scipy (the t quantiles) when an interval
+is computed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
-import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._checks import check_choice, describe
 from .._files import atomic_write
+from .aggregate import _NAMES, METRICS, _tables, aggregate, headline_metric, resolved
+from .figure import plot
 from .records import RESULTS_FILE, finite, load_records
-from .spec import ROPE_EVAL_SCALINGS, SCHEMES, TASKS
-
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
 
 __all__ = [
     "METRICS",
@@ -42,161 +40,6 @@ __all__ = [
     "summary",
     "write_reports",
 ]
-
-#: The scores of a record's results that are aggregated over seeds.
-METRICS = ("exact_match", "token_accuracy", "loss", "perplexity")
-
-_NAMES = {
-    "exact_match": "exact match",
-    "token_accuracy": "token accuracy",
-    "loss": "loss (mean NLL per target token)",
-    "perplexity": "perplexity",
-}
-
-# Spec fields that do not make runs different experiments: the seed only repeats one, the
-# device does not change it, task and scheme are the table and the row, the evaluation
-# lengths are the columns and RoPE's evaluation scalings only add rows.
-_NOT_SETTINGS = ("task", "scheme", "seed", "device", "eval_lengths", "rope_eval_scalings")
-
-
-def headline_metric(task: str) -> str:
-    """The score the tables and the plot show for ``task``: perplexity for lm, else exact
-    match (also for a registered task).
-
-    Example:
-        >>> headline_metric("copy"), headline_metric("lm")
-        ('exact_match', 'perplexity')
-    """
-    if not isinstance(task, str):
-        raise TypeError(f"task must be a task's name, got {describe(task)}")
-    return "perplexity" if task == "lm" else "exact_match"
-
-
-def aggregate(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and standard deviation over seeds, per task, settings, variant and length.
-
-    Args:
-        records: Run records (see :func:`posenc.bench.train.run`). A later record of the
-            same run (key) replaces an earlier one, and so does a later evaluation of the
-            same variant, seed and length (e.g. a ``"rope"`` run repeated with other
-            ``rope_eval_scalings``).
-
-    Returns:
-        One dict per (task, settings, variant, length), ordered by task, settings (first
-        seen first), variant (the order of the schemes, each RoPE scaling after
-        ``"rope"``) and length, with the keys ``task``, ``settings`` (the spec's fields
-        but task, scheme, seed, device, eval_lengths and rope_eval_scalings), ``variant``,
-        ``length``, ``in_distribution``, ``seeds`` (sorted), ``n`` (number of seeds) and,
-        for each of :data:`METRICS`, ``{"mean": float | None, "sd": float | None, "n":
-        int}``: the mean and the sample standard deviation (``n - 1`` in the
-        denominator; ``None`` for fewer than 2 values) of the values that are not
-        ``None``.
-
-    Raises:
-        TypeError: A record is not a dict.
-        ValueError: A record lacks ``"key"``, ``"spec"`` or ``"results"``, or a result
-            lacks its variant or length.
-
-    Example:
-        >>> spec = {"task": "copy", "scheme": "rope", "train_lengths": [4, 16]}
-        >>> def record(seed, em):
-        ...     result = {"variant": "rope", "length": 8, "exact_match": em,
-        ...               "token_accuracy": 1.0, "loss": 0.1, "perplexity": None,
-        ...               "in_distribution": True, "samples": 10}
-        ...     return {"key": str(seed), "spec": {**spec, "seed": seed}, "results": [result]}
-        >>> [row] = aggregate([record(0, 0.5), record(1, 0.7)])
-        >>> row["variant"], row["length"], row["seeds"], row["exact_match"]["mean"]
-        ('rope', 8, [0, 1], 0.6)
-        >>> round(row["exact_match"]["sd"], 6), row["perplexity"]
-        (0.141421, {'mean': None, 'sd': None, 'n': 0})
-    """
-    latest: dict[str, dict[str, Any]] = {}
-    for i, record in enumerate(records):
-        if not isinstance(record, dict):
-            raise TypeError(f"records[{i}] must be a dict record, got {describe(record)}")
-        missing = [k for k in ("key", "spec", "results") if k not in record]
-        if missing:
-            raise ValueError(f"records[{i}] is not a run record: it lacks {missing}")
-        latest.pop(record["key"], None)  # a repeated run counts where it was last written
-        latest[record["key"]] = record
-
-    groups: dict[tuple[str, str], dict[str, Any]] = {}  # (task, settings JSON) -> cells
-    for record in latest.values():
-        spec = record["spec"]
-        task = spec["task"]
-        settings = {k: v for k, v in spec.items() if k not in _NOT_SETTINGS}
-        group = groups.setdefault(
-            (task, json.dumps(settings, sort_keys=True)), {"settings": settings, "cells": {}}
-        )
-        for j, result in enumerate(record["results"]):
-            if "variant" not in result or "length" not in result:
-                raise ValueError(
-                    f"record {record['key']}: results[{j}] lacks its variant or length"
-                )
-            cell = group["cells"].setdefault((result["variant"], result["length"]), {})
-            cell[spec.get("seed", 0)] = result
-
-    rows = []
-    task_order = {task: i for i, task in enumerate(TASKS)}
-    ordered = sorted(
-        enumerate(groups.items()), key=lambda item: (task_order.get(item[1][0][0], 99), item[0])
-    )
-    for _, ((task, _), group) in ordered:
-        for (variant, length), by_seed in sorted(
-            group["cells"].items(), key=lambda item: (_variant_order(item[0][0]), item[0][1])
-        ):
-            row: dict[str, Any] = {
-                "task": task,
-                "settings": group["settings"],
-                "variant": variant,
-                "length": length,
-                "in_distribution": any(r.get("in_distribution") for r in by_seed.values()),
-                "seeds": sorted(by_seed),
-                "n": len(by_seed),
-            }
-            for metric in METRICS:
-                values = [float(r[metric]) for r in by_seed.values() if r.get(metric) is not None]
-                row[metric] = _stats(values)
-            rows.append(row)
-    return rows
-
-
-def _stats(values: Sequence[float]) -> dict[str, Any]:
-    if not values:
-        return {"mean": None, "sd": None, "n": 0}
-    return {
-        "mean": statistics.fmean(values),
-        "sd": statistics.stdev(values) if len(values) > 1 else None,
-        "n": len(values),
-    }
-
-
-def _variant_order(variant: str) -> tuple[int, int, str]:
-    scheme, _, scaling = variant.partition("+")
-    first = SCHEMES.index(scheme) if scheme in SCHEMES else len(SCHEMES)
-    if not scaling:
-        second = 0
-    elif scaling in ROPE_EVAL_SCALINGS:
-        second = 1 + ROPE_EVAL_SCALINGS.index(scaling)
-    else:
-        second = 1 + len(ROPE_EVAL_SCALINGS)
-    return first, second, variant
-
-
-def _tables(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows grouped by (task, settings), in order: one table or panel each."""
-    tables: dict[tuple[str, str], dict[str, Any]] = {}
-    for row in rows:
-        key = (row["task"], json.dumps(row["settings"], sort_keys=True))
-        table = tables.setdefault(
-            key, {"task": row["task"], "settings": row["settings"], "rows": []}
-        )
-        table["rows"].append(row)
-    for table in tables.values():
-        table["lengths"] = sorted({row["length"] for row in table["rows"]})
-        table["in_distribution"] = {r["length"] for r in table["rows"] if r["in_distribution"]}
-        table["variants"] = list(dict.fromkeys(row["variant"] for row in table["rows"]))
-    return list(tables.values())
 
 
 def _format(value: float, metric: str) -> str:
@@ -225,7 +68,8 @@ def _settings_line(settings: dict[str, Any]) -> str:
 def markdown(records: Iterable[dict[str, Any]], *, metric: str | None = None) -> str:
     """One Markdown table per task: rows are variants, columns evaluation lengths.
 
-    A cell is ``mean ± sd`` over the seeds (only the mean for a single seed), three
+    A cell is ``mean ± h`` over the seeds, ``h`` the half-width of the 95% confidence
+    interval of the mean (Student's t; only the mean for a single seed), three
     decimals for exact match and token accuracy, two for loss and perplexity; ``–`` where
     no run measured the cell (or its score is ``None``), and ``(n=k)`` where fewer seeds
     measured it than the table's largest number. Columns of lengths within the training
@@ -254,13 +98,13 @@ def markdown(records: Iterable[dict[str, Any]], *, metric: str | None = None) ->
         >>> print(markdown(records))  # doctest: +NORMALIZE_WHITESPACE
         ## copy
         <BLANKLINE>
-        exact match, mean ± sd over 2 seeds;
+        exact match, mean ± 95% interval (Student's t) over 2 seeds;
         trained on lengths 4–16 (columns marked *), steps 9, batch 4, lr 0.003, d_model 16,
         layers 1, heads 2, 10 samples per length
         <BLANKLINE>
         | variant | 8* | 32 |
         |---|---|---|
-        | rope | 0.925 ± 0.035 | 0.000 ± 0.000 |
+        | rope | 0.925 ± 0.318 | 0.000 ± 0.000 |
         <BLANKLINE>
     """
     if metric is not None:
@@ -276,19 +120,11 @@ def markdown(records: Iterable[dict[str, Any]], *, metric: str | None = None) ->
         task = table["task"]
         shown = metric or headline_metric(task)
         most = max(row["n"] for row in table["rows"])
-        seeds = f"mean ± sd over {most} seeds" if most > 1 else "1 seed"
+        seeds = f"mean ± 95% interval (Student's t) over {most} seeds" if most > 1 else "1 seed"
         title = f"## {task}" + (f" ({number})" if task in tasks_with_several else "")
-        cells: dict[tuple[str, int], str] = {}
-        for row in table["rows"]:
-            stats = row[shown]
-            if stats["mean"] is None:
-                continue
-            text = _format(stats["mean"], shown)
-            if most > 1 and stats["sd"] is not None:
-                text += f" ± {_format(stats['sd'], shown)}"
-            if stats["n"] < most:
-                text += f" (n={stats['n']})"
-            cells[row["variant"], row["length"]] = text
+        leaders = _leaders(table["rows"], shown)
+        cells = {(row["variant"], row["length"]): text for row in table["rows"]
+                 if (text := _cell(row, shown, most, leaders)) is not None}  # fmt: skip
         header = [f"{L}*" if L in table["in_distribution"] else str(L) for L in table["lengths"]]
         lines = [
             title,
@@ -301,8 +137,47 @@ def markdown(records: Iterable[dict[str, Any]], *, metric: str | None = None) ->
         for variant in table["variants"]:
             row_cells = [cells.get((variant, L), "–") for L in table["lengths"]]
             lines.append(f"| {variant} | " + " | ".join(row_cells) + " |")
+        if leaders:
+            lines += ["", _LEADERS_NOTE]
         parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)
+
+
+_LEADERS_NOTE = (
+    "**Bold**: the best mean at that length and each variant whose difference from it "
+    "the seeds do not resolve (95% t-interval of the per-seed differences)."
+)
+
+
+def _cell(row: dict[str, Any], shown: str, most: int, leaders: set[tuple[str, int]]) -> str | None:
+    """A table cell: ``mean ± h`` (the 95% interval's half-width), bold for a leader."""
+    stats = row[shown]
+    if stats["mean"] is None:
+        return None
+    text = _format(stats["mean"], shown)
+    if most > 1 and stats["ci"] is not None:
+        text += f" ± {_format((stats['ci'][1] - stats['ci'][0]) / 2, shown)}"
+    if stats["n"] < most:
+        text += f" (n={stats['n']})"
+    return f"**{text}**" if (row["variant"], row["length"]) in leaders else text
+
+
+def _leaders(rows: list[dict[str, Any]], metric: str) -> set[tuple[str, int]]:
+    """(variant, length) of the best mean at each length and of every variant the seeds
+    do not resolve from it (:func:`resolved`); a variant with fewer than two seeds in
+    common with the best is left unmarked, and so is a length with one variant."""
+    lower_is_better = metric in ("loss", "perplexity")
+    leaders = set()
+    for length in {row["length"] for row in rows}:
+        here = [r for r in rows if r["length"] == length and r[metric]["mean"] is not None]
+        if len(here) < 2:
+            continue
+        best = (min if lower_is_better else max)(here, key=lambda r: r[metric]["mean"])
+        verdicts = {id(r): resolved(best, r, metric) for r in here if r is not best}
+        if any(v is not None for v in verdicts.values()):  # a variant not paired: unmarked
+            ties = [r for r in here if r is best or verdicts[id(r)] is False]
+            leaders |= {(r["variant"], length) for r in ties}
+    return leaders
 
 
 def summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -317,117 +192,6 @@ def summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         {"runs": len({r.get("key") for r in records}), "rows": aggregate(records)}
     )
     return report
-
-
-def plot(
-    records: Iterable[dict[str, Any]],
-    path: str | os.PathLike[str],
-    *,
-    metric: str | None = None,
-    dpi: float = 100,
-) -> Path:
-    """Draw each task's score against evaluation length and write the picture to ``path``.
-
-    One panel per task (and per settings, as in :func:`markdown`), one line per variant
-    (the same colour in every panel) with a shaded band of ± one standard deviation over
-    the seeds, and the training range of lengths shaded in grey. Exact match and token
-    accuracy are drawn on ``[0, 1]``; perplexity and loss (lm) on a log scale.
-
-    Args:
-        records: Run records (see :func:`aggregate`).
-        path: The image file; its extension picks the format (png, svg, pdf, ...).
-        metric: One of :data:`METRICS`; default each task's headline score.
-        dpi: Resolution of raster formats.
-
-    Returns:
-        ``path`` as a :class:`pathlib.Path`.
-
-    Raises:
-        ImportError: matplotlib is not installed.
-        ValueError: There are no records to draw.
-
-    Example:
-        >>> import tempfile
-        >>> spec = {"task": "add", "scheme": "alibi", "train_lengths": [2, 4]}
-        >>> results = [{"variant": "alibi", "length": n, "exact_match": 1 / n,
-        ...             "in_distribution": n <= 4} for n in (2, 4, 8)]
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     out = plot([{"key": "k", "spec": spec, "results": results}], Path(tmp, "a.png"))
-        ...     out.read_bytes()[:4]
-        b'\\x89PNG'
-    """
-    if metric is not None:
-        check_choice(metric, "metric", METRICS)
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike, got {describe(path)}")
-    tables = _tables(aggregate(records))
-    if not tables:
-        raise ValueError("there are no records to plot")
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        from matplotlib.ticker import FuncFormatter
-    except ImportError as exc:
-        raise ImportError(
-            "the bench's plot needs matplotlib, which is not installed: pip install 'posenc[bench]'"
-        ) from exc
-
-    columns = min(3, len(tables))
-    rows = math.ceil(len(tables) / columns)
-    fig = Figure(figsize=(5.0 * columns, 3.8 * rows), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, columns, squeeze=False).ravel()
-    variants = sorted({r["variant"] for t in tables for r in t["rows"]}, key=_variant_order)
-    colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
-    several = {t["task"] for t in tables if sum(u["task"] == t["task"] for u in tables) > 1}
-    for number, (ax, table) in enumerate(zip(axes, tables, strict=False), start=1):
-        task = table["task"]
-        shown = metric or headline_metric(task)
-        lo, hi = table["settings"].get("train_lengths", (None, None))
-        if lo is not None:
-            ax.axvspan(lo, hi, color="0.88", zorder=0, label="training lengths")
-        for variant in table["variants"]:
-            _plot_variant(ax, table, variant, shown, colours[variant])
-        if shown in ("perplexity", "loss"):
-            ax.set_yscale("log")
-            plain = FuncFormatter(lambda value, _: f"{value:g}")  # 2, 3, 10 rather than 2×10⁰
-            ax.yaxis.set_major_formatter(plain)
-            ax.yaxis.set_minor_formatter(plain)
-        else:
-            ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel("evaluation length")
-        ax.set_ylabel(_NAMES[shown].split(" (")[0])
-        ax.set_title(task + (f" ({number})" if task in several else ""))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    for ax in axes[len(tables) :]:
-        ax.set_visible(False)
-    path = Path(path)
-    with atomic_write(path, "wb") as file:  # never half a picture
-        fig.savefig(file, dpi=dpi, format=path.suffix[1:] or "png")
-    return path
-
-
-def _plot_variant(ax: Axes, table: dict[str, Any], variant: str, shown: str, colour: str) -> None:
-    """One variant's line of ``shown`` in a panel of :func:`plot`, ± one SD shaded."""
-    points = [
-        (r["length"], r[shown]["mean"], r[shown]["sd"])
-        for r in table["rows"]
-        if r["variant"] == variant and r[shown]["mean"] is not None
-    ]
-    if not points:
-        return
-    x = [p[0] for p in points]
-    mean = [p[1] for p in points]
-    sd = [p[2] or 0.0 for p in points]
-    style = "--" if "+" in variant else "-"
-    ax.plot(x, mean, style, marker="o", markersize=3, color=colour, label=variant)
-    if any(sd):
-        low = [m - s for m, s in zip(mean, sd, strict=True)]
-        high = [m + s for m, s in zip(mean, sd, strict=True)]
-        if shown in ("perplexity", "loss"):
-            low = [max(v, m * 1e-3) for v, m in zip(low, mean, strict=True)]  # log scale: > 0
-        ax.fill_between(x, low, high, color=colour, alpha=0.18, linewidth=0)
 
 
 def write_reports(

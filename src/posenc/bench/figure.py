@@ -1,0 +1,148 @@
+"""The bench's picture: each task's score against evaluation length, one line per variant.
+
+matplotlib is imported when a picture is drawn.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._checks import check_choice, describe
+from .._files import atomic_write
+from .aggregate import _NAMES, METRICS, _tables, _variant_order, aggregate, headline_metric
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+__all__ = ["plot"]
+
+
+def plot(
+    records: Iterable[dict[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    metric: str | None = None,
+    dpi: float = 100,
+) -> Path:
+    """Draw each task's score against evaluation length and write the picture to ``path``.
+
+    One panel per task (and per settings, as in :func:`markdown`), one line per variant
+    (the same colour and marker in every panel, drawn slightly apart so that none hides
+    another) with its 95% confidence interval over the seeds shaded (Student's t, as in
+    the tables), and the training range of lengths shaded in grey. Exact match and token
+    accuracy are drawn on ``[0, 1]``; perplexity and loss (lm) on a log scale.
+
+    Args:
+        records: Run records (see :func:`aggregate`).
+        path: The image file; its extension picks the format (png, svg, pdf, ...).
+        metric: One of :data:`METRICS`; default each task's headline score.
+        dpi: Resolution of raster formats.
+
+    Returns:
+        ``path`` as a :class:`pathlib.Path`.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+        ValueError: There are no records to draw.
+
+    Example:
+        >>> import tempfile
+        >>> spec = {"task": "add", "scheme": "alibi", "train_lengths": [2, 4]}
+        >>> results = [{"variant": "alibi", "length": n, "exact_match": 1 / n,
+        ...             "in_distribution": n <= 4} for n in (2, 4, 8)]
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     out = plot([{"key": "k", "spec": spec, "results": results}], Path(tmp, "a.png"))
+        ...     out.read_bytes()[:4]
+        b'\\x89PNG'
+    """
+    if metric is not None:
+        check_choice(metric, "metric", METRICS)
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {describe(path)}")
+    tables = _tables(aggregate(records))
+    if not tables:
+        raise ValueError("there are no records to plot")
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter
+    except ImportError as exc:
+        raise ImportError(
+            "the bench's plot needs matplotlib, which is not installed: pip install 'posenc[bench]'"
+        ) from exc
+
+    columns = min(3, len(tables))
+    rows = math.ceil(len(tables) / columns)
+    fig = Figure(figsize=(5.0 * columns, 3.8 * rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    variants = sorted({r["variant"] for t in tables for r in t["rows"]}, key=_variant_order)
+    colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
+    markers = {v: _MARKERS[i % len(_MARKERS)] for i, v in enumerate(variants)}
+    several = {t["task"] for t in tables if sum(u["task"] == t["task"] for u in tables) > 1}
+    for number, (ax, table) in enumerate(zip(axes, tables, strict=False), start=1):
+        task = table["task"]
+        shown = metric or headline_metric(task)
+        lo, hi = table["settings"].get("train_lengths", (None, None))
+        if lo is not None:
+            ax.axvspan(lo, hi, color="0.88", zorder=0, label="training lengths")
+        count = len(table["variants"])
+        for k, variant in enumerate(table["variants"]):
+            dodge = 1.0 + _DODGE * (k - (count - 1) / 2)  # lines side by side, none hidden
+            style = (colours[variant], markers[variant])
+            _plot_variant(ax, table, variant, shown, style, dodge)
+        if shown in ("perplexity", "loss"):
+            ax.set_yscale("log")
+            plain = FuncFormatter(lambda value, _: f"{value:g}")  # 2, 3, 10 rather than 2×10⁰
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
+        else:
+            ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("evaluation length")
+        ax.set_ylabel(_NAMES[shown].split(" (")[0])
+        ax.set_title(task + (f" ({number})" if task in several else ""))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in axes[len(tables) :]:
+        ax.set_visible(False)
+    path = Path(path)
+    with atomic_write(path, "wb") as file:  # never half a picture
+        fig.savefig(file, dpi=dpi, format=path.suffix[1:] or "png")
+    return path
+
+
+# Each variant has its own marker, and its points are shifted by this fraction of the
+# length per variant, so that lines and bands that coincide stay visible side by side.
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
+_DODGE = 0.012
+
+
+def _plot_variant(
+    ax: Axes, table: dict[str, Any], variant: str, shown: str, style: tuple[str, str], dodge: float
+) -> None:
+    """One variant's line of ``shown`` in a panel of :func:`plot`, its 95% interval shaded
+    (``style``: colour and marker; ``dodge``: the factor its lengths are drawn at)."""
+    points = [
+        (r["length"] * dodge, r[shown]["mean"], r[shown]["ci"])
+        for r in table["rows"]
+        if r["variant"] == variant and r[shown]["mean"] is not None
+    ]
+    if not points:
+        return
+    colour, marker = style
+    x = [p[0] for p in points]
+    mean = [p[1] for p in points]
+    line = "--" if "+" in variant else "-"
+    ax.plot(x, mean, line, marker=marker, markersize=4, color=colour, label=variant)
+    if any(p[2] is not None for p in points):
+        low = [p[2][0] if p[2] is not None else p[1] for p in points]
+        high = [p[2][1] if p[2] is not None else p[1] for p in points]
+        if shown in ("perplexity", "loss"):
+            low = [max(v, m * 1e-3) for v, m in zip(low, mean, strict=True)]  # log scale: > 0
+        else:
+            low, high = [max(v, 0.0) for v in low], [min(v, 1.0) for v in high]  # a fraction
+        ax.fill_between(x, low, high, color=colour, alpha=0.15, linewidth=0)
