@@ -537,23 +537,31 @@ def test_markdown_tables_hold_mean_and_sd_strings():
         "trained on lengths 4–16 (columns marked *), steps 300, batch 32, lr 0.003, "
         "d_model 64, layers 2, heads 4, 200 samples per length"
     )
-    assert text == (
-        "## copy\n\n"
-        f"exact match, mean ± 95% interval (Student's t) over 2 seeds; {settings}\n\n"
-        "| variant | 8* | 32 |\n"
-        "|---|---|---|\n"
-        "| nope | **1.000 ± 0.000** | 0.250 (n=1) |\n"  # at 32 nope has one seed: unpaired
-        f"| rope | **{cell([0.5, 0.7])}** | **{cell([0.1, 0.0])}** |\n"
-        f"| rope+ntk | **{cell([0.5, 0.7])}** | **{cell([0.2, 0.4])}** |\n"
-        "\n"
-        "**Bold**: the best mean at that length and each variant whose difference from it "
-        "the seeds do not resolve (95% t-interval of the per-seed differences).\n"
-        "\n"
-        "## lm\n\n"
-        f"perplexity, mean ± 95% interval (Student's t) over 2 seeds; {settings}\n\n"
-        "| variant | 8* | 64 |\n"
-        "|---|---|---|\n"
-        f"| alibi | {cell([3.0, 4.0], 2)} | {cell([10.0, 30.0], 2)} |\n"
+    assert (
+        text
+        == (
+            "## copy\n\n"
+            f"exact match, mean ± 95% interval (Student's t) over 2 seeds; {settings}\n\n"
+            "| variant | 8* | 32 |\n"
+            "|---|---|---|\n"
+            "| nope | **1.000 ± 0.000** | 0.250 (n=1) |\n"  # at 32 nope has one seed: unpaired
+            f"| rope | **{cell([0.5, 0.7])}** | **{cell([0.1, 0.0])}** |\n"
+            f"| rope+ntk | **{cell([0.5, 0.7])}** | **{cell([0.2, 0.4])}** |\n"
+            "\n"
+            "**Bold**: the best mean at that length and each variant whose difference from it "
+            "the seeds do not resolve (95% t-interval of the per-seed differences).\n"
+            "\n"
+            "## lm\n\n"
+            "perplexity, mean ± 95% interval (Student's t) over 2 seeds; "
+            + settings.replace(
+                "200 samples per length",
+                "perplexity over the held-out text in non-overlapping windows of each length",
+            )
+            + "\n\n"
+            "| variant | 8* | 64 |\n"
+            "|---|---|---|\n"
+            f"| alibi | {cell([3.0, 4.0], 2)} | {cell([10.0, 30.0], 2)} |\n"
+        )
     )
     assert cell([0.5, 0.7]) == "0.600 ± 1.271"  # 12.706 · 0.1414 / √2
     one_seed = report.markdown([KNOWN[0]], metric="token_accuracy")

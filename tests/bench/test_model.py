@@ -113,9 +113,17 @@ def test_runspec_key_is_the_sha1_of_the_canonical_fields_without_device():
     spec = RunSpec("copy", "t5")
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
     del fields["device"]
+    del fields["lm_eval"]  # None: left out, so that keys made before the field stay valid
     fields = {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     assert spec.key() == hashlib.sha1(canonical.encode()).hexdigest()
+    lm = RunSpec("lm", "t5")
+    assert lm.lm_eval == "tiled"
+    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in lm.to_dict().items()}
+    del fields["device"]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    assert '"lm_eval":"tiled"' in canonical
+    assert lm.key() == hashlib.sha1(canonical.encode()).hexdigest()
 
 
 def test_runspec_key_is_stable_and_changes_with_every_field_but_device():
@@ -138,12 +146,14 @@ def test_runspec_key_is_stable_and_changes_with_every_field_but_device():
         "eval_samples": 9,
         "rope_eval_scalings": ("ntk",),
         "text": "corpus.txt",
+        "lm_eval": "sliding",
     }
     names = {f.name for f in dataclasses.fields(RunSpec)} - {"device"}
     assert set(other) == names
     keys = {base.key()}
     for name, value in other.items():
-        keys.add(dataclasses.replace(base, **{name: value}).key())
+        also = {"lm_eval": None} if name == "task" else {}  # lm's own field
+        keys.add(dataclasses.replace(base, **{name: value}, **also).key())
     assert len(keys) == len(other) + 1
 
 
@@ -248,26 +258,23 @@ def test_lm_text_file_vocabulary_unknown_and_errors(tmp_path):
 
 
 def test_lm_counts_and_reports_the_unknown_characters_it_scores(tmp_path):
-    """Each held-out window of 4 of "abxabc" holds the one "x" never seen in training."""
+    """The held-out "abxabc" holds one "x", never seen in training: tiled into windows of
+    4 ("abxa") and of 3 ("abx", "abc"), one of the scored characters is <unk>."""
     from posenc.bench import report
 
     path = tmp_path / "corpus.txt"
     path.write_text("abc" * 18 + "abxabc", encoding="utf-8")  # 54 to train, 6 to evaluate
     spec = RunSpec("lm", "nope", steps=1, train_lengths=(2, 4), eval_lengths=(3, 4),
-                   eval_samples=5, text=str(path), **TINY)  # fmt: skip
+                   text=str(path), **TINY)  # fmt: skip
     record = train.run(spec)
-    got = [(r["length"], r["unknown_tokens"], r["scored_tokens"]) for r in record["results"]]
-    assert got[1] == (4, 5, 20)
-    # length 3: windows "abx", "bxa", "xab" hold the x, "abc" does not
-    task = make_task("lm", text=path)
-    rows = [row for tokens, _ in train.evaluation_batches(task, 3, 5, spec.seed) for row in tokens]
-    windows = ["".join(task.decode(row[1:])) for row in rows]
-    assert len(windows) == 5
-    assert set(windows) <= {"ab<unk>", "b<unk>a", "<unk>ab", "abc"}
-    assert got[0] == (3, sum(w != "abc" for w in windows), 15)
+    got = [(r["length"], r["samples"], r["unknown_tokens"], r["scored_tokens"])
+           for r in record["results"]]  # fmt: skip
+    assert got == [(3, 2, 1, 6), (4, 1, 1, 4)]
     text = report.write_reports(tmp_path / "out", [record])["markdown"].read_text()
-    assert f"| {path} | 4 | 5 | 20 (25.000%) |" in text
-    copy = train.run(dataclasses.replace(spec, task="copy", text=None, eval_lengths=(3,)))
+    assert f"| {path} | 4 | 1 | 4 (25.000%) |" in text
+    assert f"| {path} | 3 | 1 | 6 (16.667%) |" in text
+    copy = train.run(dataclasses.replace(spec, task="copy", text=None, eval_lengths=(3,),
+                                         lm_eval=None))  # fmt: skip
     assert copy["results"][0]["unknown_tokens"] == 0
     assert "never seen in training" not in report.write_reports(tmp_path / "c", [copy])[
         "markdown"].read_text()  # fmt: skip
@@ -521,7 +528,14 @@ def check_record(record, spec):
         assert result["scored_tokens"] >= result["samples"]  # each sequence scores some
         if spec.task != "lm":
             assert result["unknown_tokens"] == 0
-        assert result["samples"] == spec.eval_samples
+        if spec.task == "lm":  # the held-out text in windows of the length
+            windows = len(make_task("lm").eval_ids) // result["length"]
+            assert (result["samples"], result["scored_tokens"]) == (
+                windows,
+                windows * result["length"],
+            )
+        else:
+            assert result["samples"] == spec.eval_samples
         assert 0.0 <= result["token_accuracy"] <= 1.0
         assert math.isfinite(result["loss"])
         assert result["loss"] > 0
@@ -644,3 +658,27 @@ def test_a_bench_scheme_the_model_cannot_build_is_refused(monkeypatch):
     monkeypatch.setattr(model, "scheme_names", lambda: (*SCHEMES, "xpos"))  # marked for it
     with pytest.raises(ValueError, match=r"scheme 'xpos' has no place in the bench model yet"):
         GPTConfig(vocab_size=11, scheme="xpos")
+
+
+@pytest.mark.parametrize("length", [1, 4, 7, 16])
+def test_lm_windows_score_the_same_held_out_text_once_at_every_length(length):
+    """tiled: each character of the first ⌊N/L⌋·L once, with its window's context;
+    sliding: each character from the first window's end on once, with at least L - S
+    characters before it (S = ⌈L/4⌉), and the first window's characters once."""
+    task = make_task("lm")
+    ids, n = task.eval_ids, len(task.eval_ids)
+    for protocol in ("tiled", "sliding"):
+        stride = length if protocol == "tiled" else -(-length // 4)
+        scored_at, context = [], []
+        for k, (tokens, scored) in enumerate(task.eval_windows(length, protocol)):
+            start = k * stride
+            assert tokens[0] == task.bos_id
+            assert (tokens[1:] == ids[start : start + length]).all()
+            for i in np.flatnonzero(scored):
+                scored_at.append(start + i - 1)
+                context.append(i - 1)
+        last = (n // length) * length if protocol == "tiled" else scored_at[-1] + 1
+        assert scored_at == list(range(last))  # each once, in order, none left between
+        assert n - last < stride  # the tail that no window reaches is shorter than a step
+        if protocol == "sliding":
+            assert min(context[length:], default=length) >= length - stride

@@ -113,6 +113,12 @@ def add_parser(commands: Any) -> None:
         help="lm task: train on this UTF-8 text (default a synthetic grammar)",
     )
     model.add_argument(
+        "--lm-eval",
+        choices=("tiled", "sliding"),
+        help="lm: perplexity over the held-out text in non-overlapping windows of each "
+        "length (tiled, default) or in windows sliding by a quarter length",
+    )
+    model.add_argument(
         "--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default cpu)"
     )
     execution = bench.add_argument_group("execution")
@@ -182,6 +188,7 @@ _BENCH_SETTINGS = {
     "eval_samples": ("--eval-samples", "eval_samples"),
     "rope_eval_scalings": ("--rope-eval-scalings", "rope_eval_scalings"),
     "text": ("--text", "text"),
+    "lm_eval": ("--lm-eval", "lm_eval"),
 }
 
 
@@ -313,6 +320,8 @@ def _check_task_options(args: argparse.Namespace, config: dict[str, Any]) -> Non
             check_rope_eval_scaling(name, "--rope-eval-scalings")
         if args.rope_eval_scalings and "rope" not in config["schemes"]:
             raise UsageError("posenc bench: --rope-eval-scalings needs the rope scheme")
+    if args.lm_eval is not None and "lm" not in config["tasks"]:
+        raise UsageError("posenc bench: --lm-eval applies to the lm task only")
     if args.text is not None:
         if "lm" not in config["tasks"]:
             raise UsageError("posenc bench: --text applies to the lm task only")

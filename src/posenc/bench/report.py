@@ -58,11 +58,21 @@ def _settings_line(settings: dict[str, Any]) -> str:
         f"d_model {settings.get('d_model')}",
         f"layers {settings.get('n_layers')}",
         f"heads {settings.get('n_heads')}",
-        f"{settings.get('eval_samples')} samples per length",
+        _samples(settings),
     ]
     if settings.get("text"):
         parts.append(f"text {settings['text']}")
     return ", ".join(parts)
+
+
+def _samples(settings: dict[str, Any]) -> str:
+    """What each length is evaluated on: drawn problems, or the lm held-out text's windows."""
+    protocol = settings.get("lm_eval")
+    if protocol == "tiled":
+        return "perplexity over the held-out text in non-overlapping windows of each length"
+    if protocol == "sliding":
+        return "perplexity over the held-out text in windows sliding by a quarter length"
+    return f"{settings.get('eval_samples')} samples per length"
 
 
 def markdown(records: Iterable[dict[str, Any]], *, metric: str | None = None) -> str:

@@ -127,7 +127,8 @@ def expand(config: Mapping[str, Any]) -> list[RunSpec]:
               distinct ints ``>= 0`` (default: 1);
             * any other field of :class:`RunSpec` (``steps``, ``batch_size``, ``lr``,
               ``d_model``, ``n_layers``, ``n_heads``, ``train_lengths``, ``eval_lengths``,
-              ``eval_samples``, ``rope_eval_scalings``, ``text``, ``device``); missing
+              ``eval_samples``, ``rope_eval_scalings``, ``text``, ``device``, ``lm_eval``;
+              ``text`` and ``lm_eval`` reach the lm runs only); missing
               ones take :class:`RunSpec`'s defaults.
 
     Returns:
@@ -167,6 +168,7 @@ def expand(config: Mapping[str, Any]) -> list[RunSpec]:
     shared = {key: config[key] for key in _SHARED if key in config}
     scalings = shared.pop("rope_eval_scalings", ())
     text = shared.pop("text", None)
+    lm_eval = shared.pop("lm_eval", None)
     return [
         RunSpec(
             task=task,
@@ -174,6 +176,7 @@ def expand(config: Mapping[str, Any]) -> list[RunSpec]:
             seed=seed,
             rope_eval_scalings=scalings if scheme == "rope" else (),
             text=text if task == "lm" else None,
+            lm_eval=lm_eval if task == "lm" else None,
             **shared,
         )
         for seed in seeds

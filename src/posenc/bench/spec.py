@@ -134,6 +134,12 @@ class RunSpec:
             from a small probabilistic grammar.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:<n>"``, ``"mps"`` or ``"auto"`` (the first
             available of cuda, mps, cpu). Not part of :meth:`key`.
+        lm_eval: ``"lm"`` only: how perplexity is measured at each length, on the same
+            held-out text: ``"tiled"`` (the default for lm: non-overlapping windows of
+            exactly that length, Press et al.) or ``"sliding"`` (windows every quarter
+            length, each character scored once with at least three quarters of a
+            window before it). ``eval_samples`` does not apply to lm then. ``None`` for
+            the other tasks, and then not part of :meth:`key`.
 
     Raises:
         TypeError: A field of the wrong type.
@@ -168,6 +174,7 @@ class RunSpec:
     rope_eval_scalings: tuple[str, ...] = ()
     text: str | None = None
     device: str = "cpu"
+    lm_eval: str | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -192,6 +199,7 @@ class RunSpec:
         put("rope_eval_scalings", scalings)
         put("text", _check_text(self.text, self.task))
         _check_device(self.device)
+        put("lm_eval", _check_lm_eval(self.lm_eval, self.task))
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name, JSON-ready (tuples as lists).
@@ -255,6 +263,8 @@ class RunSpec:
         """
         fields = self.to_dict()
         del fields["device"]
+        if fields["lm_eval"] is None:  # a field added later: the older keys stay valid
+            del fields["lm_eval"]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return hashlib.sha1(canonical.encode("utf-8")).hexdigest()
 
@@ -324,6 +334,19 @@ def _check_text(value: Any, task: str) -> str | None:
     if task != "lm":
         raise ValueError(f"text={text!r} applies to task 'lm' only, got task {task!r}")
     return text
+
+
+#: How an lm run measures perplexity at each length (:class:`RunSpec` ``lm_eval``).
+LM_EVALS = ("tiled", "sliding")
+
+
+def _check_lm_eval(value: Any, task: str) -> str | None:
+    """lm: one of :data:`LM_EVALS` (``None``: ``"tiled"``); other tasks: ``None``."""
+    if task != "lm":
+        if value is not None:
+            raise ValueError(f"lm_eval={value!r} applies to task 'lm' only, got task {task!r}")
+        return None
+    return "tiled" if value is None else check_choice(value, "lm_eval", LM_EVALS)
 
 
 def _check_device(value: Any) -> None:

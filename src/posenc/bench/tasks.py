@@ -344,6 +344,37 @@ class TextTask(Task):
     def problem_lengths(self, tokens: Tensor) -> Tensor:
         return (tokens != self.pad_id).long().sum(dim=1) - 1  # (B,) characters after BOS
 
+    def eval_windows(self, length: int, protocol: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The held-out text as windows of ``length`` characters, each after ``[BOS]``.
+
+        ``"tiled"``: non-overlapping windows over the first ``⌊N/length⌋·length``
+        characters, every character scored once with the context of its own window
+        (Press et al.'s protocol). ``"sliding"``: windows every ``S = ⌈length/4⌉``
+        characters; the first scores all of its characters, each later one only its last
+        ``S``, so each character is scored once with at least ``length - S`` before it.
+
+        Example:
+            >>> task = TextTask("abc" * 18 + "abcabc")  # 6 held-out characters
+            >>> [(w.tolist(), int(s.sum())) for w, s in task.eval_windows(3, "tiled")]
+            [([1, 3, 4, 5], 3), ([1, 3, 4, 5], 3)]
+            >>> [int(s.sum()) for _, s in task.eval_windows(4, "sliding")]
+            [4, 1, 1]
+        """
+        ids, n = self.eval_ids, len(self.eval_ids)
+        if length > n:
+            raise ValueError(
+                f"an lm window of {length} characters does not fit in the eval part of the "
+                f"text ({self.source}: {n} characters)"
+            )
+        stride = length if protocol == "tiled" else -(-length // 4)
+        windows = []
+        for start in range(0, n - length + 1, stride):
+            tokens = np.concatenate([[self.bos_id], ids[start : start + length]])
+            scored = np.zeros(length + 1, dtype=bool)
+            scored[1 if start == 0 else length + 1 - stride :] = True
+            windows.append((tokens.astype(np.int64), scored))
+        return windows
+
 
 def get_task(name: str, *, text: str | os.PathLike[str] | None = None) -> Any:
     """The task called ``name``: a built-in (:func:`make_task`) or a registered one

@@ -103,12 +103,20 @@ def masked_loss(logits: Tensor, tokens: Tensor, target_mask: Tensor) -> Tensor:
 
 
 def evaluation_batches(
-    task: Any, length: int, samples: int, seed: int, batch_size: int = EVAL_BATCH
+    task: Any,
+    length: int,
+    samples: int,
+    seed: int,
+    batch_size: int = EVAL_BATCH,
+    lm_eval: str | None = None,
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """The evaluation sequences of problem length exactly ``length``, in batches.
 
     They depend only on the task, ``length``, ``samples`` and ``seed`` (not on the model),
-    so every scheme and variant is scored on the same sequences.
+    so every scheme and variant is scored on the same sequences. With ``lm_eval`` (lm:
+    ``"tiled"`` or ``"sliding"``) they are the held-out text's windows
+    (:meth:`~posenc.bench.tasks.TextTask.eval_windows`), the same text at every length,
+    and ``samples`` and ``seed`` play no part.
 
     Args:
         task: The task.
@@ -116,10 +124,18 @@ def evaluation_batches(
         samples: Number of sequences in all.
         seed: The run's seed.
         batch_size: Sequences per batch (the last batch may be smaller).
+        lm_eval: lm only: the windows protocol, or None for drawn windows.
 
     Yields:
         ``(tokens, target_mask)`` as :meth:`Task.batch` returns them (split ``"eval"``).
     """
+    if lm_eval is not None:
+        windows = task.eval_windows(length, lm_eval)
+        for start in range(0, len(windows), batch_size):
+            part = windows[start : start + batch_size]
+            yield (torch.from_numpy(np.stack([w for w, _ in part])),
+                   torch.from_numpy(np.stack([m for _, m in part])))  # fmt: skip
+        return
     generator = np.random.default_rng([seed, 1, length])  # 1: the evaluation stream
     for start in range(0, samples, batch_size):
         yield make_batch(task, min(batch_size, samples - start), length, generator, split="eval")
@@ -127,9 +143,16 @@ def evaluation_batches(
 
 @torch.no_grad()
 def evaluate(
-    model: GPT, task: Any, length: int, samples: int, seed: int, device: torch.device
+    model: GPT,
+    task: Any,
+    length: int,
+    samples: int,
+    seed: int,
+    device: torch.device,
+    lm_eval: str | None = None,
 ) -> dict[str, Any]:
-    """Scores of ``model`` at problem length ``length`` (see the module docstring).
+    """Scores of ``model`` at problem length ``length`` (see the module docstring), on the
+    sequences of :func:`evaluation_batches` (``lm_eval``: the lm windows protocol).
 
     Returns:
         ``{"exact_match", "token_accuracy", "loss", "perplexity", "samples", "scored",
@@ -139,9 +162,11 @@ def evaluate(
         was never trained to predict; 0 for the other tasks).
     """
     model.eval()
-    nll, correct, scored, exact, unknown = 0.0, 0, 0, 0, 0
+    nll, correct, scored, exact, unknown, count = 0.0, 0, 0, 0, 0, 0
     unk_id = getattr(task, "unk_id", None)
-    for tokens, target_mask in evaluation_batches(task, length, samples, seed):
+    batches = evaluation_batches(task, length, samples, seed, lm_eval=lm_eval)
+    for tokens, target_mask in batches:
+        count += tokens.shape[0]
         tokens, target_mask = tokens.to(device), target_mask.to(device)  # (B, T) each
         logits = model(tokens)[:, :-1].float()  # (B, T-1, V)
         targets, mask = tokens[:, 1:], target_mask[:, 1:]  # (B, T-1) each
@@ -163,11 +188,11 @@ def evaluate(
     loss = nll / scored
     is_lm = task.name == "lm"
     return {
-        "exact_match": None if is_lm else exact / samples,
+        "exact_match": None if is_lm else exact / count,
         "token_accuracy": correct / scored,
         "loss": loss,
         "perplexity": (math.exp(loss) if loss < 700 else math.inf) if is_lm else None,
-        "samples": samples,
+        "samples": count,
         "scored": scored,
         "unknown": unknown,
     }
@@ -309,15 +334,16 @@ def _evaluate_all(
     lo, hi = spec.train_lengths
     trained = task_max_positions(task, hi)  # P: the most positions seen in training
     variants: list[str | None] = [None, *spec.rope_eval_scalings]
+    sample = (spec.eval_samples, spec.seed)
     results = []
     for scaling in variants:
         for length in spec.eval_lengths:
             if scaling is None:
-                scores = evaluate(model, task, length, spec.eval_samples, spec.seed, device)
+                scores = evaluate(model, task, length, *sample, device, spec.lm_eval)
             else:
                 factor = max(1.0, task_max_positions(task, length) / trained)
                 with model.rope_scaling(scaling, factor=factor, original=trained):
-                    scores = evaluate(model, task, length, spec.eval_samples, spec.seed, device)
+                    scores = evaluate(model, task, length, *sample, device, spec.lm_eval)
             variant = spec.scheme if scaling is None else f"{spec.scheme}+{scaling}"
             results.append(
                 {
