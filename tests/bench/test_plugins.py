@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import sys
 from pathlib import Path
 
@@ -266,3 +267,72 @@ def test_the_executor_options_are_checked(tmp_path, capsys):
                            "--executor", "ray")  # fmt: skip
     assert status == 2
     assert "--executor does not apply with --spec-json" in err
+
+
+def test_a_registration_replaced_outside_its_plugin_is_what_workers_get():
+    module = plugins.load_plugin(PLUGIN)
+    assert pickle.loads(plugins.worker_state()[1]) == ({}, {})  # the plugin file carries it
+    mine = module.SecondSymbol()
+    plugins.register_task(mine, replace=True)  # here, not in the plugin file
+    tasks, _ = pickle.loads(plugins.worker_state()[1])
+    assert list(tasks) == ["second"]
+    assert type(tasks["second"]).__name__ == "SecondSymbol"
+    plugins.register_scheme("a-lambda", lambda **sizes: None)
+    tasks, schemes = pickle.loads(plugins.worker_state({"second"}, {"rope"})[1])
+    assert (list(tasks), schemes) == (["second"], {})  # only what the runs use is sent
+
+
+def test_a_plugin_that_fails_halfway_registers_nothing(tmp_path):
+    half = tmp_path / "half.py"
+    half.write_text(
+        "from posenc.bench import register_scheme\n"
+        "from posenc.torch import NoPositionalEncoding\n"
+        "register_scheme('half-plain', lambda **s: NoPositionalEncoding(s['d_model']))\n"
+        "raise RuntimeError('not finished')\n"
+    )
+    with pytest.raises(ImportError, match="not finished"):
+        plugins.load_plugin(half)
+    assert "half-plain" not in plugins.scheme_names()
+    half.write_text(half.read_text().replace("raise RuntimeError('not finished')\n", ""))
+    plugins.load_plugin(half)  # fixed: loads, and registers once
+    assert plugins.scheme_names()[-1] == "half-plain"
+
+
+class Growing:
+    """Problems of n + k tokens, k growing with every draw: longer than any probe."""
+
+    name = "growing"
+    vocab = ("<pad>", "<bos>", "x")
+
+    def __init__(self):
+        self.extra = 0
+
+    def sample(self, lengths, generator):
+        self.extra += 1
+        return [(np.ones(int(n) + 2 + self.extra, dtype=np.int64),
+                 np.r_[False, np.ones(int(n) + 1 + self.extra, dtype=bool)])
+                for n in lengths]  # fmt: skip
+
+
+def test_a_task_longer_than_its_measured_problems_asks_for_max_positions():
+    pytest.importorskip("torch")
+    from posenc.bench import train
+
+    plugins.register_task(Growing())
+    spec = next(iter(expand({"tasks": ["growing"], "schemes": ["learned"], **SMALL})))
+    with pytest.raises(ValueError, match="task 'growing' drew a problem of .* max_positions"):
+        train.run(spec)
+
+
+def test_records_without_lm_eval_share_a_table_with_new_ones():
+    from posenc.bench.report import markdown
+
+    spec = {"task": "copy", "scheme": "rope", "train_lengths": [4, 16], "steps": 3}
+    old = [{"key": f"o{s}", "spec": {**spec, "seed": s},
+            "results": [{"variant": "rope", "length": 8, "exact_match": 0.5}]}
+           for s in (0, 1)]  # fmt: skip
+    new = {"key": "n2", "spec": {**spec, "seed": 2, "lm_eval": None},
+           "results": [{"variant": "rope", "length": 8, "exact_match": 0.7}]}  # fmt: skip
+    text = markdown([*old, new])
+    assert text.count("## copy") == 1
+    assert "over 3 seeds" in text

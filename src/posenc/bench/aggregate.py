@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .._checks import describe
+from .._extras import require
 from .spec import ROPE_EVAL_SCALINGS, SCHEMES, TASKS
 
 __all__ = ["CONFIDENCE", "METRICS", "aggregate", "headline_metric", "resolved", "t_quantile"]
@@ -48,6 +49,16 @@ def headline_metric(task: str) -> str:
     if not isinstance(task, str):
         raise TypeError(f"task must be a task's name, got {describe(task)}")
     return "perplexity" if task == "lm" else "exact_match"
+
+
+def _settings(spec: dict[str, Any]) -> dict[str, Any]:
+    """What makes runs different experiments: the spec's fields but those of
+    ``_NOT_SETTINGS``, and ``lm_eval`` only where set (records written before the field
+    existed lack it, and they are the same experiment as runs that leave it unset)."""
+    settings = {k: v for k, v in spec.items() if k not in _NOT_SETTINGS}
+    if settings.get("lm_eval", "") is None:
+        del settings["lm_eval"]
+    return settings
 
 
 def aggregate(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -106,7 +117,7 @@ def aggregate(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     for record in latest.values():
         spec = record["spec"]
         task = spec["task"]
-        settings = {k: v for k, v in spec.items() if k not in _NOT_SETTINGS}
+        settings = _settings(spec)
         group = groups.setdefault(
             (task, json.dumps(settings, sort_keys=True)), {"settings": settings, "cells": {}}
         )
@@ -156,9 +167,8 @@ def t_quantile(df: int) -> float:
         >>> round(t_quantile(4), 3)
         2.776
     """
-    from scipy.stats import t
-
-    return float(t.ppf(0.5 + CONFIDENCE / 2, df))
+    stats = require("scipy.stats", "the bench's confidence intervals", extra="posenc[bench]")
+    return float(stats.t.ppf(0.5 + CONFIDENCE / 2, df))
 
 
 def _stats(values: Sequence[float]) -> dict[str, Any]:

@@ -5,8 +5,10 @@ processes (:mod:`posenc.bench.workers`) or a Ray cluster, one Ray task per run.
 :func:`posenc.bench.workers.run_pool`: it sends each spec to Ray as a task that asks for
 ``threads`` CPUs, and calls back ``finished(spec, record)`` or ``failed(...)`` as each
 task ends, in this process, which is the only writer of ``results.jsonl``. Ray is the
-engine (scheduling, workers on every node, retries of lost nodes); nothing here pools
-processes of its own. Each task carries the bench process's plugin files (their
+engine (scheduling, workers on every node); nothing here pools processes of its own. A
+task is not retried: a run whose node is lost is recorded as failed, and ``--resume``
+runs it again. A spec with ``device="cuda"`` (or ``"cuda:<n>"``) asks Ray for a GPU too.
+Each task carries the bench process's plugin files (their
 sources: a node need not have the files) and its other registrations
 (:func:`posenc.bench.plugins.worker_state`), restored once per Ray worker process.
 
@@ -34,6 +36,7 @@ from .workers import (
     run_here,
     run_pool,
     usable_cores,
+    used_names,
 )
 
 __all__ = ["dispatch", "run_ray"]
@@ -92,11 +95,13 @@ def run_ray(
     cluster this machine belongs to). A Ray instance started here is shut down at the end.
     """
     ray = require("ray", "posenc bench --executor ray", extra="posenc[ray]")
-    state = worker_state()  # before Ray starts: an unpicklable registration is refused
+    state = worker_state(*used_names(todo))  # before Ray starts: unpicklable is refused
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, include_dashboard=False, logging_level="ERROR")
-    remote = ray.remote(_ray_run).options(num_cpus=threads, max_retries=0)
+    remote = ray.remote(_ray_run)
+    on_cpu = remote.options(num_cpus=threads, max_retries=0)
+    on_gpu = remote.options(num_cpus=threads, num_gpus=1, max_retries=0)  # device cuda
     state_ref = ray.put(state)
     queue, running = list(todo), dict[Any, RunSpec]()
     limit = len(todo) if jobs is None else jobs
@@ -105,7 +110,8 @@ def run_ray(
             while queue or running:
                 while queue and len(running) < limit:
                     spec = queue.pop(0)
-                    running[remote.remote(state_ref, run_fn, spec, threads)] = spec
+                    task = on_gpu if spec.device.startswith("cuda") else on_cpu
+                    running[task.remote(state_ref, run_fn, spec, threads)] = spec
                 done, _ = ray.wait(list(running), num_returns=1)
                 spec = running.pop(done[0])
                 try:

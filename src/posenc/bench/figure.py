@@ -142,7 +142,8 @@ def _plot_variant(
         low = [p[2][0] if p[2] is not None else p[1] for p in points]
         high = [p[2][1] if p[2] is not None else p[1] for p in points]
         if shown in ("perplexity", "loss"):
-            low = [max(v, m * 1e-3) for v, m in zip(low, mean, strict=True)]  # log scale: > 0
+            floor = 1.0 if shown == "perplexity" else 0.0  # a perplexity is at least 1
+            low = [max(v, floor, m * 1e-3) for v, m in zip(low, mean, strict=True)]  # log: > 0
         else:
             low, high = [max(v, 0.0) for v in low], [min(v, 1.0) for v in high]  # a fraction
         ax.fill_between(x, low, high, color=colour, alpha=0.15, linewidth=0)

@@ -167,8 +167,7 @@ def register_task(task: Any, *, replace: bool = False) -> Any:
     if name in _TASKS and not replace and _TASKS[name] is not task:
         raise ValueError(f"task {name!r} is already registered (replace=True replaces it)")
     _TASKS[name] = task
-    if _LOADING:
-        _FROM_PLUGIN.add(("task", name))
+    _mark("task", name)
     return task
 
 
@@ -201,9 +200,17 @@ def register_scheme(name: str, factory: Callable[..., Any], *, replace: bool = F
     if name in _SCHEMES and not replace and _SCHEMES[name] is not factory:
         raise ValueError(f"scheme {name!r} is already registered (replace=True replaces it)")
     _SCHEMES[name] = factory
-    if _LOADING:
-        _FROM_PLUGIN.add(("scheme", name))
+    _mark("scheme", name)
     return factory
+
+
+def _mark(kind: str, name: str) -> None:
+    """Remember whether a registration comes from a plugin file (which workers load
+    again) or not (then it is pickled to them), the latest registration deciding."""
+    if _LOADING:
+        _FROM_PLUGIN.add((kind, name))
+    else:
+        _FROM_PLUGIN.discard((kind, name))
 
 
 def load_plugin(path: str | os.PathLike[str]) -> ModuleType:
@@ -255,10 +262,17 @@ def _load_source(file: str, source: str, shown: str) -> ModuleType:
     module.__file__ = file
     sys.modules[module_name] = module
     _LOADING.append(file)
+    before = dict(_TASKS), dict(_SCHEMES), set(_FROM_PLUGIN)
     try:
         exec(compile(source, file, "exec"), module.__dict__)  # the user's plugin: meant to run
-    except Exception as exc:
+    except Exception as exc:  # undo what it registered before it failed
         del sys.modules[module_name]
+        _TASKS.clear()
+        _TASKS.update(before[0])
+        _SCHEMES.clear()
+        _SCHEMES.update(before[1])
+        _FROM_PLUGIN.clear()
+        _FROM_PLUGIN.update(before[2])
         raise ImportError(f"plugin {shown!r} failed: {exc}") from exc
     finally:
         _LOADING.pop()
@@ -276,18 +290,23 @@ def loaded_plugins() -> tuple[str, ...]:
 WorkerState = tuple[tuple[tuple[str, str], ...], bytes]
 
 
-def worker_state() -> WorkerState:
+def worker_state(tasks: Any = None, schemes: Any = None) -> WorkerState:
     """What a worker process needs to see this process's registries: the plugin files,
     with their sources (a worker on another machine may not have the file), and the
     registrations made outside them, pickled (to be unpickled once the plugins, whose
-    classes they may use, are loaded).
+    classes they may use, are loaded): those of the names ``tasks`` and ``schemes``
+    (default: all).
 
     Raises:
         ValueError: A registration made outside a plugin file does not pickle (a class
             defined inside a function, a lambda): the message names it.
     """
-    tasks = {n: t for n, t in _TASKS.items() if ("task", n) not in _FROM_PLUGIN}
-    schemes = {n: f for n, f in _SCHEMES.items() if ("scheme", n) not in _FROM_PLUGIN}
+    wanted_tasks = set(_TASKS) if tasks is None else set(tasks)
+    wanted_schemes = set(_SCHEMES) if schemes is None else set(schemes)
+    tasks = {n: t for n, t in _TASKS.items()
+             if n in wanted_tasks and ("task", n) not in _FROM_PLUGIN}  # fmt: skip
+    schemes = {n: f for n, f in _SCHEMES.items()
+               if n in wanted_schemes and ("scheme", n) not in _FROM_PLUGIN}  # fmt: skip
     for kind, objects in (("task", tasks), ("scheme", schemes)):
         for name, value in objects.items():
             try:

@@ -136,9 +136,9 @@ class RunSpec:
             available of cuda, mps, cpu). Not part of :meth:`key`.
         lm_eval: ``"lm"`` only: how perplexity is measured at each length, on the same
             held-out text: ``"tiled"`` (the default for lm: non-overlapping windows of
-            exactly that length, Press et al.) or ``"sliding"`` (windows every quarter
-            length, each character scored once with at least three quarters of a
-            window before it). ``eval_samples`` does not apply to lm then. ``None`` for
+            exactly that length, Press et al.) or ``"sliding"`` (windows every
+            ``S = ⌈L/4⌉`` characters, each character scored once with at least ``L - S``
+            before it). ``eval_samples`` does not apply to lm then. ``None`` for
             the other tasks, and then not part of :meth:`key`.
 
     Raises:

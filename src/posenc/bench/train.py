@@ -166,6 +166,7 @@ def evaluate(
     unk_id = getattr(task, "unk_id", None)
     batches = evaluation_batches(task, length, samples, seed, lm_eval=lm_eval)
     for tokens, target_mask in batches:
+        _check_fits(tokens, model, task)
         count += tokens.shape[0]
         tokens, target_mask = tokens.to(device), target_mask.to(device)  # (B, T) each
         logits = model(tokens)[:, :-1].float()  # (B, T-1, V)
@@ -196,6 +197,17 @@ def evaluate(
         "scored": scored,
         "unknown": unknown,
     }
+
+
+def _check_fits(tokens: Tensor, model: GPT, task: Any) -> None:
+    """A task without ``max_positions`` is measured from problems drawn once; a longer
+    problem later is the task's to declare, not a failure deep in the model."""
+    if tokens.shape[1] > model.config.max_positions:
+        raise ValueError(
+            f"task {task.name!r} drew a problem of {tokens.shape[1]} tokens, longer than the "
+            f"{model.config.max_positions} its sample showed for these lengths: give the task "
+            "a max_positions(length) method that bounds its problems"
+        )
 
 
 def build_model(spec: RunSpec, task: Any) -> GPT:
@@ -314,6 +326,7 @@ def _train(
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, spec.steps, spec.lr)
         tokens, target_mask = make_batch(task, spec.batch_size, spec.train_lengths, generator)
+        _check_fits(tokens, model, task)
         tokens, target_mask = tokens.to(device), target_mask.to(device)  # (B, T) each
         loss = masked_loss(model(tokens), tokens, target_mask)  # ()
         optimizer.zero_grad(set_to_none=True)

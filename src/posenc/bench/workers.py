@@ -38,6 +38,7 @@ __all__ = [
     "run_pool",
     "step_callback",
     "usable_cores",
+    "used_names",
 ]
 
 RunFn = Callable[..., dict[str, Any]]
@@ -111,7 +112,7 @@ def run_pool(
         max_workers=min(jobs, len(todo)),
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_init_worker,
-        initargs=(threads, run_fn is None, worker_state()),
+        initargs=(threads, run_fn is None, worker_state(*used_names(todo))),
     )
     try:
         with _bars(progress, len(todo)) as (runs, write, _):
@@ -174,7 +175,14 @@ def _init_worker(threads: int, import_torch: bool, registries: WorkerState) -> N
         import torch
 
         torch.set_num_threads(threads)
-    restore_worker_state(registries)
+    global _RESTORE_ERROR
+    try:
+        restore_worker_state(registries)
+    except Exception as exc:  # every run of this worker fails with this, not the pool
+        _RESTORE_ERROR = (
+            f"the worker process could not load the bench's tasks and schemes: {_one_line(exc)}",
+            traceback.format_exc(),
+        )
 
 
 def _exit_with(parent: int) -> None:
@@ -184,8 +192,18 @@ def _exit_with(parent: int) -> None:
     os._exit(1)
 
 
+_RESTORE_ERROR: tuple[str, str] | None = None  # set in a worker whose registrations failed
+
+
+def used_names(specs: list[RunSpec]) -> tuple[set[str], set[str]]:
+    """The task and scheme names of ``specs``: the registrations workers need."""
+    return {spec.task for spec in specs}, {spec.scheme for spec in specs}
+
+
 def _worker_run(run_fn: RunFn | None, spec: RunSpec) -> tuple[bool, Any, str]:
     """In a worker: ``(True, record, "")`` or ``(False, error, traceback)``."""
+    if _RESTORE_ERROR is not None:
+        return False, *_RESTORE_ERROR
     try:
         function = run_fn if run_fn is not None else default_run()
         return True, function(spec, progress=None), ""
