@@ -252,6 +252,17 @@ def test_a_failing_ray_task_is_recorded_and_the_others_go_on(local_ray, tmp_path
     assert "no rope today" in entry["traceback"]
 
 
+@pytest.mark.slow
+def test_ray_refuses_runs_larger_than_every_node(local_ray, tmp_path):
+    from posenc.bench.runner import execute
+
+    specs = expand({"tasks": ["copy"], "schemes": ["nope"], **SMALL})
+    with pytest.raises(ValueError, match="asks Ray for 3 CPUs .* the largest node of the "
+                                         "cluster has 2: no run could start"):  # fmt: skip
+        execute(specs, tmp_path, executor="ray", threads=3, progress=False)
+    assert local_ray.is_initialized()  # not the bench's instance: left running
+
+
 def test_the_executor_options_are_checked(tmp_path, capsys):
     from posenc.bench.runner import execute
 

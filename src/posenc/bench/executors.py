@@ -96,9 +96,7 @@ def run_ray(
     """
     ray = require("ray", "posenc bench --executor ray", extra="posenc[ray]")
     state = worker_state(*used_names(todo))  # before Ray starts: unpicklable is refused
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=address, include_dashboard=False, logging_level="ERROR")
+    started = _join(ray, address, threads)
     remote = ray.remote(_ray_run)
     on_cpu = remote.options(num_cpus=threads, max_retries=0)
     on_gpu = remote.options(num_cpus=threads, num_gpus=1, max_retries=0)  # device cuda
@@ -128,6 +126,33 @@ def run_ray(
     finally:
         if started:
             ray.shutdown()
+
+
+def _join(ray: Any, address: str | None, threads: int) -> bool:
+    """Start or join Ray (True: started here) and check that a node can run a task of
+    ``threads`` CPUs (else the Ray instance started here is shut down again)."""
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, include_dashboard=False, logging_level="ERROR")
+    try:
+        _check_fits_a_node(ray, threads)
+    except ValueError:
+        if started:
+            ray.shutdown()
+        raise
+    return started
+
+
+def _check_fits_a_node(ray: Any, threads: int) -> None:
+    """A task of ``threads`` CPUs that no node has would wait forever: refuse it."""
+    largest = max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")),
+                  default=0.0)  # fmt: skip
+    if threads > largest:
+        raise ValueError(
+            f"each run asks Ray for {threads} CPUs (--threads), but the largest node of the "
+            f"cluster has {largest:g}: no run could start; use --threads {max(1, int(largest))}"
+            " or fewer"
+        )
 
 
 def _ray_run(
