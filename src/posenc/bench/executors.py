@@ -8,9 +8,9 @@ task ends, in this process, which is the only writer of ``results.jsonl``. Ray i
 engine (scheduling, workers on every node); nothing here pools processes of its own. A
 task is not retried: a run whose node is lost is recorded as failed, and ``--resume``
 runs it again. A spec with ``device="cuda"`` (or ``"cuda:<n>"``) asks Ray for a GPU too.
-Each task carries the bench process's plugin files (their
-sources: a node need not have the files) and its other registrations
-(:func:`posenc.bench.plugins.worker_state`), restored once per Ray worker process.
+Each task carries the bench process's plugin files (their sources: a node need not have
+the files) and its other registrations (:func:`posenc.bench.plugins.worker_state`),
+restored once per Ray worker process.
 
 Ray is an extra (``pip install "posenc[ray]"``) imported when a bench asks for it.
 """
