@@ -836,3 +836,36 @@ def test_every_variant_of_a_plot_has_a_style_of_its_own():
     assert (
         len({_style(i, True) for i in range(110)} | {_style(i, False) for i in range(110)}) == 220
     )
+
+
+@pytest.mark.parametrize(
+    ("limits", "labels"),
+    [
+        ((0.9, 40.0), {"1", "2", "5", "10", "20"}),  # 1, 2 and 5 per decade, minor ticks bare
+        ((1.7, 4.5), {"2", "2.5", "3", "3.5", "4", "4.5"}),  # one of 1, 2, 5: minor ones too
+    ],
+)
+def test_a_log_panel_labels_plain_numbers_without_crowding(limits, labels):
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from posenc.bench.figure import _log_axis
+
+    fig = Figure()
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.plot([1, 2], list(limits))
+    ax.set_ylim(*limits)
+    _log_axis(ax)
+    fig.canvas.draw()
+    low, high = limits
+    shown = {
+        label.get_text()
+        for minor in (False, True)
+        for label, value in zip(
+            ax.get_yticklabels(minor=minor), ax.get_yticks(minor=minor), strict=True
+        )
+        if low <= value <= high and label.get_text()
+    }
+    assert shown == labels

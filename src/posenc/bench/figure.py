@@ -70,7 +70,6 @@ def plot(
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
-        from matplotlib.ticker import FuncFormatter
     except ImportError as exc:
         raise ImportError(
             "the bench's plot needs matplotlib, which is not installed: pip install 'posenc[bench]'"
@@ -97,10 +96,7 @@ def plot(
             dodge = 1.0 + _DODGE * (k - (count - 1) / 2)  # lines side by side, none hidden
             _plot_variant(ax, table, variant, shown, styles[variant], dodge)
         if shown in ("perplexity", "loss"):
-            ax.set_yscale("log")
-            plain = FuncFormatter(lambda value, _: f"{value:g}")  # 2, 3, 10 rather than 2×10⁰
-            ax.yaxis.set_major_formatter(plain)
-            ax.yaxis.set_minor_formatter(plain)
+            _log_axis(ax)
         else:
             ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("evaluation length")
@@ -129,6 +125,20 @@ def _legend(fig: Any, axes: Any) -> None:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
     fig.legend(entries.values(), entries.keys(), loc="outside right upper", fontsize="small")
+
+
+def _log_axis(ax: Axes) -> None:
+    """A log scale labelled 1, 2, 5, 10, 20, ... as plain numbers (no 2×10⁰, no crowded
+    minor labels); a panel that spans less than that labels its minor ticks too."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10.0, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(plain)
+    low, high = ax.get_ylim()
+    labelled = [t for t in ax.yaxis.get_majorticklocs() if low <= t <= high]
+    ax.yaxis.set_minor_formatter(plain if len(labelled) < 2 else NullFormatter())
 
 
 def _style(index: int, scaled: bool) -> tuple[str, str, str]:
