@@ -59,6 +59,12 @@ FRONTENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 # "jax" runs them under "jax-jit", NumPy has no tracing.
 TRACING = ("torch", "keras-tensorflow", "keras-jax", "keras-torch", "jax-jit", "flax")
 
+# Index dtypes a front end's framework cannot trace at all (refused before posenc sees
+# them): Keras on torch has no uint64 ("Unsupported dtype for PyTorch"), and Keras on JAX
+# no 64-bit integers (JAX stores them as 32-bit ones unless its 64-bit mode is on, which
+# Keras leaves as it is; posenc.jax's own cases run in that mode).
+NO_INDEX_DTYPE = {("keras-torch", "uint64"), ("keras-jax", "int64"), ("keras-jax", "uint64")}
+
 # (front end, scheme) pairs computed without a table: exact at every position, traced too.
 TABLELESS = {("torch", "alibi")} | {(f, s) for f in FRONTENDS for s in ("t5", "nope")}
 
@@ -96,6 +102,24 @@ def _rope(name: str, **params: Any) -> Case:
     base.update(params)
     return Case("rope", name, base)
 
+
+LONGROPE = {
+    "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
+    "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
+    "original_max_position_embeddings": 16,
+    "factor": 4.0,
+}
+# index dtype → (first position, table rows) of its traced case
+INDEX_CASES = {
+    "int8": (-2, 300),
+    "int16": (-2, 40_000),
+    "int32": (-2, 64),
+    "int64": (2**32 + 1, 64),
+    "uint8": (250, 252),
+    "uint16": (65_530, 65_532),
+    "uint32": (2**32 - 6, 64),
+    "uint64": (2**32 + 1, 64),
+}
 
 CASES: list[Case] = [
     # The seed text's TensorFlow example: 60 positions, 256 features, n = 10000.
@@ -174,6 +198,10 @@ CASES: list[Case] = [
     Case("alibi", "symmetric-12", {"heads": 12, "q": 5, "k": 5, "mode": "symmetric"}),
     Case("alibi", "bf16-5-heads", {"heads": 5, "q": 7, "k": 7}, "bfloat16"),
     Case("alibi", "f16-decode", {"heads": 3, "q": 2, "k": 40, "offset": 38}, "float16"),
+    # No offset with fewer queries than keys: the queries are the last q of the k
+    # positions in every front end (posenc.core.plan.align_queries); symmetric too.
+    Case("alibi", "default-q<k", {"heads": 4, "q": 2, "k": 5}),
+    Case("alibi", "default-q<k-symmetric", {"heads": 3, "q": 3, "k": 7, "mode": "symmetric"}),
     Case("t5", "encoder", {"heads": 4, "buckets": 32, "max_distance": 128, "q": 20, "k": 20}),
     Case(
         "t5",
@@ -190,7 +218,35 @@ CASES: list[Case] = [
         },
     ),
     Case("t5", "beyond-max", {"heads": 2, "buckets": 8, "max_distance": 12, "q": 30, "k": 30}),
+    Case("t5", "default-q<k", {"heads": 2, "buckets": 8, "max_distance": 12, "q": 3, "k": 9}),
+    _rope(
+        "dynamic-ntk-short",  # L = 10 <= 16: the construction frequencies
+        scaling="dynamic_ntk",
+        scaling_params={"factor": 2.0, "original_max_position_embeddings": 16},
+        start=4,
+    ),
+    # Traced lengths (posenc.core.plan.plan_scaling): LongRoPE selects its factors in the
+    # graph on each side of its original length; dynamic NTK refuses in every front end.
+    *[
+        Case("rope", f"{name}-traced", _rope(name, **params).params, traced=True,
+             raises="ValueError" if name == "dynamic-ntk" else None)
+        for name, params in (
+            ("longrope-short", {"scaling": "longrope", "scaling_params": LONGROPE, "start": 4}),
+            ("longrope-long", {"scaling": "longrope", "scaling_params": LONGROPE, "start": 20}),
+            ("dynamic-ntk", {"scaling": "dynamic_ntk", "start": 10, "scaling_params": {
+                "factor": 2.0, "original_max_position_embeddings": 8}}),
+        )
+    ],
     Case("nope", "plain", {"length": 5, "d": 8}),
+    # Traced positions of every integer dtype: NaN rows outside the table whatever the
+    # dtype (tables longer than int8's and int16's range, negative positions, unsigned
+    # ones past the table, 64-bit ones past 2**32 that a cast to int32 would wrap into
+    # the table), the exact rows inside it.
+    *[
+        Case("sinusoidal", f"traced-{dtype}", {"length": 4, "d": 8, "start": start,
+             "table": table, "index_dtype": dtype}, traced=True)
+        for dtype, (start, table) in INDEX_CASES.items()
+    ],
     # Out of range: positions 2 .. 5 of a 4-row table (ALiBi: queries 3, 4 of 4 keys).
     *[
         case
@@ -236,6 +292,12 @@ def inputs(case: Case) -> dict[str, np.ndarray]:
     if case.scheme == "t5":
         return {"weight": rng.standard_normal((p["buckets"], p["heads"])).astype(np.float32)}
     return {}
+
+
+def index_dtype(case: Case, default: str = "int64") -> str:
+    """The integer dtype of the case's traced positions or start (``default`` unless
+    the case names one)."""
+    return str(case.params.get("index_dtype", default))
 
 
 def positions(case: Case) -> np.ndarray:
@@ -304,7 +366,7 @@ def reference(case: Case) -> np.ndarray:
             p["k"],
             num_heads=p["heads"],
             mode=p.get("mode", "causal"),
-            offset=p.get("offset", 0),
+            offset=p.get("offset"),
             fmt=case.fmt,
         )
     if case.scheme == "t5":
@@ -314,7 +376,7 @@ def reference(case: Case) -> np.ndarray:
             p["k"],
             bidirectional=p.get("bidirectional", True),
             max_distance=p["max_distance"],
-            offset=p.get("offset", 0),
+            offset=p.get("offset"),
             compat=p.get("compat", "hf"),
         )
     raise AssertionError(case.scheme)
@@ -323,7 +385,10 @@ def reference(case: Case) -> np.ndarray:
 def row_positions(case: Case) -> np.ndarray:
     """The positions of the output's rows (axis 1): tokens, or the biases' queries."""
     if case.scheme in ("alibi", "t5"):
-        return case.params.get("offset", 0) + np.arange(case.params["q"])
+        from posenc.core.plan import align_queries
+
+        p = case.params
+        return align_queries(p["q"], p["k"], p.get("offset"))[2] + np.arange(p["q"])
     return positions(case)
 
 
@@ -386,7 +451,7 @@ def run_numpy(case: Case) -> np.ndarray:
             p["k"],
             num_heads=p["heads"],
             mode=p.get("mode", "causal"),
-            offset=p.get("offset", 0),
+            offset=p.get("offset"),
             dtype=case.fmt,
         )
         return bias.astype(np.float32)
@@ -397,7 +462,7 @@ def run_numpy(case: Case) -> np.ndarray:
             p["k"],
             bidirectional=p.get("bidirectional", True),
             max_distance=p["max_distance"],
-            offset=p.get("offset", 0),
+            offset=p.get("offset"),
             compat=p.get("compat", "hf"),
         )
     raise AssertionError(case.scheme)
@@ -417,12 +482,21 @@ def run_torch(case: Case) -> np.ndarray:
         return tensor.detach().float().numpy()
 
     # Traced cases: the call compiled whole, its positions a tensor unknown while traced.
-    where = torch.from_numpy(row_positions(case))
+    where = torch.from_numpy(row_positions(case)).to(getattr(torch, index_dtype(case)))
 
     def call(function: Any, *args: Any) -> Any:
-        if case.traced:
+        if not case.traced:
+            return function(*args)
+        # A fresh start: past Dynamo's recompile limit a function would run eagerly.
+        torch._dynamo.reset()
+        try:
             return torch.compile(function, backend="eager", fullgraph=True)(*args)
-        return function(*args)
+        except torch._dynamo.exc.Unsupported as error:
+            # fullgraph reports an exception raised while tracing as "Observed exception",
+            # the original (ObservedValueErrorError for a ValueError) as its cause
+            if "ValueError" in type(error.__cause__).__name__:
+                raise ValueError(str(error.__cause__)) from error
+            raise
 
     if case.scheme == "sinusoidal":
         module = pt.SinusoidalPositionalEncoding(
@@ -474,7 +548,7 @@ def run_torch(case: Case) -> np.ndarray:
         module = pt.ALiBiBias(p["heads"], mode=p.get("mode", "causal"))
         if case.traced:
             return out(call(lambda pos: module(p["q"], p["k"], positions=pos, dtype=dtype), where))
-        return out(module(p["q"], p["k"], offset=p.get("offset", 0), dtype=dtype))
+        return out(module(p["q"], p["k"], offset=p.get("offset"), dtype=dtype))
     if case.scheme == "t5":
         module = pt.T5RelativeBias(
             p["heads"],
@@ -487,7 +561,7 @@ def run_torch(case: Case) -> np.ndarray:
             module.relative_attention_bias.weight.copy_(torch.from_numpy(data["weight"]))
         if case.traced:
             return out(call(lambda pos: module(p["q"], p["k"], positions=pos), where))
-        return out(module(p["q"], p["k"], offset=p.get("offset", 0)))
+        return out(module(p["q"], p["k"], offset=p.get("offset")))
     raise AssertionError(case.scheme)
 
 
@@ -504,8 +578,10 @@ def run_keras(case: Case) -> np.ndarray:
 
     def start(name: str) -> Any:
         """The case's first position: a Python int, or a tensor traced by ``call``."""
-        value = p.get(name, 0)
-        return keras.ops.convert_to_tensor(np.int32(value)) if case.traced else value
+        value = p.get(name, 0 if name == "start" else None)
+        if not case.traced:
+            return value
+        return keras.ops.convert_to_tensor(np.asarray(value, dtype=index_dtype(case, "int32")))
 
     def call(function: Any, *args: Any) -> Any:
         return keras_traced(function)(*args) if case.traced else function(*args)
@@ -595,6 +671,21 @@ def keras_traced(function: Any) -> Any:
 def run_jax(case: Case, *, jit: bool = False) -> np.ndarray:
     """The case through ``posenc.jax``'s functions; with ``jit``, positions and offsets are
     traced values inside ``jax.jit`` (the decoding-loop path)."""
+    with _jax_index_mode(case):
+        return _run_jax(case, jit=jit)
+
+
+def _jax_index_mode(case: Case) -> Any:
+    """JAX's 64-bit mode for a case of 64-bit positions (JAX has them in that mode only)."""
+    import contextlib
+
+    import jax
+
+    wide = index_dtype(case).endswith("64") and "index_dtype" in case.params
+    return jax.enable_x64(True) if wide else contextlib.nullcontext()
+
+
+def _run_jax(case: Case, *, jit: bool) -> np.ndarray:
     import jax
     import jax.numpy as jnp
 
@@ -621,7 +712,7 @@ def run_jax(case: Case, *, jit: bool = False) -> np.ndarray:
                 max_length=(case.table if case.traced else 8192) if jit else None,
             )
 
-        pos = jnp.asarray(positions(case)) if jit else positions(case)
+        pos = jnp.asarray(positions(case).astype(index_dtype(case))) if jit else positions(case)
         return data["x"] + out(call(sinusoidal, pos))
     if case.scheme == "nd":
         return out(
@@ -639,9 +730,7 @@ def run_jax(case: Case, *, jit: bool = False) -> np.ndarray:
             "layout": p["layout"],
             "scaling": p.get("scaling"),
             "scaling_params": dict(p.get("scaling_params", {})),
-        }
-        if inv_scaling["scaling"] in ("dynamic_ntk", "longrope"):
-            inv_scaling["scaling_params"]["seq_len"] = int(positions(case)[-1]) + 1
+        }  # a length-dependent scaling follows the call's length, in every front end
 
         def rotate(x: Any, pos: Any) -> Any:
             rows = case.table if case.traced else 200_000
@@ -650,6 +739,9 @@ def run_jax(case: Case, *, jit: bool = False) -> np.ndarray:
             )  # (seq, rotary_dim)
             return pj.apply_rope(x, cos[:, None, :], sin[:, None, :], layout=p["layout"])
 
+        if jit and not case.traced and p.get("scaling") == "dynamic_ntk":
+            # its frequencies need the call's length: positions known while tracing
+            return out(call(lambda x: rotate(x, positions(case)), data["x"]))
         pos = jnp.asarray(positions(case)) if jit else positions(case)
         return out(call(rotate, data["x"], pos))
     if case.scheme == "alibi":
@@ -665,8 +757,8 @@ def run_jax(case: Case, *, jit: bool = False) -> np.ndarray:
                 max_length=(case.table if case.traced else 64) if jit else None,
             )
 
-        offset = p.get("offset", 0)
-        return out(call(alibi, jnp.int32(offset) if jit else offset))
+        offset = p.get("offset")  # None: the queries are the last q of the k positions
+        return out(call(alibi, offset if offset is None or not jit else jnp.int32(offset)))
     if case.scheme == "t5":
 
         def t5(weight: Any, offset: Any) -> Any:
@@ -680,13 +772,19 @@ def run_jax(case: Case, *, jit: bool = False) -> np.ndarray:
                 compat=p.get("compat", "hf"),
             )
 
-        offset = p.get("offset", 0)
-        return out(call(t5, jnp.asarray(data["weight"]), jnp.int32(offset) if jit else offset))
+        offset = p.get("offset")
+        traced = offset if offset is None or not jit else jnp.int32(offset)
+        return out(call(t5, jnp.asarray(data["weight"]), traced))
     raise AssertionError(case.scheme)
 
 
 def run_flax(case: Case) -> np.ndarray:
     """The case through the Flax linen modules of ``posenc.jax.linen``."""
+    with _jax_index_mode(case):
+        return _run_flax(case)
+
+
+def _run_flax(case: Case) -> np.ndarray:
     import jax
     import jax.numpy as jnp
 
@@ -702,7 +800,8 @@ def run_flax(case: Case) -> np.ndarray:
 
     def start(name: str) -> Any:
         """The case's first position: an int, or a traced scalar under ``call``."""
-        return jnp.int32(p.get(name, 0)) if case.traced else p.get(name, 0)
+        value = p.get(name, 0 if name == "start" else None)
+        return jnp.asarray(value, dtype=index_dtype(case, "int32")) if case.traced else value
 
     def call(function: Any, *args: Any) -> Any:
         return jax.jit(function)(*args) if case.traced else function(*args)
@@ -723,16 +822,12 @@ def run_flax(case: Case) -> np.ndarray:
         x = jnp.asarray(data["x"])
         return out(call(lambda x, s: module.apply(variables, x, start_index=s), x, start("start")))
     if case.scheme == "rope":
-        scaling_params = dict(p.get("scaling_params", {}))
-        if p.get("scaling") in ("dynamic_ntk", "longrope"):
-            # Fixed at construction here: the frequencies for this call's length.
-            scaling_params["seq_len"] = int(positions(case)[-1]) + 1
         module = linen.RotaryEmbedding(
             base=p["base"],
             rotary_dim=p.get("rotary_dim"),
             layout=p["layout"],
             scaling=p.get("scaling"),
-            scaling_params=scaling_params or None,
+            scaling_params=p.get("scaling_params"),
             max_length=case.table,
         )
         x = jnp.asarray(data["x"])
@@ -782,7 +877,9 @@ def cases_for(frontend: str) -> list[Case]:
     return [
         case
         for case in CASES
-        if case.scheme in schemes and (not case.traced or frontend in TRACING)
+        if case.scheme in schemes
+        and (not case.traced or frontend in TRACING)
+        and (frontend, case.params.get("index_dtype")) not in NO_INDEX_DTYPE
     ]
 
 

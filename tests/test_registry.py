@@ -97,8 +97,8 @@ def test_pytorch():
 
 
 def test_pytorch_length_dependent():
-    # A registered method that depends on the length follows Hugging Face's
-    # dynamic_rope_update in the module, as dynamic_ntk does: L = offset + seq.
+    # A registered method that depends on the length follows each call's length
+    # L = offset + seq (or max(positions) + 1), as dynamic_ntk does, with no state.
     _require("torch")
     import torch
 
@@ -108,8 +108,8 @@ def test_pytorch_length_dependent():
         HEAD_DIM, scaling=band.STRETCH, scaling_params=band.STRETCH_PARAMS, qk_layout="bshd"
     )
     x = torch.from_numpy(X)  # 6 positions
-    # Past L₀ = 8; growing; shorter but past L₀ (the module keeps 16); back under L₀.
-    for offset, length in [(0, 8), (3, 9), (10, 16), (4, 16), (0, 8)]:
+    # Past L₀ = 8; growing; shorter but past L₀ (its own length 10); back under L₀.
+    for offset, length in [(0, 8), (3, 9), (10, 16), (4, 10), (0, 8)]:
         q, _ = module(x, x, offset=offset)
         expected = band.stretched_rotation(X, np.arange(offset, offset + 6), length)
         np.testing.assert_allclose(q.numpy(), expected, rtol=0, atol=4e-6)
@@ -127,8 +127,7 @@ def test_keras_length_dependent():
     from posenc.keras import RotaryEmbedding
 
     layer = RotaryEmbedding(scaling=band.STRETCH, scaling_params=band.STRETCH_PARAMS, max_length=16)
-    # The layer is stateless: each call's own length L = start + 6 (as the module on a
-    # fresh start), so (4, 10) uses L = 10 where the stateful module keeps 16.
+    # Each call's own length L = start + 6, as in the PyTorch module.
     for start, length in [(0, 8), (3, 9), (10, 16), (4, 10), (0, 8)]:
         got = keras.ops.convert_to_numpy(layer(X, start_index=start))
         expected = band.stretched_rotation(X, np.arange(start, start + 6), length)
@@ -137,7 +136,7 @@ def test_keras_length_dependent():
     got = keras.ops.convert_to_numpy(layer(X, positions=positions))
     np.testing.assert_allclose(got, band.stretched_rotation(X, positions, 12), rtol=0, atol=4e-6)
     tokens = keras.Input(shape=(6, 2, HEAD_DIM))
-    with pytest.raises(ValueError, match=r"scaling='stretch'.*start_index is a symbolic"):
+    with pytest.raises(ValueError, match=r"scaling='stretch'.*known only inside a trace"):
         layer(tokens, start_index=keras.Input(batch_shape=(), dtype="int32"))
 
 
@@ -147,8 +146,9 @@ def test_a_scaling_with_its_own_length_rule_is_followed_by_torch_and_keras():
     class Stepped(band.StretchScaling):
         name = "stepped"
 
-        def scaled_length(self, length, current):
-            return 32 if length > self.original_max_position_embeddings else current
+        def scaled_length(self, length):
+            original = self.original_max_position_embeddings
+            return 32 if length > original else original
 
     posenc.register_rope_scaling("stepped", Stepped)
     try:

@@ -234,8 +234,10 @@ def test_multimodal_tables_equal_the_transformers_module_to_float32_angles(name)
 
 def test_the_decoding_fast_path_gives_the_full_paths_tables():
     """After a first call the module gathers rows from the tables it built (no checks
-    in Python): the same tensors as the full path, far positions grow the tables, and
-    bad positions still get posenc's errors; .double() starts again in float64."""
+    in Python): the same tensors as the full path, positions within twice the tables
+    grow them, farther ones are computed for the call alone (the planner's rule for any
+    call), and bad positions still get posenc's errors; .double() starts again in
+    float64."""
     cls, config, _ = FAMILIES["llama (llama3)"]
     original = cls(copy.deepcopy(config)).model.rotary_emb
     module = ExactRotaryEmbedding(original)
@@ -245,12 +247,16 @@ def test_the_decoding_fast_path_gives_the_full_paths_tables():
     def full(positions, dtype=torch.float32):
         return rope.cos_sin(positions, dtype=dtype)
 
-    for positions in ([[0, 1, 2]], [[4095]], [[7, 3], [9, 1]], [[10000, 10001]], [[5]]):
+    for positions in ([[0, 1, 2]], [[4095]], [[7, 3], [9, 1]], [[8000, 8001]], [[5]]):
         positions = torch.tensor(positions)
         for mine, theirs in zip(module(x, positions), full(positions), strict=True):
             assert mine.dtype == torch.float32
             assert torch.equal(mine, theirs)
-    assert rope.table_length >= 10002  # grown by the far call, then gathered from
+    assert rope.table_length == 8192  # doubled for 8000, 8001, then gathered from
+    far = torch.tensor([[20000, 20001]])  # past twice the tables: computed, not grown
+    for mine, theirs in zip(module(x, far), full(far), strict=True):
+        assert torch.equal(mine, theirs)
+    assert rope.table_length == 8192
     assert module(x, torch.tensor([3]))[0].shape == (1, 1, 64)  # (seq,): batch of one
     assert torch.equal(
         module(x, torch.tensor([[3]], dtype=torch.int32))[1], full(torch.tensor([[3]]))[1]

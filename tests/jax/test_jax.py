@@ -186,7 +186,7 @@ SCALINGS = {
     "default": {},
     "linear": {"factor": 4.0},
     "ntk": {"factor": 4.0},
-    "dynamic_ntk": {"factor": 2.0, "original_max_position_embeddings": 16, "seq_len": 40},
+    "dynamic_ntk": {"factor": 2.0, "original_max_position_embeddings": 16},
     "yarn": {"factor": 4.0, "original_max_position_embeddings": 16},
     "llama3": {
         "factor": 8.0,
@@ -198,7 +198,6 @@ SCALINGS = {
         "short_factor": [1.0, 1.5, 2.0, 3.0],
         "long_factor": [2.0, 3.0, 5.0, 8.0],
         "original_max_position_embeddings": 16,
-        "seq_len": 40,
         "factor": 4.0,
     },
     "proportional": {"partial_rotary_factor": 0.5, "factor": 2.0},
@@ -209,30 +208,51 @@ def test_every_scaling_is_covered():
     assert set(SCALINGS) == set(posenc.ROPE_SCALINGS)
 
 
-def core_rope(positions, head_dim, scaling, params, *, dtype="float32", layout="half"):
+def core_rope(positions, head_dim, scaling, params, *, dtype="float32", layout="half", length=None):
+    """The core's tables; a length-dependent scaling's at the call's ``length``."""
+    if length is not None and posenc.ROPE_SCALING_SPECS[scaling].length_dependent:
+        params = {**params, "seq_len": length}
     inv_freq, factor = posenc.rope_scaling(scaling, head_dim, 500.0, **params)
     return posenc.rope_tables(positions, inv_freq, dtype=dtype, layout=layout, scale=factor)
 
 
 @pytest.mark.parametrize("scaling", list(SCALINGS))
 def test_rope_tables_every_scaling_concrete_and_traced(scaling):
+    # A length-dependent scaling follows each call's length L = max(positions) + 1 (30,
+    # then 100001: past the original 16); traced, LongRoPE selects its long factors in
+    # the graph (L = 31) and dynamic NTK, whose frequencies change with every length,
+    # refuses.
     params = SCALINGS[scaling]
     options = {"base": 500.0, "scaling": scaling, "scaling_params": params, "layout": "half"}
     for got, want in zip(
-        rope_tables(30, 8, **options), core_rope(30, 8, scaling, params), strict=True
+        rope_tables(30, 8, **options), core_rope(30, 8, scaling, params, length=30), strict=True
     ):
         assert_same(got, want)
     positions = np.array([[1, 29], [100000, 3]])
     got = rope_tables(positions, 8, **options)
-    for g, w in zip(got, core_rope(positions, 8, scaling, params), strict=True):
+    want = core_rope(positions, 8, scaling, params, length=100001)
+    for g, w in zip(got, want, strict=True):
         assert_same(g, w)
     traced = jax.jit(lambda p: rope_tables(p, 8, max_length=30, **options))
+    if scaling == "dynamic_ntk":
+        with pytest.raises(ValueError, match="'dynamic_ntk'.*known only inside a trace"):
+            traced(jnp.array([[1, 29], [30, 3]]))
+        return
     cos, sin = traced(jnp.array([[1, 29], [30, 3]]))
     np.testing.assert_array_equal(nan_rows(cos), [[False, False], [True, False]])
     np.testing.assert_array_equal(nan_rows(sin), [[False, False], [True, False]])
-    want_cos, want_sin = core_rope(30, 8, scaling, params)
+    want_cos, want_sin = core_rope(30, 8, scaling, params, length=31)
     np.testing.assert_array_equal(as_np(cos)[0], want_cos[[1, 29]])
     np.testing.assert_array_equal(as_np(sin)[1, 1], want_sin[3])
+    short = traced(jnp.array([[1, 9], [12, 3]]))[0]  # L = 13: LongRoPE's short factors
+    np.testing.assert_array_equal(
+        as_np(short), core_rope(30, 8, scaling, params)[0][[[1, 9], [12, 3]]]
+    )
+
+
+def test_rope_tables_take_the_length_from_the_call():
+    with pytest.raises(TypeError, match="seq_len is not a parameter of the function"):
+        rope_tables(4, 8, scaling="dynamic_ntk", scaling_params={"factor": 2.0, "seq_len": 40})
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -601,7 +601,10 @@ def test_bias_bad_inputs(cls):
         layer(keras.Input(shape=(2, 5, 5)))
     with pytest.raises(TypeError, match="scores of a floating dtype.*int32"):
         layer(np.zeros((1, 4, 5, 5), "int32"))
-    with pytest.raises(ValueError, match=r"query <= key.*query=5 > key=3"):
+    with pytest.raises(
+        ValueError,
+        match=r"query_length=5 > key_length=3 with no start_index.*query_length <= key_length",
+    ):
         layer(np.zeros((1, 4, 5, 3), "float32"))
     with pytest.raises(ValueError, match=r"start_index.*-1"):
         layer(np.zeros((1, 4, 2, 3), "float32"), start_index=-1)
@@ -613,7 +616,7 @@ def test_bias_bad_inputs(cls):
         layer.compute_bias(-2)
     with pytest.raises(ValueError, match=r"key_length.*-1"):
         layer.compute_bias(2, -1)
-    with pytest.raises(ValueError, match=r"query=3 > key=2"):
+    with pytest.raises(ValueError, match=r"query_length=3 > key_length=2 with no start_index"):
         layer.compute_bias(3, 2)
     with pytest.raises(TypeError, match="dtype.*int32"):
         layer.compute_bias(3, dtype="int32")
@@ -889,7 +892,10 @@ def test_default_start_index_with_more_queries_than_keys_in_a_trace(cls):
     layer = cls(2)
     layer.build()
     scores = np.zeros((1, 2, 4, 2), "float32")  # 4 queries, 2 keys: start = 2 - 4 < 0
-    with pytest.raises(ValueError, match=r"query <= key.*query=4 > key=2"):
+    with pytest.raises(
+        ValueError,
+        match=r"query_length=4 > key_length=2 with no start_index.*query_length <= key_length",
+    ):
         traced(lambda scores: layer(scores))(scores)  # static shapes: checked when traced
     if BACKEND != "tensorflow":
         return  # only a TensorFlow graph has lengths unknown while the layer is called

@@ -466,16 +466,16 @@ def test_dynamic_ntk_needs_a_known_length():
     layer = RotaryEmbedding(scaling="dynamic_ntk", scaling_params=params, max_length=16)
     tokens = keras.Input(shape=(12, 3, HEAD_DIM))
     start = keras.Input(batch_shape=(), dtype="int32")
-    with pytest.raises(ValueError, match=r"dynamic_ntk.*start_index is a symbolic input.*'ntk'"):
+    with pytest.raises(ValueError, match=r"dynamic_ntk.*known only inside a trace.*'ntk'"):
         layer(tokens, start_index=start)
     positions = keras.Input(shape=(12,), dtype="int32")
-    with pytest.raises(ValueError, match=r"dynamic_ntk.*positions are a symbolic input"):
+    with pytest.raises(ValueError, match=r"dynamic_ntk.*known only inside a trace.*'ntk'"):
         layer(tokens, positions=positions)
     rotate = traced(lambda x, s: layer(x, start_index=s))
-    with pytest.raises(ValueError, match=r"dynamic_ntk.*start_index is known only at run"):
+    with pytest.raises(ValueError, match=r"dynamic_ntk.*known only inside a trace.*'ntk'"):
         rotate(X, int_tensor(2))
     gather = traced(lambda x, p: layer(x, positions=p))
-    with pytest.raises(ValueError, match=r"dynamic_ntk.*positions are known only at run"):
+    with pytest.raises(ValueError, match=r"dynamic_ntk.*known only inside a trace.*'ntk'"):
         gather(X, int_tensor(np.arange(12)))
     # a Python int start_index with a static shape works in a trace too: L = 14
     out = traced(lambda x: layer(x, start_index=2))(X)

@@ -196,18 +196,21 @@ def test_scaling_dicts_keep_only_what_differs_from_the_defaults():
         posenc.YarnScaling(factor=np.e, original_max_position_embeddings=64, mscale=-11.0, mscale_all_dim=1.0)  # fmt: skip
 
 
-def test_length_dependent_specs_move_as_hugging_faces_dynamic_rope_update():
+def test_length_dependent_specs_use_each_calls_own_length():
+    # Hugging Face's rule L = max(position) + 1, with no state between calls: the length
+    # past the original, else the original (dynamic NTK); LongRoPE's one long length.
     dynamic = posenc.DynamicNTKScaling(factor=2.0, original_max_position_embeddings=64)
     assert dynamic.length_dependent
+    assert dynamic.switch_length is None
     lengths = [10, 80, 70, 200, 30, 64, 65]
-    current, seen = 64, []
-    for length in lengths:  # grows with the longest length, resets under the original
-        current = dynamic.scaled_length(length, current)
-        seen.append(current)
-    assert seen == [64, 80, 80, 200, 64, 64, 65]
+    assert [dynamic.scaled_length(n) for n in lengths] == [64, 80, 70, 200, 64, 64, 65]
     longrope = SPECS[5].scaling
-    assert [longrope.scaled_length(n, 32) for n in (10, 32, 33, 500)] == [32, 32, 33, 33]
-    assert not posenc.LinearScaling(factor=2.0).length_dependent
+    assert [longrope.scaled_length(n) for n in (10, 32, 33, 500)] == [32, 32, 33, 33]
+    assert longrope.switch_length == 32
+    linear = posenc.LinearScaling(factor=2.0)
+    assert not linear.length_dependent
+    assert linear.switch_length is None
+    assert linear.scaled_length(500) == 0
     with pytest.raises(TypeError, match="does not depend on the sequence length"):
         posenc.LinearScaling(factor=2.0).frequencies(8, seq_len=100)
 

@@ -9,8 +9,11 @@ torch = pytest.importorskip("torch")
 from posenc.core.positions import MemoryLimitError  # noqa: E402
 from posenc.torch import (  # noqa: E402
     ALiBiBias,
+    FIREBias,
+    KERPLEBias,
     LearnedPositionalEmbedding,
     RotaryEmbedding,
+    SandwichBias,
     SinusoidalPositionalEncoding,
     T5RelativeBias,
 )
@@ -58,3 +61,28 @@ def test_an_offset_beside_positions_is_an_error_not_ignored(name, call):
         ValueError, match=rf"{name}: give positions= or offset=, not both \(got offset=3"
     ):
         call()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ALiBiBias(3),
+        lambda: T5RelativeBias(2),
+        lambda: KERPLEBias(2),
+        lambda: FIREBias(2),
+        lambda: SandwichBias(2, dim=4),
+    ],
+    ids=["alibi", "t5", "kerple", "fire", "sandwich"],
+)
+def test_without_an_offset_the_queries_are_the_last_of_the_keys(make):
+    # posenc.core.plan.align_queries, in every score bias: rows K-Q .. K-1 of the square
+    torch.manual_seed(0)
+    module = make()
+    with torch.no_grad():
+        full = module(6)
+        for q in (1, 2, 6):
+            torch.testing.assert_close(module(q, 6), module(q, 6, offset=6 - q), rtol=0, atol=0)
+            # (FIRE's MLP at another shape may round its float32 sums differently)
+            torch.testing.assert_close(module(q, 6), full[:, 6 - q :], rtol=1e-6, atol=1e-7)
+        with pytest.raises(ValueError, match="query_length=6 > key_length=2 with no offset"):
+            module(6, 2)

@@ -16,7 +16,6 @@ from posenc.core.precision import round_to_format  # noqa: E402
 from posenc.core.rope import (  # noqa: E402
     apply_rope,
     dynamic_ntk_rope,
-    rope_scaling,
     rope_tables,
 )
 from posenc.torch.rope import RotaryEmbedding, convert_rope_weights  # noqa: E402
@@ -133,7 +132,10 @@ def test_at_position_2_20_hugging_face_drifts_and_we_do_not():
 
 @pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
 def test_length_dependent_scalings_follow_hugging_face_call_by_call(rope_type):
-    """HF's dynamic_rope_update: growth, keep, reset to the original frequencies."""
+    """HF's dynamic_rope_update on each call's own length L = max(position) + 1: every
+    call equals a fresh Hugging Face module's (posenc keeps no state between calls; HF
+    keeps the longest L until a call falls back under L0, which differs only for a call
+    shorter than an earlier one but still past L0: (0, 40) after (0, 50) here)."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     head_dim, base, original = 32, 10000.0, 32
@@ -150,29 +152,30 @@ def test_length_dependent_scalings_follow_hugging_face_call_by_call(rope_type):
         scaling = "longrope"
         parameters["original_max_position_embeddings"] = original
     params["original_max_position_embeddings"] = original
-    hf_rope = LlamaRotaryEmbedding(_llama_config(head_dim, base, parameters, max_positions))
+    config = _llama_config(head_dim, base, parameters, max_positions)
     ours = RotaryEmbedding(
         head_dim, base=base, scaling=scaling, scaling_params=params, max_length=16
     )
-    # (offset, seq): grow past L0, keep (shorter but > L0), grow, decode, keep, reset.
+    # (offset, seq): past L0, longer, shorter but past L0, longer, decode, under L0.
     for offset, seq in [(0, 20), (0, 50), (0, 40), (0, 70), (70, 1), (71, 1), (30, 5), (0, 10)]:
         q, k = _randn(1, 2, seq, head_dim, seed=seq), _randn(1, 1, seq, head_dim, seed=offset)
         position_ids = torch.arange(offset, offset + seq)[None]
-        q_hf, k_hf = _hf_rotate(hf_rope, q, k, position_ids)
+        q_hf, k_hf = _hf_rotate(LlamaRotaryEmbedding(config), q, k, position_ids)
         q_rot, k_rot = ours(q, k, offset=offset)
-        assert_close(ours.inv_freq, hf_rope.inv_freq.double().numpy(), rtol=1e-5, atol=0)
         for hf, mine, x in ((q_hf, q_rot, q), (k_hf, k_rot, k)):
             tolerance = _hf_tolerance(position_ids, x, base, 2.0, ours.attention_factor)
             assert torch.all((hf.double() - mine.double()).abs() <= tolerance)
+    assert np.array_equal(ours.inv_freq, ours.spec.frequencies()[0])  # no state kept
     if rope_type == "dynamic":
-        # After the calls above: back to the original frequencies; explicit positions
-        # take the length from max(positions) + 1.
-        assert np.array_equal(ours.inv_freq, rope_scaling("default", head_dim, base)[0])
-        ours(q[:, :, :5], k[:, :, :5], positions=torch.tensor([3, 4, 99, 6, 7]))
-        expected, _ = dynamic_ntk_rope(
+        # explicit positions take the length from max(positions) + 1 = 100
+        positions = torch.tensor([3, 4, 99, 6, 7])
+        inv_freq, _ = dynamic_ntk_rope(
             head_dim, base, factor=2.0, original_max_position_embeddings=original, seq_len=100
         )
-        assert np.array_equal(ours.inv_freq, expected)
+        cos, sin = rope_tables(positions.numpy(), inv_freq, dtype="float32")
+        got = ours.cos_sin(positions)
+        assert np.array_equal(got[0].numpy(), cos)
+        assert np.array_equal(got[1].numpy(), sin)
 
 
 # ---------------------------------------------------------------------------------------
@@ -374,9 +377,37 @@ def test_under_compile_tables_do_not_grow_and_length_dependent_scalings_refuse()
     compiled = torch.compile(module, fullgraph=True, backend="eager")
     assert torch.equal(compiled(q, k)[0], module(q, k)[0])
     params = {"factor": 2.0, "original_max_position_embeddings": 8}
-    dynamic = RotaryEmbedding(16, scaling="dynamic_ntk", scaling_params=params)
-    with pytest.raises(Exception, match="'dynamic_ntk' recomputes the frequencies"):
-        torch.compile(dynamic, fullgraph=True, backend="eager")(q, k)
+    dynamic = RotaryEmbedding(16, scaling="dynamic_ntk", scaling_params=params, max_length=32)
+    compiled = torch.compile(dynamic, fullgraph=True, backend="eager")
+    few = q[:, :, :6], k[:, :, :6]  # L = 6 <= 8: the construction frequencies compile
+    assert torch.equal(compiled(*few)[0], dynamic(*few)[0])
+    with pytest.raises(Exception, match="'dynamic_ntk' at the length 20 of this call needs"):
+        compiled(q, k)  # L = 20 is known, but its rows need the core
+    with pytest.raises(Exception, match="'dynamic_ntk' recomputes.*known only inside a trace"):
+        compiled(q, k, positions=torch.arange(20))
+
+
+def test_under_compile_longrope_selects_its_factors_by_a_traced_length():
+    """The planner's rule for a traced length: LongRoPE's two tables, chosen in the graph
+    by max(positions) + 1 > L0, the same rows as the eager call on each side."""
+    rng = np.random.default_rng(5)
+    params = {
+        "short_factor": (1 + rng.random(8)).tolist(),
+        "long_factor": (1 + 10 * rng.random(8)).tolist(),
+        "original_max_position_embeddings": 8,
+        "factor": 4.0,
+    }
+    module = RotaryEmbedding(16, scaling="longrope", scaling_params=params, max_length=32)
+    assert module.cos_long.shape == module.cos.shape == (32, 16)
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    q, k = _randn(1, 2, 6, 16), _randn(1, 1, 6, 16)
+    for positions in (torch.arange(6), torch.arange(6) + 5, torch.tensor([0, 1, 2, 3, 4, 20])):
+        for mine, theirs in zip(
+            compiled(q, k, positions=positions), module(q, k, positions=positions), strict=True
+        ):
+            assert torch.equal(mine, theirs)
+    long = module.spec.tables(np.arange(6) + 5, seq_len=11)  # L = 11 > 8: the long factors
+    assert np.array_equal(module.cos_sin(torch.arange(6) + 5)[0].numpy(), long[0])
 
 
 def test_torch_export_with_a_dynamic_sequence_length():

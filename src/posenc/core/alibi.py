@@ -22,8 +22,9 @@ from typing import Any, Literal
 import numpy as np
 
 from .._checks import DEFAULT_MAX_BYTES, check_choice, check_int, check_memory
+from .plan import align_queries
 from .precision import CONTAINERS, resolve_dtype, round_to_format
-from .relative import check_lengths, diagonal_expand, diagonal_positions
+from .relative import diagonal_expand, diagonal_positions
 
 AlibiMode = Literal["causal", "symmetric"]
 MODES: tuple[AlibiMode, ...] = ("causal", "symmetric")
@@ -97,7 +98,7 @@ def alibi_bias(
     *,
     num_heads: int,
     mode: str = "causal",
-    offset: int = 0,
+    offset: int | None = None,
     dtype: Any = np.float32,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> np.ndarray:
@@ -114,11 +115,14 @@ def alibi_bias(
 
     Args:
         query_length: Number of queries, an int >= 0.
-        key_length: Number of keys, an int >= 0; ``None`` means ``offset +
+        key_length: Number of keys, an int >= 0; ``None``: ``offset +
             query_length`` (every cached token and the queries themselves).
         num_heads: Number of heads, an int >= 1; slopes from :func:`alibi_slopes`.
         mode: ``"causal"`` or ``"symmetric"``, see above.
-        offset: Position of the first query (tokens already in a KV cache), an int >= 0.
+        offset: Position of the first query, an int >= 0. ``None`` (default): the
+            queries are the last ``query_length`` of the ``key_length`` positions, as
+            with a KV cache (:func:`posenc.core.plan.align_queries`; 0 when the lengths
+            are equal or ``key_length`` is ``None``).
             Decoding one token at a time with ``offset=t`` gives row ``t`` of the full
             matrix.
         dtype: float16, bfloat16 (needs ``ml_dtypes``), float32 or float64. Each value
@@ -160,7 +164,7 @@ def alibi_bias_values(
     *,
     num_heads: int,
     mode: str = "causal",
-    offset: int = 0,
+    offset: int | None = None,
     fmt: str = "float32",
     max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> np.ndarray:
@@ -186,7 +190,7 @@ def _bias(
 ) -> np.ndarray:
     num_heads = check_heads(num_heads)
     mode = check_choice(mode, "mode", MODES)
-    query_length, key_length, offset = check_lengths(query_length, key_length, offset)
+    query_length, key_length, offset = align_queries(query_length, key_length, offset)
     check_memory(
         num_heads * query_length * key_length * out_dtype.itemsize, "this ALiBi bias", max_bytes
     )

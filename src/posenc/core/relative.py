@@ -8,20 +8,19 @@ computed once per diagonal (``Q + K - 1`` values) and expanded into a Toeplitz m
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from .._checks import DEFAULT_MAX_BYTES, check_int, check_memory
+from .._checks import DEFAULT_MAX_BYTES, check_memory
+from .plan import align_queries
 
-__all__ = ["check_lengths", "diagonal_expand", "diagonal_positions", "relative_positions"]
+__all__ = ["diagonal_expand", "diagonal_positions", "relative_positions"]
 
 
 def relative_positions(
     query_length: int,
     key_length: int | None = None,
     *,
-    offset: int = 0,
+    offset: int | None = None,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> np.ndarray:
     """The matrix of relative positions ``key position - query position``.
@@ -33,9 +32,12 @@ def relative_positions(
 
     Args:
         query_length: Number of queries, an int >= 0.
-        key_length: Number of keys, an int >= 0; ``None`` means ``offset +
+        key_length: Number of keys, an int >= 0; ``None``: ``offset +
             query_length`` (every cached token and the queries themselves).
-        offset: Position of the first query, an int >= 0.
+        offset: Position of the first query, an int >= 0. ``None`` (default): the
+            queries are the last ``query_length`` of the ``key_length`` positions, as
+            with a KV cache (:func:`posenc.core.plan.align_queries`; 0 when the lengths
+            are equal or ``key_length`` is ``None``).
         max_bytes: Refuse (``ValueError``) a result larger than this; ``None`` removes
             the limit.
 
@@ -50,25 +52,10 @@ def relative_positions(
         >>> relative_positions(1, 4, offset=3)  # one new token after three cached ones
         array([[-3, -2, -1,  0]])
     """
-    query_length, key_length, offset = check_lengths(query_length, key_length, offset)
+    query_length, key_length, offset = align_queries(query_length, key_length, offset)
     check_memory(query_length * key_length * 8, "this relative-position matrix", max_bytes)
     positions = diagonal_positions(query_length, key_length, offset)
     return diagonal_expand(positions, query_length, key_length)
-
-
-def check_lengths(query_length: Any, key_length: Any, offset: Any) -> tuple[int, int, int]:
-    """Validated ``(query_length, key_length, offset)``; ``key_length=None`` → ``offset + Q``."""
-    query_length = check_int(query_length, "query_length", minimum=0)
-    offset = check_int(offset, "offset", minimum=0)
-    if key_length is None:
-        key_length = offset + query_length
-    key_length = check_int(key_length, "key_length", minimum=0)
-    if offset + max(query_length, key_length) > 2**53:
-        raise ValueError(
-            f"positions must stay within 2**53, got offset={offset}, "
-            f"query_length={query_length}, key_length={key_length}"
-        )
-    return query_length, key_length, offset
 
 
 def diagonal_positions(query_length: int, key_length: int, offset: int) -> np.ndarray:

@@ -26,8 +26,9 @@ import numpy as np
 
 from .._checks import DEFAULT_MAX_BYTES, check_base, check_choice, check_int, check_memory, describe
 from .alibi import MODES, check_heads
+from .plan import align_queries
 from .precision import CONTAINERS, round_to_format
-from .relative import check_lengths, diagonal_expand, diagonal_positions
+from .relative import diagonal_expand, diagonal_positions
 
 __all__ = ["sandwich_bias", "sandwich_distance_bias"]
 
@@ -105,7 +106,7 @@ def sandwich_bias(
     dim: int,
     base: float = 10000.0,
     mode: str = "causal",
-    offset: int = 0,
+    offset: int | None = None,
     fmt: str = "float32",
     max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> np.ndarray:
@@ -139,7 +140,7 @@ def sandwich_bias(
     num_heads, dim, base = check_sandwich_options(num_heads, dim, base)
     mode = check_choice(mode, "mode", MODES)
     fmt = check_choice(fmt, "fmt", list(CONTAINERS))
-    query_length, key_length, offset = check_lengths(query_length, key_length, offset)
+    query_length, key_length, offset = align_queries(query_length, key_length, offset)
     container = CONTAINERS[fmt]
     diagonals = query_length + key_length
     check_memory(

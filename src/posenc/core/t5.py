@@ -32,7 +32,8 @@ from typing import Any, Literal
 import numpy as np
 
 from .._checks import DEFAULT_MAX_BYTES, check_choice, check_int, check_memory, describe
-from .relative import check_lengths, diagonal_expand, diagonal_positions, relative_positions
+from .plan import align_queries
+from .relative import diagonal_expand, diagonal_positions, relative_positions
 
 __all__ = [
     "COMPATS",
@@ -136,7 +137,7 @@ def t5_bias(
     *,
     bidirectional: bool = True,
     max_distance: int = 128,
-    offset: int = 0,
+    offset: int | None = None,
     compat: str = "hf",
     max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> np.ndarray:
@@ -150,13 +151,16 @@ def t5_bias(
             ``relative_attention_bias.weight`` of an HF T5 layer, as a NumPy array).
             ``num_buckets`` is its number of rows.
         query_length: Number of queries, an int >= 0.
-        key_length: Number of keys, an int >= 0; ``None`` means ``offset +
-            query_length``.
+        key_length: Number of keys, an int >= 0; ``None``: ``offset +
+            query_length`` (every cached token and the queries themselves).
         bidirectional: ``True`` for the encoder, ``False`` for the decoder's
             self-attention (HF: ``not config.is_decoder``).
         max_distance: See :func:`relative_position_bucket`
             (``config.relative_attention_max_distance``, 128 in every T5 checkpoint).
-        offset: Position of the first query (tokens already cached), an int >= 0.
+        offset: Position of the first query, an int >= 0. ``None`` (default): the
+            queries are the last ``query_length`` of the ``key_length`` positions, as
+            with a KV cache (:func:`posenc.core.plan.align_queries`; 0 when the lengths
+            are equal or ``key_length`` is ``None``).
         compat: ``"hf"`` or ``"exact"``, see :func:`relative_position_bucket`.
         max_bytes: Refuse (``ValueError``) a result larger than this; ``None`` removes
             the limit.
@@ -181,7 +185,7 @@ def t5_bias(
     bidirectional, num_buckets, max_distance, compat = check_bucket_options(
         bidirectional, num_buckets, max_distance, compat, name="weights.shape[0] (num_buckets)"
     )
-    query_length, key_length, offset = check_lengths(query_length, key_length, offset)
+    query_length, key_length, offset = align_queries(query_length, key_length, offset)
     check_memory(
         num_heads * query_length * key_length * weights.dtype.itemsize, "this T5 bias", max_bytes
     )

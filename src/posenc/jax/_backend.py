@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import MAX_POSITIONS, MemoryLimitError, check_int, describe
+from ..core.plan import IndexPlan, plan_index
 from ..core.precision import FORMATS
 
 __all__ = [
@@ -57,13 +58,17 @@ __all__ = [
     "check_traced_index",
     "check_traced_offset",
     "concrete_offset",
+    "dtype_name",
     "format_of",
     "gather_rows",
     "is_traced",
     "known_value",
     "need_max_length",
     "static_int",
+    "to_index",
     "to_tensor",
+    "wide_index",
+    "widen",
 ]
 
 _CACHE = 32  # tables kept, for every scheme together (traced calls, the Flax modules)
@@ -118,14 +123,48 @@ def known_value(value: Any) -> np.ndarray | None:
     return None if is_traced(value) else np.asarray(value)
 
 
-def gather_rows(table: jax.Array, index: jax.Array) -> jax.Array:
-    """``table[index]`` along axis 0, NaN rows where ``index`` is outside ``0 .. rows-1``.
+def dtype_name(value: Any) -> str:
+    """The NumPy-style name of an array's dtype (``"int8"``, ``"float32"``)."""
+    return str(jnp.dtype(value.dtype).name)
 
-    ``jnp.take`` wraps negative indices around; they are sent past the end first, so
-    every out-of-range index, negative included, gives NaN (:mod:`posenc.core.positions`).
+
+def wide_index() -> str:
+    """The widest index dtype JAX has now: int64 in its 64-bit mode, else int32."""
+    return "int64" if _x64_enabled() else "int32"
+
+
+def to_index(index: Any, plan: IndexPlan) -> jax.Array:
+    """Traced positions as ``plan.dtype``, saturated in their own dtype where the cast
+    would wrap (:func:`posenc.core.plan.plan_index`)."""
+    index = jnp.asarray(index)
+    if plan.clip is not None:
+        low, high = (jnp.asarray(bound, index.dtype) for bound in plan.clip)
+        index = jnp.clip(index, low, high)
+    widened: jax.Array = index.astype(plan.dtype)
+    return widened
+
+
+def widen(index: Any) -> jax.Array:
+    """A traced integer offset or index in JAX's widest index dtype, before any
+    arithmetic on it (``int8`` plus ``arange`` would wrap)."""
+    return to_index(index, plan_index(dtype_name(index), wide=wide_index()))
+
+
+def gather_rows(table: jax.Array, index: Any, plan: IndexPlan | None = None) -> jax.Array:
+    """``table[index]`` along axis 0; with a ``plan`` (traced positions), NaN rows where
+    ``index`` lies outside ``0 .. plan.rows-1``, in any integer dtype.
+
+    The index is widened first (:func:`to_index`), so the bounds are exact: an ``int8``
+    position ``-1`` of a 300-row table is NaN, never the row ``-1 + 300`` wraps to in
+    ``int8`` (:mod:`posenc.core.positions`).
     """
-    index = jnp.where(index < 0, table.shape[0], index)
-    return jnp.take(table, index, axis=0, mode="fill", fill_value=jnp.nan)
+    if plan is None:
+        return jnp.take(table, index, axis=0)
+    index = to_index(index, plan)
+    valid = (index >= 0) & (index < plan.rows)
+    rows = jnp.take(table, jnp.where(valid, index, 0), axis=0)  # (*index.shape, ...)
+    mask = valid.reshape(valid.shape + (1,) * (table.ndim - 1))
+    return jnp.where(mask, rows, jnp.nan)
 
 
 # ---------------------------------------------------------------------------------------
@@ -178,11 +217,11 @@ def concrete_offset(value: Any, name: str) -> int:
 
 
 def check_offset(value: Any, name: str) -> int | jax.Array:
-    """A position offset: a concrete one as an int >= 0, a traced integer scalar as is."""
+    """A position offset: a concrete one as an int >= 0, a traced integer scalar widened
+    to JAX's index dtype (:func:`widen`)."""
     if is_traced(value):
         check_traced_offset(value, name)
-        traced: jax.Array = value
-        return traced
+        return widen(value)
     return concrete_offset(value, name)
 
 
@@ -231,7 +270,7 @@ class PositionTables:
         return _cached_table(self, length)
 
     def gather(self, index: jax.Array, length: int) -> tuple[jax.Array, ...]:
-        """Rows at ``index`` from the ``length``-row tables, NaN rows outside them."""
+        """Rows at traced ``index`` from the ``length``-row tables, NaN rows outside them."""
         try:
             tables = self.table(length)
         except MemoryLimitError as error:  # a module's max_length, or a function's
@@ -240,7 +279,8 @@ class PositionTables:
                 "give a smaller max_length: traced positions are gathered from a table of "
                 "max_length rows",
             ) from None
-        return tuple(gather_rows(to_tensor(t, self.fmt), index) for t in tables)
+        plan = plan_index(dtype_name(index), length, wide=wide_index())
+        return tuple(gather_rows(to_tensor(t, self.fmt), index, plan) for t in tables)
 
     def at(
         self, positions: Any, *, max_length: int | None, name: str = "positions"
@@ -267,8 +307,8 @@ class PositionTables:
         A traced ``start`` gathers from the ``max_length``-row tables (NaN past them); a
         concrete one reads them, or past them gets this call's rows from the core.
         """
-        if is_traced(start):
-            return self.gather(start + jnp.arange(count), max_length)
+        if is_traced(start):  # widened by check_offset: start + i cannot wrap into range
+            return self.gather(widen(start) + jnp.arange(count, dtype=wide_index()), max_length)
         assert isinstance(start, int)  # check_offset makes a known offset an int
         if start + count <= max_length:
             try:

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import DEFAULT_MAX_BYTES, MAX_POSITIONS, check_memory, describe
+from ..core.plan import align_queries
 from ..core.precision import round_to_format
-from ..core.relative import check_lengths
 from ..core.t5 import check_bucket_options
 from ..specs import AlibiSpec, T5Spec
 from ._backend import PositionTables, check_offset, format_of, is_traced, static_int, to_tensor
@@ -84,13 +84,15 @@ def alibi_bias(
     *,
     num_heads: int,
     mode: str = "causal",
-    offset: Any = 0,
+    offset: Any = None,
     dtype: Any = "float32",
     max_length: int | None = None,
 ) -> jax.Array:
     """The ALiBi bias ``(num_heads, query_length, key_length)``, the core's values exactly.
 
-    Query ``i`` is at position ``offset + i``, key ``j`` at ``j``; ``bias[h, i, j]`` is
+    Query ``i`` is at position ``offset + i`` (no offset: the queries are the last
+    ``query_length`` of the ``key_length`` positions, as with a KV cache; see
+    :func:`posenc.core.plan.align_queries`), key ``j`` at ``j``; ``bias[h, i, j]`` is
     ``-m_h · (p - j)`` for past keys and 0 for future ones (``"causal"``), or
     ``-m_h · |p - j|`` (``"symmetric"``), formed by the core in float64 and rounded once
     to ``dtype`` (never a float32 product in JAX).
@@ -103,10 +105,12 @@ def alibi_bias(
     Args:
         query_length: Number of queries, a static int >= 0.
         key_length: Number of keys, a static int >= 0; ``None`` means ``offset +
-            query_length`` (only with a concrete ``offset``).
+            query_length`` (``query_length`` without an offset; only with a concrete
+            ``offset``).
         num_heads: Number of heads, a static int >= 1.
         mode: ``"causal"`` or ``"symmetric"``.
-        offset: Position of the first query: an int >= 0, or a traced integer scalar.
+        offset: Position of the first query: an int >= 0, a traced integer scalar, or
+            ``None`` (default: the last ``query_length`` of the ``key_length`` positions).
         dtype: float16, bfloat16, float32, or float64 with JAX's 64-bit mode.
         max_length: For a traced ``offset``: query positions ``offset + i`` must lie
             below it. Defaults to ``key_length`` (the queries lie among the keys, as when
@@ -134,7 +138,7 @@ def alibi_bias(
     spec = AlibiSpec(num_heads=static_int(num_heads, "num_heads", minimum=1), mode=mode)
     if max_length is not None:
         max_length = static_int(max_length, "max_length", minimum=1, maximum=MAX_POSITIONS)
-    offset = check_offset(offset, "offset")
+    offset = None if offset is None else check_offset(offset, "offset")
     if not is_traced(offset):
         return to_tensor(spec.bias(query_length, key_length, offset=offset, fmt=fmt), fmt)
     if key_length is None:
@@ -145,7 +149,7 @@ def alibi_bias(
     if query_length == 0 or key_length == 0:
         return jnp.zeros((spec.num_heads, query_length, key_length), jnp.dtype(fmt))
     bound = key_length if max_length is None else max_length
-    position = offset + jnp.arange(query_length)  # (Q,)
+    position = offset + jnp.arange(query_length, dtype=offset.dtype)  # (Q,), widened
     # query p and key j are at distance p - j: row p - j + K - 1 of the table
     index = position[:, None] - jnp.arange(key_length)[None, :] + (key_length - 1)  # (Q, K)
     tables = _AlibiDistances(spec, fmt, key_length)
@@ -205,7 +209,7 @@ def t5_bias(
     *,
     bidirectional: bool = True,
     max_distance: int = 128,
-    offset: Any = 0,
+    offset: Any = None,
     compat: str = "hf",
 ) -> jax.Array:
     """T5's relative position bias ``(num_heads, query_length, key_length)``.
@@ -225,10 +229,12 @@ def t5_bias(
             num_heads)`` (HF's ``relative_attention_bias.weight``).
         query_length: Number of queries, a static int >= 0.
         key_length: Number of keys, a static int >= 0; ``None`` means ``offset +
-            query_length`` (only with a concrete ``offset``).
+            query_length`` (``query_length`` without an offset; only with a concrete
+            ``offset``).
         bidirectional: ``True`` for the encoder, ``False`` for the causal decoder.
         max_distance: Distance from which the buckets saturate (128 in T5).
-        offset: Position of the first query: an int >= 0 or a traced integer scalar.
+        offset: Position of the first query: an int >= 0, a traced integer scalar, or
+            ``None`` (default: the last ``query_length`` of the ``key_length`` positions).
         compat: ``"hf"`` (Hugging Face's float32 bucket edges) or ``"exact"``.
 
     Returns:
@@ -266,9 +272,9 @@ def t5_bias(
         key_length = static_int(key_length, "key_length", minimum=0)
     spec.check_table_memory()
     (buckets,) = _T5Buckets(spec, "int32").table(2 * max_distance + 1)  # (2·max + 1,)
-    offset = check_offset(offset, "offset")
+    offset = None if offset is None else check_offset(offset, "offset")
     if not is_traced(offset):
-        query_length, key_length, offset = check_lengths(query_length, key_length, offset)
+        query_length, key_length, offset = align_queries(query_length, key_length, offset)
         check_memory(  # the distances, the bucket indices and the bias of every head
             query_length * key_length * (16 + spec.num_heads * weights.dtype.itemsize),
             f"this T5 bias for {query_length} queries and {key_length} keys",
@@ -286,7 +292,7 @@ def t5_bias(
             "key_length must be given when offset is traced: the default offset + "
             "query_length would make the result's shape depend on a traced value"
         )
-    position = offset + jnp.arange(query_length)  # (Q,)
+    position = offset + jnp.arange(query_length, dtype=offset.dtype)  # (Q,), widened
     relative = jnp.arange(key_length)[None, :] - position[:, None]  # (Q, K)
     index = jnp.asarray(buckets)[jnp.clip(relative, -max_distance, max_distance) + max_distance]
     bias = jnp.moveaxis(weights[index], -1, 0)  # (H, Q, K)

@@ -19,13 +19,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import MAX_POSITIONS, check_choice, describe
+from .._checks import MAX_POSITIONS, check_choice, check_positions, describe
+from ..core.plan import plan_scaling
 from ..core.precision import FORMATS
 from ..core.rope import ROPE_LAYOUTS, RopeScaling, as_rope_scaling, check_rope_shapes
 from ..specs import RopeSpec
-from ._backend import PositionTables, format_of, static_int
+from ._backend import PositionTables, format_of, is_traced, static_int, widen
 
-__all__ = ["RopeTables", "apply_rope", "rope_tables"]
+__all__ = ["RopeTables", "apply_rope", "rope_rows", "rope_tables"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,51 @@ class RopeTables(PositionTables):
 
     def _derive(self, positions: int | np.ndarray, start: int) -> tuple[np.ndarray, ...]:
         return self.spec.tables(positions, fmt=self.fmt, start=start, seq_len=self.seq_len)
+
+
+def _call_length(positions: Any, start: Any, count: int) -> int | None:
+    """One past a call's largest position (``None``: known only inside a trace)."""
+    if positions is None:
+        return None if is_traced(start) else int(start) + count
+    if is_traced(positions):
+        return None
+    if isinstance(positions, int):
+        return positions
+    values = check_positions(positions)  # finite numbers within ±2**53, or a clear error
+    return int(np.floor(values.max())) + 1 if values.size else 0
+
+
+def rope_rows(
+    spec: RopeSpec,
+    fmt: str,
+    *,
+    positions: Any = None,
+    start: Any = 0,
+    count: int = 0,
+    max_length: int | None,
+    name: str,
+) -> tuple[jax.Array, jax.Array]:
+    """``(cos, sin)`` of one call: at ``positions`` (any shape), or for the run
+    ``start .. start+count-1``, with the frequencies :func:`posenc.core.plan.plan_scaling`
+    chooses for the call's length (LongRoPE's two tables selected in the graph when the
+    length is traced)."""
+    plan = plan_scaling(spec.scaling, _call_length(positions, start, count), name=f"{name}: ")
+
+    def read(seq_len: int | None) -> tuple[jax.Array, ...]:
+        tables = RopeTables(spec, fmt, seq_len)
+        if positions is None:
+            assert max_length is not None  # a run always has its table's length
+            return tables.span(start, count, max_length=max_length)
+        return tables.at(positions, max_length=max_length, name=f"{name}: positions")
+
+    if plan.switch is None:
+        cos, sin = read(plan.seq_len)
+        return cos, sin
+    short, long = read(None), read(plan.switch + 1)
+    # the largest position, widened (by check_offset for a start): it cannot wrap
+    last = start + (count - 1) if positions is None else jnp.max(widen(positions))
+    pick = last >= plan.switch  # L = last + 1 > switch
+    return jnp.where(pick, long[0], short[0]), jnp.where(pick, long[1], short[1])
 
 
 def rope_tables(
@@ -77,9 +123,12 @@ def rope_tables(
             ``"ntk"``, ``"dynamic_ntk"``, ``"yarn"``, ``"llama3"``, ``"longrope"``; or a
             :class:`~posenc.core.rope.RopeScaling` spec, or its dict form
             (``{"rope_type": "yarn", ...}``), without ``scaling_params``.
-        scaling_params: The method's parameters, as for the core's function. The
-            length-dependent methods take the length as a parameter: ``"dynamic_ntk"``
-            and ``"longrope"`` use ``seq_len`` from here (``None``: the original length).
+        scaling_params: The method's parameters, as for the core's function, but for
+            ``seq_len``: a length-dependent method follows the call's length, ``L`` for
+            an int, ``max(positions) + 1`` for an array
+            (:func:`posenc.core.plan.plan_scaling`, as every front end); for traced
+            positions LongRoPE selects its factors in the graph, and dynamic NTK is a
+            ``ValueError``.
         dtype: float32 (default: tables stay float32 whatever the queries' dtype),
             float16, bfloat16, or float64 with JAX's 64-bit mode.
         max_length: Rows of the tables traced positions are gathered from; required for
@@ -106,14 +155,14 @@ def rope_tables(
     head_dim = static_int(head_dim, "head_dim", minimum=1)
     if rotary_dim is not None:
         rotary_dim = static_int(rotary_dim, "rotary_dim", minimum=2)
-    method, seq_len = as_rope_scaling(scaling, scaling_params)
+    method, _ = as_rope_scaling(scaling, scaling_params, seq_len_owner="function")
     spec = RopeSpec(
         head_dim=head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=method
     )  # validates the base, the widths, the layout and the method's width-dependent checks
     fmt = format_of(dtype)
     if max_length is not None:
         max_length = static_int(max_length, "max_length", minimum=1, maximum=MAX_POSITIONS)
-    cos, sin = RopeTables(spec, fmt, seq_len).at(positions, max_length=max_length)
+    cos, sin = rope_rows(spec, fmt, positions=positions, max_length=max_length, name="rope_tables")
     return cos, sin  # (*positions.shape, rotary_dim) each
 
 

@@ -21,7 +21,6 @@ __all__ = [
     "check_inputs",
     "check_known_positions",
     "check_positions",
-    "dynamic_message",
     "input_axes",
     "is_default_start",
     "place_rows",
@@ -135,16 +134,6 @@ def place_rows(rows: Any, rank: int, sequence: int) -> Any:
         if axis not in present:
             rows = ops.expand_dims(rows, axis)
     return rows
-
-
-def dynamic_message(scaling: str, problem: str) -> str:
-    """Why a length-dependent scaling cannot run with a length known only in a trace."""
-    return (
-        f"scaling={scaling!r} recomputes the frequencies from the sequence length L = "
-        f"start_index + seq (or max(positions) + 1) of each call, so L must be known when "
-        f"the call runs, but {problem}; pass start_index as a Python int with a statically "
-        "shaped input, or use a fixed scaling such as 'ntk' or 'yarn'"
-    )
 
 
 def rank_message(shape: tuple[Any, ...]) -> str:

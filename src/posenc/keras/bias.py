@@ -5,7 +5,9 @@ query, key)`` (the convention of keras-hub's ``AlibiBias``); :meth:`compute_bias
 the ``(num_heads, query, key)`` bias alone. Query ``i`` sits at position ``start_index +
 i`` and key ``j`` at position ``j``; ``start_index`` defaults to ``key - query`` (the
 queries are the last positions, as when decoding with a KV cache; 0 when ``query ==
-key``).
+key``): the convention of every front end, :func:`posenc.core.plan.align_queries`.
+Keras keeps keras-hub's name ``start_index`` for what the other front ends call
+``offset``.
 
 The numbers come from :mod:`posenc.core`: ALiBi's ``slope × distance`` products in
 float64, rounded once to the scores' format, and the T5 bucket of every relative
@@ -31,6 +33,7 @@ import numpy as np
 from keras import ops
 
 from .._checks import DEFAULT_MAX_BYTES, MemoryLimitError, check_int, check_max_length, format_bytes
+from ..core.plan import align_queries, traced_offset
 from ..specs import AlibiSpec, FromSpec, T5Spec
 from ._backend import (
     ChecksPlainArguments,
@@ -75,21 +78,16 @@ class _ScoreBias(ChecksPlainArguments, keras.layers.Layer):
             )
 
     def _resolve(self, q: Any, k: Any, start_index: Any) -> Any:
-        """The position of the first query: ``start_index`` checked, or ``k - q``."""
+        """The position of the first query: ``start_index`` checked, or the planner's
+        alignment (the last ``q`` of the ``k`` positions)."""
         name = type(self).__name__
         if start_index is not None:
             return start_position(start_index, name)
         if isinstance(q, int) and isinstance(k, int):  # eager, or a trace with static shapes
-            if q > k:
-                raise ValueError(
-                    f"{name}: with start_index=None the queries are the last {q} of the {k} "
-                    f"key positions (start_index = key - query), which needs query <= key; "
-                    f"got query={q} > key={k}; pass start_index explicitly"
-                )
-            return k - q
+            return align_queries(q, k, name=f"{name}: ", offset_name="start_index")[2]
         # A length known only when the graph runs: k - q may be negative, and then the
         # query rows at negative positions come out NaN (see _query_rows).
-        return ops.cast(k, "int32") - ops.cast(q, "int32")
+        return traced_offset(ops.cast(q, "int32"), ops.cast(k, "int32"))
 
     def call(self, scores: Any, start_index: Any = None) -> Any:
         name = type(self).__name__
@@ -126,22 +124,21 @@ class _ScoreBias(ChecksPlainArguments, keras.layers.Layer):
             and key position ``j``.
         """
         name = type(self).__name__
-        q = check_int(query_length, "query_length", minimum=0)
-        k = None if key_length is None else check_int(key_length, "key_length", minimum=0)
         fmt = format_of(dtype)
-        if start_index is None:
-            start: Any = 0 if k is None else self._resolve(q, k, None)
-            k = q if k is None else k
+        start = None if start_index is None else start_position(start_index, name)
+        if start is None or isinstance(start, int):  # the planner's alignment, checked
+            q, k, start = align_queries(
+                query_length, key_length, start, name=f"{name}: ", offset_name="start_index"
+            )
         else:
-            start = start_position(start_index, name)
-            if k is None:
-                if not isinstance(start, int):
-                    raise ValueError(
-                        f"{name}.compute_bias needs key_length when start_index is a tensor "
-                        "whose value is not known yet (key_length defaults to start_index + "
-                        "query_length)"
-                    )
-                k = start + q
+            q = check_int(query_length, "query_length", minimum=0)
+            if key_length is None:
+                raise ValueError(
+                    f"{name}.compute_bias needs key_length when start_index is a tensor "
+                    "whose value is not known yet (key_length defaults to start_index + "
+                    "query_length)"
+                )
+            k = check_int(key_length, "key_length", minimum=0)
         if not self.built:
             self.build()
         return self._bias(q, k, start, fmt)

@@ -15,7 +15,8 @@ import numpy as np
 from keras import ops
 
 from .._checks import check_base, check_choice, check_int, check_max_length, check_width
-from ..core.rope import ROPE_LAYOUTS, LongRopeScaling, as_rope_scaling
+from ..core.plan import plan_scaling
+from ..core.rope import ROPE_LAYOUTS, as_rope_scaling
 from ..specs import FromHFConfig, RopeSpec
 from ._backend import (
     ChecksPlainArguments,
@@ -34,7 +35,6 @@ from ._rope_inputs import (
     check_inputs,
     check_known_positions,
     check_positions,
-    dynamic_message,
     input_axes,
     is_default_start,
     place_rows,
@@ -75,19 +75,19 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
       first). Call :meth:`extend` before tracing for longer sequences (the config saves
       the extended length).
 
-    Length-dependent scalings, with the call's length ``L = start_index + seq`` (or
-    ``max(positions) + 1``, as Hugging Face's ``dynamic_rope_update``): ``"longrope"``
-    uses ``long_factor`` while ``L > original_max_position_embeddings`` and
-    ``short_factor`` otherwise; both tables are built and the choice works inside traces
-    (``keras.ops.where``). ``"dynamic_ntk"`` (Hugging Face ``"dynamic"``), like any other
-    registered length-dependent method, changes the
-    frequencies with ``L``, so ``L`` must be known when the call runs (a ``ValueError``
-    otherwise: use a fixed scaling in traced code); past the original length the core
-    computes the call's rows at ``seq_len=L``. The layer is stateless; the PyTorch
-    module and Hugging Face keep the frequencies of the longest length seen until ``L``
-    falls back under the original, which agrees whenever ``L`` does not decrease above
-    it (prefill, then one token at a time). With this method, decoding one token at a
-    time past the original length differs from the full-sequence call in every
+    Length-dependent scalings follow the call's length ``L = start_index + seq`` (or
+    ``max(positions) + 1``, Hugging Face's rule), the same in every front end
+    (:func:`posenc.core.plan.plan_scaling`): ``"longrope"`` uses ``long_factor`` while
+    ``L > original_max_position_embeddings`` and ``short_factor`` otherwise; both tables
+    are built and a traced ``L`` selects in the graph (``keras.ops.where``).
+    ``"dynamic_ntk"`` (Hugging Face ``"dynamic"``), like any other registered method
+    whose frequencies change with every length, needs ``L`` known when the call runs (a
+    ``ValueError`` otherwise: use a fixed scaling in traced code); past the original
+    length the core computes the call's rows at ``seq_len=L``. No state is kept between
+    calls (Hugging Face's module keeps the longest ``L`` seen until a call falls back
+    under the original; the two agree whenever ``L`` does not decrease above it: a
+    prompt, then one token at a time). With these methods, decoding one token at a time
+    past the original length differs from the full-sequence call in every
     implementation: the cached keys were rotated with earlier frequencies.
 
     Args:
@@ -206,11 +206,10 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
         )
         self.scaling: str = self._scaling.name
         self.scaling_params: dict[str, Any] = self._scaling.params()
-        # Length-dependent scalings: LongRoPE's two sets of factors have a table each, and
-        # a traced length picks one in the graph; any other method needs the length known
-        # and computes the call's rows past the original length (as dynamic NTK).
-        self._two_variants = isinstance(self._scaling, LongRopeScaling)
-        self._per_length = self._scaling.length_dependent and not self._two_variants
+        # Length-dependent scalings (posenc.core.plan.plan_scaling): one with two sets of
+        # frequencies (LongRoPE) has a table for each, and a traced length picks one in the
+        # graph; any other needs the length known and gets the call's rows from the core.
+        self._two_variants = self._scaling.switch_length is not None
         self.spec: RopeSpec | None = None
         self.head_dim: int | None = None
         self.rotary_dim: int | None = rotary_dim
@@ -244,18 +243,15 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
         self.head_dim, self.rotary_dim = head_dim, self.spec.rotary_dim
         self.inv_freq, self.attention_factor = inv_freq, attention_factor
         self._frequencies = {"base": inv_freq}
-        if self._two_variants:  # LongRoPE: one table per set of factors, chosen per call
-            original = self._original()
-            self._frequencies = {"short": inv_freq, "long": self._scaled(original + 1)}
+        switch = self._scaling.switch_length
+        if switch is not None:  # LongRoPE: one table per set of factors, chosen per call
+            self._frequencies = {"short": inv_freq, "long": self._scaled(switch + 1)}
         turn, self._sign = turn_index(self.rotary_dim, self.layout)
         with outside_traces():
             self._turn = ops.convert_to_tensor(turn, dtype="int32")
         self._tables = PositionTables(self._derive, self.max_length)
         self._tables.get(self._format(self.compute_dtype))
         self.built = True
-
-    def _original(self) -> int:
-        return int(self._scaling.original_length or 0)
 
     def _scaled(self, length: int) -> np.ndarray:
         """The inverse frequencies of a length-dependent scaling at sequence length ``length``."""
@@ -398,14 +394,13 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
         ``(positions, start)`` (an int ``positions``: a run from ``start``) to compute the
         rows; the table rows: ``start .. start+seq-1`` (``where`` None) or at ``where``."""
         assert self._tables is not None  # built
-        original = self._original()
-        length = original if end is None else self._scaling.scaled_length(end, original)
-        if self._per_length and length > original:  # a stateless dynamic_rope_update
-            return self._values(exact[0], self._scaled(length), fmt, start=exact[1])
+        plan = plan_scaling(self._scaling, end, name="RotaryEmbedding: ")
+        if plan.seq_len is not None and not self._two_variants:  # the call's own length
+            return self._values(exact[0], self._scaled(plan.seq_len), fmt, start=exact[1])
         if not self._two_variants:
             variant = "base"
-        else:  # long factors past the original length; a traced length selects in-graph
-            variant = "" if end is None else "long" if end > original else "short"
+        else:  # the long factors past the switch; a traced length selects in the graph
+            variant = "" if plan.switch is not None else "long" if plan.seq_len else "short"
         first = exact[1] if isinstance(exact[0], int) else None
         if end is not None and not self._tables.cover(end, fmt, first):  # far, or refused
             return self._values(exact[0], self._frequencies[variant], fmt, start=exact[1])
@@ -418,19 +413,17 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
 
         if variant:
             return rows(variant)
+        switch = plan.switch
         if where is None:
-            long = ops.greater(start, ops.subtract(original, seq))  # start + seq > original
+            long = ops.greater(start, ops.subtract(switch, seq))  # start + seq > switch
         else:
-            long = ops.greater_equal(ops.max(where), original)  # max + 1 > original
+            long = ops.greater_equal(ops.max(where), switch)  # max + 1 > switch
         return select(long, rows("long"), rows("short"))
 
     def _contiguous_rows(self, start_index: Any, seq: Any, fmt: str) -> tuple[Any, Any]:
         """Rows ``start_index .. start_index+seq-1`` of the tables: ``(seq, r)`` each."""
         start = start_position(start_index, "RotaryEmbedding")  # an int when known
         end = start + seq if isinstance(start, int) and isinstance(seq, int) else None
-        if self._per_length and end is None:
-            what = "the sequence length" if isinstance(start, int) else "start_index"
-            raise ValueError(dynamic_message(self.scaling, f"{what} is known only at run time"))
         return self._select(fmt, end, (seq, start if end is not None else 0), None, start, seq)
 
     def _gathered_rows(self, positions: Any, batch: Any, seq: Any, fmt: str) -> tuple[Any, Any]:
@@ -441,8 +434,6 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
         if known is not None:
             check_known_positions(known)
             end = int(known.max()) + 1 if known.size else 0
-        if self._per_length and end is None:
-            raise ValueError(dynamic_message(self.scaling, "positions are known only at run time"))
         exact = (None if known is None else known.astype(np.int64), 0)
         index = saturate_int32(positions)  # (seq,) or (batch, seq)
         return self._select(fmt, end, exact, index, None, None)
@@ -457,8 +448,8 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
         shape, dtype = self._check_inputs(inputs)
         if positions is None:
             start = start_position(start_index, "RotaryEmbedding")
-            if self._per_length and not isinstance(start, int):
-                raise ValueError(dynamic_message(self.scaling, "start_index is a symbolic input"))
+            if not isinstance(start, int):  # a symbolic start: a traced length
+                plan_scaling(self._scaling, None, name="RotaryEmbedding: ")
         else:
             if not is_default_start(start_index):
                 raise ValueError(
@@ -467,8 +458,8 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
                 )
             assert self._axes is not None  # built
             positions = check_positions(positions, shape[0], shape[self._axes[0]])
-            if self._per_length and known_value(positions) is None:
-                raise ValueError(dynamic_message(self.scaling, "positions are a symbolic input"))
+            if known_value(positions) is None:  # symbolic positions: a traced length
+                plan_scaling(self._scaling, None, name="RotaryEmbedding: ")
         return keras.KerasTensor(shape, dtype=dtype)
 
     def get_config(self) -> dict[str, Any]:

@@ -131,11 +131,12 @@ class SandwichSpec(SchemeSpec):
         query_length: int,
         key_length: int | None = None,
         *,
-        offset: int = 0,
+        offset: int | None = None,
         fmt: str = "float32",
         max_bytes: int | None = DEFAULT_MAX_BYTES,
     ) -> np.ndarray:
-        """``(num_heads, query_length, key_length)``, queries at ``offset + i``."""
+        """``(num_heads, query_length, key_length)``, queries at ``offset + i`` (no
+        offset: the last ``query_length`` of the ``key_length`` positions)."""
         return sandwich_bias(
             query_length,
             key_length,

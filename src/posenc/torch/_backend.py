@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_int, describe
+from ..core.plan import IndexPlan, Past, RowsPlan, plan_index, plan_rows
 from ..core.positions import MemoryLimitError, grow
 
 __all__ = [
@@ -43,12 +44,14 @@ __all__ = [
     "PositionTables",
     "check_offset",
     "check_position_tensor",
+    "dtype_name",
     "eager_only",
     "format_of",
     "gather_rows",
     "is_traced",
     "known_value",
-    "positions_end",
+    "positions_range",
+    "to_index",
     "to_tensor",
 ]
 
@@ -104,18 +107,35 @@ def known_value(value: Tensor) -> np.ndarray | None:
     return value.detach().cpu().numpy()
 
 
-def gather_rows(table: Tensor, index: Tensor) -> Tensor:
-    """``table[index]`` along axis 0; while tracing, NaN rows where ``index`` is outside.
+def dtype_name(value: Tensor) -> str:
+    """The NumPy-style name of a tensor's dtype (``"int8"``, ``"float32"``)."""
+    return str(value.dtype).removeprefix("torch.")
 
-    Eagerly the index was checked (and the table grown) before, so this is a plain
-    gather. A traced index cannot be checked, so an out-of-range one gives a row of NaN,
-    the sentinel every front end uses (:mod:`posenc.core.positions`).
+
+def to_index(index: Tensor, plan: IndexPlan) -> Tensor:
+    """Traced positions as ``plan.dtype`` (int64 here), saturated where the cast would wrap.
+
+    PyTorch cannot clamp unsigned 64-bit tensors; their values past ``2**63 - 1`` become
+    negative in the cast instead, outside every table as the saturated value would be.
     """
-    index = index.to(device=table.device, dtype=torch.int64)  # int8, uint8, ... too
-    if not is_traced():
-        return nn.functional.embedding(index, table)
-    rows = table.shape[0]
-    valid = (index >= 0) & (index < rows)
+    if plan.clip is not None and index.dtype != torch.uint64:
+        index = index.clamp(*plan.clip)
+    return index.to(torch.int64)
+
+
+def gather_rows(table: Tensor, index: Tensor, plan: IndexPlan | None = None) -> Tensor:
+    """``table[index]`` along axis 0; with a ``plan`` (traced positions), NaN rows where
+    ``index`` lies outside ``0 .. plan.rows-1``.
+
+    Without a plan the index was checked (and the table grown) by the planner before, so
+    this is a plain gather. A traced index cannot be checked, so the plan's bounds give a
+    row of NaN outside the table, the sentinel every front end uses
+    (:mod:`posenc.core.positions`), in any integer dtype (:func:`posenc.core.plan.plan_index`).
+    """
+    if plan is None:
+        return nn.functional.embedding(index.to(device=table.device, dtype=torch.int64), table)
+    index = to_index(index, plan).to(table.device)
+    valid = (index >= 0) & (index < plan.rows)
     safe = torch.where(valid, index, torch.zeros_like(index))
     gathered = nn.functional.embedding(safe, table)  # (*index.shape, width)
     return gathered.masked_fill(~valid.unsqueeze(-1), float("nan"))
@@ -186,18 +206,21 @@ def check_position_tensor(
         )
 
 
-def positions_end(positions: Tensor, default: int, name: str) -> int:
-    """One past the largest position, after checking that none is negative.
-
-    Reading the values synchronises with the device; while tracing that is skipped and
-    ``default`` returned: there :func:`gather_rows` marks out-of-range rows with NaN.
-    """
-    if is_traced() or not positions.numel():
-        return default
-    low, high = (int(v) for v in torch.aminmax(positions))
+def positions_range(positions: Tensor, name: str) -> tuple[int, int] | None:
+    """``(lowest, highest)`` of a call's positions, after checking that none is negative
+    (``(0, -1)`` for none); ``None`` while tracing, where the values are unknown.
+    Reading the values synchronises with the device."""
+    if is_traced():
+        return None
+    if positions.numel() <= 1:  # a decoding step: one read, no reduction
+        if not positions.numel():
+            return 0, -1
+        low = high = int(positions.item())
+    else:
+        low, high = (int(v) for v in torch.aminmax(positions))
     if low < 0:
         raise ValueError(f"{name}: positions must be >= 0, got {low}")
-    return high + 1
+    return low, high
 
 
 def apply_dropout(dropout: nn.Dropout, x: Tensor) -> Tensor:
@@ -396,27 +419,32 @@ class PositionTables(DerivedBuffers):
         return other
 
     def _covering(
-        self,
-        end: int,
-        dtype: torch.dtype,
-        device: torch.device,
-        name: str,
-        start: int | None = None,
+        self, end: int, dtype: torch.dtype, device: torch.device, name: str
     ) -> tuple[Tensor, ...] | None:
-        """The tables in ``dtype`` grown to hold rows ``0 .. end-1`` for a call whose first
-        position is ``start`` (if known); ``None``: not grown (far, or refused), compute
-        the call's rows directly (:func:`posenc.core.positions.grow`)."""
-        rows = self.table_length
-        if end > rows:
-            if is_traced():
-                raise ValueError(
-                    f"{name}: positions up to {end - 1} need longer tables than the {rows} "
-                    f"rows built; under torch.compile or torch.export call .extend({end}) "
-                    "before compiling"
-                )
-            grow(self.extend, end, rows, start=start)
-            if end > self.table_length:  # far past the table, or refused by the limit
-                return None
+        """The whole tables in ``dtype``, grown to hold rows ``0 .. end-1`` as the planner
+        says; ``None`` where it says to compute rows directly (or the limit refused)."""
+        plan = plan_rows(self.table_length, start=0, count=end, past=self._past())
+        return self._planned_tables(plan, dtype, device, name)
+
+    def _past(self) -> Past:
+        """What the tables can do about rows past them: grow, or (compiling) nothing."""
+        return "refuse" if is_traced() else "grow"
+
+    def _planned_tables(
+        self, plan: RowsPlan, dtype: torch.dtype, device: torch.device, name: str
+    ) -> tuple[Tensor, ...] | None:
+        """The tables for a known call's ``plan``, grown if it says so; ``None``: compute
+        the call's rows directly (far past the tables, or refused by the memory limit)."""
+        if plan.action == "refuse":  # a known offset while compiling: NumPy cannot run
+            raise ValueError(
+                f"{name}: positions up to {plan.end - 1} need longer tables than the "
+                f"{self.table_length} rows built; under torch.compile or torch.export call "
+                f".extend({plan.end}) before compiling"
+            )
+        if plan.action == "grow":
+            grow(self.extend, plan.end, self.table_length)
+        if plan.action == "direct" or plan.end > self.table_length:
+            return None
         try:
             return self._tables_in(dtype, device)
         except MemoryLimitError:  # a copy in another dtype refused by the memory limit
@@ -431,23 +459,27 @@ class PositionTables(DerivedBuffers):
         count: int,
         positions: Tensor | None,
         name: str,
-        end: int | None = None,
+        span: tuple[int, int] | None = None,
     ) -> tuple[Tensor, ...]:
-        """Every table's rows for this call: ``offset .. offset+count-1`` or ``positions``.
+        """Every table's rows for this call: ``offset .. offset+count-1`` or ``positions``,
+        as the planner says (:mod:`posenc.core.plan`).
 
-        Returns ``(count, width)`` tables, or ``(*positions.shape, width)`` ones. ``end``
-        (one past the largest position) may be given when the caller has read it.
+        Returns ``(count, width)`` tables, or ``(*positions.shape, width)`` ones. ``span``
+        (the positions' lowest and highest) may be given when the caller has read it.
         """
+        if positions is not None and is_traced():  # values unknown: NaN rows outside
+            index = plan_index(dtype_name(positions), self.table_length, wide="int64")
+            return tuple(gather_rows(t, positions, index) for t in self._tables_in(dtype, device))
         if positions is None:
-            tables = self._covering(offset + count, dtype, device, name, start=offset)
-            if tables is None:  # far past the table, or refused: only this call's rows
+            plan = plan_rows(self.table_length, start=offset, count=count, past=self._past())
+        else:
+            low, high = positions_range(positions, name) if span is None else span  # type: ignore[misc]
+            plan = plan_rows(self.table_length, low=low, high=high)
+        tables = self._planned_tables(plan, dtype, device, name)
+        if tables is None:  # only this call's rows, from the core
+            if positions is None:
                 return self._derive(count, offset, dtype, device)
-            return tuple(t[offset : offset + count] for t in tables)
-        if end is None:
-            end = positions_end(positions, count, name)
-        if is_traced():
-            return tuple(gather_rows(t, positions) for t in self._tables_in(dtype, device))
-        tables = self._covering(end, dtype, device, name)
-        if tables is None:
             return self._derive(positions.detach().cpu().numpy(), 0, dtype, device)
+        if positions is None:
+            return tuple(t[offset : offset + count] for t in tables)
         return tuple(gather_rows(t, positions) for t in tables)

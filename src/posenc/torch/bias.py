@@ -6,8 +6,9 @@ The numbers come from the core: ALiBi's slopes from :func:`posenc.alibi_slopes`,
 bucket of every relative distance from :func:`posenc.relative_position_bucket`; the
 modules only combine them with integer distances on the tensors' device.
 
-Positions follow the convention of the other modules: queries sit at
-``offset .. offset+q-1`` (KV-cache decoding) and keys at ``0 .. k-1``, or both are given
+Positions follow the convention of every front end (:func:`posenc.core.plan.align_queries`):
+keys sit at ``0 .. k-1`` and queries at ``offset .. offset+q-1``; without an offset the
+queries are the last ``q`` of the ``k`` positions (KV-cache decoding). Both may be given
 explicitly (``positions=``, ``key_positions=``) for packed sequences.
 """
 
@@ -19,8 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import DEFAULT_MAX_BYTES, check_int, check_memory, describe
+from ..core.plan import align_queries, traced_offset
 from ..specs import AlibiSpec, FromSpec, T5Spec
-from ._backend import DerivedBuffers, check_offset_or_positions, format_of
+from ._backend import DerivedBuffers, check_offset, check_offset_or_positions, format_of
 from .protocols import BiasesScores
 
 
@@ -32,23 +34,54 @@ def _length(value: Any, name: str) -> Any:
 def _relative_positions(
     query_length: int,
     key_length: int | None,
-    offset: int,
+    offset: int | None,
     positions: Tensor | None,
     key_positions: Tensor | None,
     device: torch.device,
     name: str,
     entry_bytes: int,
-) -> Tensor:
-    """``key position - query position``: ``(q, k)``, or ``(batch, q, k)`` when given.
+) -> tuple[Tensor, Any]:
+    """``(key position - query position, offset)``: ``(q, k)``, or ``(batch, q, k)`` when
+    positions are given (then the offset is 0).
 
     ``entry_bytes`` is what the caller then needs per ``(q, k)`` entry (all heads): the
     memory of the whole call is checked before anything is allocated.
     """
+    if positions is not None:
+        check_offset_or_positions(0 if offset is None else offset, positions, name)
+        offset = 0
+    elif offset is not None:
+        offset = check_offset(offset, name)
     query_length = _length(query_length, "query_length")
-    offset = check_offset_or_positions(offset, positions, name)
-    if key_length is None:
-        key_length = offset + query_length
-    key_length = _length(key_length, "key_length")
+    if key_length is not None:
+        key_length = _length(key_length, "key_length")
+    if _symbolic(query_length, key_length, offset):  # torch.export: the same rule, unchecked
+        if offset is None:
+            offset = 0 if key_length is None else traced_offset(query_length, key_length)
+        key_length = offset + query_length if key_length is None else key_length
+    else:  # the one convention for q != k, from the core's planner
+        query_length, key_length, offset = align_queries(
+            query_length, key_length, offset, name=f"{name}: "
+        )
+    batch = _check_positions(positions, key_positions, query_length, key_length, name)
+    check_memory(
+        batch * query_length * key_length * (8 + entry_bytes),
+        f"{name}'s bias for {query_length} queries and {key_length} keys",
+        DEFAULT_MAX_BYTES,
+        fix="compute it in blocks of queries (positions=, key_positions=)",
+    )
+    if positions is None:
+        positions = torch.arange(offset, offset + query_length, device=device)
+    if key_positions is None:
+        key_positions = torch.arange(key_length, device=device)
+    relative = key_positions.to(device).unsqueeze(-2) - positions.to(device).unsqueeze(-1)
+    return relative, offset
+
+
+def _check_positions(
+    positions: Any, key_positions: Any, query_length: Any, key_length: Any, name: str
+) -> int:
+    """Integer tensors ``(q,)``/``(batch, q)`` and ``(k,)``/``(batch, k)``; the batch size."""
     for value, what, size in ((positions, "positions", query_length),
                               (key_positions, "key_positions", key_length)):  # fmt: skip
         if value is None:
@@ -72,17 +105,11 @@ def _relative_positions(
             f"{name}: positions and key_positions have different batch sizes "
             f"{tuple(given[0].shape)} and {tuple(given[1].shape)}"
         )
-    check_memory(
-        max(batches, default=1) * query_length * key_length * (8 + entry_bytes),
-        f"{name}'s bias for {query_length} queries and {key_length} keys",
-        DEFAULT_MAX_BYTES,
-        fix="compute it in blocks of queries (positions=, key_positions=)",
-    )
-    if positions is None:
-        positions = torch.arange(offset, offset + query_length, device=device)
-    if key_positions is None:
-        key_positions = torch.arange(key_length, device=device)
-    return key_positions.to(device).unsqueeze(-2) - positions.to(device).unsqueeze(-1)
+    return int(max(batches, default=1))
+
+
+def _symbolic(*values: Any) -> bool:
+    return any(isinstance(value, torch.SymInt) for value in values)
 
 
 class ALiBiBias(DerivedBuffers, BiasesScores, FromSpec):
@@ -97,8 +124,9 @@ class ALiBiBias(DerivedBuffers, BiasesScores, FromSpec):
 
     Call arguments:
         query_length, key_length: Sizes of the score matrix (``key_length`` defaults to
-            ``offset + query_length``).
-        offset: Position of the first query (KV-cache decoding).
+            ``offset + query_length``, or ``query_length`` without an offset).
+        offset: Position of the first query (KV-cache decoding); ``None`` (default): the
+            queries are the last ``query_length`` of the ``key_length`` positions.
         positions, key_positions: Optional integer tensors of query / key positions.
         dtype, device: Of the returned bias (float32 on the slopes' device by default).
 
@@ -137,7 +165,7 @@ class ALiBiBias(DerivedBuffers, BiasesScores, FromSpec):
         query_length: int,
         key_length: int | None = None,
         *,
-        offset: int = 0,
+        offset: int | None = None,
         positions: Tensor | None = None,
         key_positions: Tensor | None = None,
         dtype: torch.dtype = torch.float32,
@@ -147,7 +175,7 @@ class ALiBiBias(DerivedBuffers, BiasesScores, FromSpec):
         device = self.slopes.device if device is None else device
         # per entry: the float64 product and the result, for every head
         per_entry = self.num_heads * (8 + torch.empty((), dtype=dtype).element_size())
-        rel = _relative_positions(
+        rel, _ = _relative_positions(
             query_length, key_length, offset, positions, key_positions, device, "ALiBiBias",
             per_entry,
         )  # (..., q, k), key - query  # fmt: skip
@@ -225,7 +253,7 @@ class T5RelativeBias(DerivedBuffers, BiasesScores, FromSpec):
         query_length: int,
         key_length: int | None = None,
         *,
-        offset: int = 0,
+        offset: int | None = None,
         positions: Tensor | None = None,
         key_positions: Tensor | None = None,
         dtype: torch.dtype | None = None,
@@ -237,7 +265,7 @@ class T5RelativeBias(DerivedBuffers, BiasesScores, FromSpec):
         device = weight.device if device is None else device
         # per entry: the bucket index and the bias of every head (and a cast)
         per_entry = 8 + self.num_heads * weight.element_size() * 2
-        rel = _relative_positions(
+        rel, _ = _relative_positions(
             query_length, key_length, offset, positions, key_positions, device,
             "T5RelativeBias", per_entry,
         )  # (..., q, k)  # fmt: skip

@@ -2,8 +2,9 @@
 
 Each plays the :class:`~posenc.torch.protocols.ScoreBias` role, as ALiBi and T5 do: a
 bias ``(heads, query, key)`` (``(batch, heads, query, key)`` with batched positions) that
-the attention adds to its scaled scores. Queries sit at ``offset .. offset+q-1`` and keys
-at ``0 .. k-1``, or both are given (``positions=``, ``key_positions=``).
+the attention adds to its scaled scores. Keys sit at ``0 .. k-1`` and queries at
+``offset .. offset+q-1`` (no offset: the last ``q`` of the ``k`` positions), or both are
+given (``positions=``, ``key_positions=``).
 
 ==========  ============================================================================
 module      bias of query position ``m`` and key position ``n``
@@ -40,13 +41,14 @@ def _positions(
     module: nn.Module,
     query_length: int,
     key_length: int | None,
-    offset: int,
+    offset: int | None,
     positions: Tensor | None,
     key_positions: Tensor | None,
     device: torch.device,
     entry_bytes: int,
-) -> Tensor:
-    """``key position - query position`` of a call, ``(q, k)`` or ``(batch, q, k)``."""
+) -> tuple[Tensor, Any]:
+    """``(key position - query position, offset)`` of a call: ``(q, k)`` or ``(batch, q,
+    k)``, and the first query's position (0 with explicit positions)."""
     return _relative_positions(
         query_length, key_length, offset, positions, key_positions, device,
         type(module).__name__, entry_bytes,
@@ -144,7 +146,7 @@ class KERPLEBias(BiasesScores, FromSpec):
         query_length: int,
         key_length: int | None = None,
         *,
-        offset: int = 0,
+        offset: int | None = None,
         positions: Tensor | None = None,
         key_positions: Tensor | None = None,
         dtype: torch.dtype | None = None,
@@ -153,7 +155,7 @@ class KERPLEBias(BiasesScores, FromSpec):
         p, a = self._projected()  # (H, 1, 1) each
         own = p.device
         per_entry = 8 + 3 * self.num_heads * p.element_size()
-        rel = _positions(
+        rel, offset = _positions(
             self, query_length, key_length, offset, positions, key_positions, own, per_entry
         )  # (..., q, k)
         distance = rel.abs().to(p.dtype).unsqueeze(-3)  # (..., 1, q, k)
@@ -226,7 +228,7 @@ class FIREBias(BiasesScores, FromSpec):
         query_length: int,
         key_length: int | None = None,
         *,
-        offset: int = 0,
+        offset: int | None = None,
         positions: Tensor | None = None,
         key_positions: Tensor | None = None,
         dtype: torch.dtype | None = None,
@@ -236,7 +238,7 @@ class FIREBias(BiasesScores, FromSpec):
         own = c.device
         # per entry: the distance, its transform, the hidden layer and the output
         per_entry = 8 + (3 + self.spec.mlp_width + self.num_heads) * c.element_size()
-        rel = _positions(
+        rel, offset = _positions(
             self, query_length, key_length, offset, positions, key_positions, own, per_entry
         )  # (..., q, k), key - query
         if positions is None:
@@ -323,7 +325,7 @@ class SandwichBias(DerivedBuffers, BiasesScores, FromSpec):
         query_length: int,
         key_length: int | None = None,
         *,
-        offset: int = 0,
+        offset: int | None = None,
         positions: Tensor | None = None,
         key_positions: Tensor | None = None,
         dtype: torch.dtype = torch.float32,
@@ -332,7 +334,7 @@ class SandwichBias(DerivedBuffers, BiasesScores, FromSpec):
         format_of(dtype)
         own = self.table.device
         per_entry = 8 + self.num_heads * (8 + torch.empty((), dtype=dtype).element_size())
-        rel = _positions(
+        rel, offset = _positions(
             self, query_length, key_length, offset, positions, key_positions, own, per_entry
         )  # (..., q, k), key - query
         distance = (-rel).clamp(min=0) if self.mode == "causal" else rel.abs()

@@ -31,16 +31,18 @@ from .._checks import (
     check_weights,
     describe,
 )
+from ..core.plan import plan_index
 from ..specs import FromSpec, LearnedSpec, NopeSpec, SinusoidalSpec
 from ._backend import (
     PositionTables,
     apply_dropout,
     check_offset_or_positions,
     check_position_tensor,
+    dtype_name,
     eager_only,
     format_of,
     gather_rows,
-    positions_end,
+    positions_range,
     to_tensor,
 )
 from .protocols import EncodesInput
@@ -253,10 +255,13 @@ class LearnedPositionalEmbedding(EncodesInput, FromSpec):
             pe = self.weight[offset : offset + seq]  # (seq, d)
         else:
             _check_positions(positions, x, type(self).__name__)
-            end = positions_end(positions, 0, type(self).__name__)
-            if end > self.max_length:
-                raise self._too_long(end - 1, "the largest of positions=")
-            pe = gather_rows(self.weight, positions)  # traced: NaN rows past the table
+            span = positions_range(positions, type(self).__name__)
+            if span is not None and span[1] >= self.max_length:
+                raise self._too_long(span[1], "the largest of positions=")
+            plan = None  # known positions were checked above: a plain gather
+            if span is None:  # traced: NaN rows past the table, in any integer dtype
+                plan = plan_index(dtype_name(positions), self.max_length, wide="int64")
+            pe = gather_rows(self.weight, positions, plan)
         return apply_dropout(self.dropout, x + pe.to(x.dtype))
 
     def extra_repr(self) -> str:

@@ -99,13 +99,17 @@ class ScoreBias(Protocol):
         query_length: int,
         key_length: int | None = None,
         *,
-        offset: int = 0,
+        offset: int | None = None,
         positions: Tensor | None = None,
         key_positions: Tensor | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | None = None,
     ) -> Tensor:
-        """The bias ``(heads, q, k)``, or ``(batch, heads, q, k)`` with batched positions."""
+        """The bias ``(heads, q, k)``, or ``(batch, heads, q, k)`` with batched positions.
+
+        Keys sit at ``0 .. k-1``, queries at ``offset + i``; without an offset, the last
+        ``q`` of the ``k`` positions (:func:`posenc.core.plan.align_queries`).
+        :class:`MultiHeadAttention` always passes the offset (its cache's length)."""
         ...
 
 
@@ -203,7 +207,7 @@ class BiasesScores(nn.Module):
         query_length: int,
         key_length: int | None = None,
         *,
-        offset: int = 0,
+        offset: int | None = None,
         positions: Tensor | None = None,
         key_positions: Tensor | None = None,
         dtype: torch.dtype | None = torch.float32,

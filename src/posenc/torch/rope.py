@@ -17,7 +17,6 @@ Conventions, shared with :mod:`posenc.torch.modules`:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any, Literal, cast
 
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import check_bool, check_choice, check_int, check_max_length, describe
+from ..core.plan import plan_rows, plan_scaling
 from ..core.rope import RopeScaling, as_rope_scaling, rope_permutation
 from ..specs import FromHFConfig, RopeSpec
 from ._backend import (
@@ -36,7 +36,7 @@ from ._backend import (
     eager_only,
     format_of,
     is_traced,
-    positions_end,
+    positions_range,
     to_tensor,
 )
 from .protocols import RotatesQueriesKeys
@@ -97,22 +97,22 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
     * Queries and keys may have different head counts (grouped-query attention); only
       the first ``rotary_dim`` features rotate (partial rotary), the rest pass through.
 
-    Length-dependent scalings. ``"dynamic_ntk"`` (Hugging Face ``"dynamic"``),
-    ``"longrope"`` and any registered method that depends on the length change the
-    frequencies with the sequence length ``L`` of each call (``offset + seq``, or
-    ``max(positions) + 1``), as Hugging Face's ``dynamic_rope_update`` does, state
-    included (:meth:`posenc.RopeScaling.scaled_length`): ``dynamic_ntk`` recomputes the
-    frequencies from the core's ``dynamic_ntk_rope(..., seq_len=L)`` whenever ``L``
-    exceeds the longest length seen so far, and returns to the original ones when ``L``
-    falls below ``original_max_position_embeddings`` again; ``longrope`` uses
-    ``long_factor`` while ``L > original_max_position_embeddings`` and ``short_factor``
-    otherwise. While scaled frequencies are in use, the rows a call needs are computed by
-    the core for that call (the ``cos``/``sin`` buffers keep the original frequencies).
-    This is eager-only: under ``torch.compile``/``torch.export`` these scalings raise,
-    because the length is only known at run time. Note that with ``dynamic_ntk``,
-    decoding one token at a time does not equal the full-sequence call once ``L`` passes
-    the original length (the cached keys were rotated with earlier frequencies): that is
-    the method, in Hugging Face too.
+    Length-dependent scalings follow the length ``L`` of each call (``offset + seq``, or
+    ``max(positions) + 1``: Hugging Face's rule), the same in every front end
+    (:func:`posenc.core.plan.plan_scaling`), with no state kept between calls:
+    ``"longrope"`` uses ``long_factor`` while ``L > original_max_position_embeddings``
+    and ``short_factor`` otherwise, each from a table of its own (the buffers ``cos`` and
+    ``sin`` hold the short one, ``cos_long`` and ``sin_long`` the long one); under
+    ``torch.compile`` with traced positions the two are selected in the graph.
+    ``"dynamic_ntk"`` (Hugging Face ``"dynamic"``) and any other registered method whose
+    frequencies change with every length get, past the original length, the rows of the
+    call computed by the core at ``seq_len=L``; that needs ``L`` and NumPy when the call
+    runs, so under ``torch.compile``/``torch.export`` it raises. (Hugging Face's module
+    also keeps the longest ``L`` seen until a call falls back under the original length;
+    the two agree whenever ``L`` does not decrease above it: a prompt, then decoding.)
+    With these methods, decoding one token at a time past the original length does not
+    equal the full-sequence call (the cached keys were rotated with earlier
+    frequencies): that is the method, in Hugging Face too.
 
     Args:
         head_dim: Features per attention head (int >= 1).
@@ -157,6 +157,8 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
     Attributes:
         cos, sin: The tables, ``(rows, rotary_dim)``, float32 (float64 after ``.double()``),
             in ``layout``; row ``p`` holds ``attention_factor · cos(p θ)`` (and ``sin``).
+        cos_long, sin_long: LongRoPE's tables with ``long_factor`` (only for a scaling
+            with two sets of frequencies).
         attention_factor: The scaling's factor on the tables (YaRN, LongRoPE; else 1).
 
     Example:
@@ -210,34 +212,43 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         self.scaling: str = spec_scaling.name
         self.scaling_params = spec_scaling.params()
         self._inv_freq, self.attention_factor = self.spec.frequencies()  # at construction
-        # Length-dependent scalings: the length the current frequencies belong to (as
-        # Hugging Face's ``max_seq_len_cached``) and those frequencies when they differ
-        # from the construction ones (None: use the buffers).
-        self._scaled_length = spec_scaling.original_length or 0
-        self._scaled_inv_freq: np.ndarray | None = None
-        self._scaled_seq_len: int | None = None
-        self._init_tables(("cos", "sin"), self.max_length, torch.float32, drop=DERIVED_KEYS)
+        # A scaling with two sets of frequencies (LongRoPE) keeps a table for each; the
+        # second is that of the lengths past its switch (seq_len = switch + 1).
+        switch = spec_scaling.switch_length
+        self._variant_seq_len = None if switch is None else switch + 1
+        names = ("cos", "sin") if switch is None else ("cos", "sin", "cos_long", "sin_long")
+        self._init_tables(names, self.max_length, torch.float32, drop=DERIVED_KEYS)
 
     # -- tables --------------------------------------------------------------------------
 
     @property
     def inv_freq(self) -> np.ndarray:
-        """The inverse frequencies in use (float64, ``(rotary_dim // 2,)``), a copy."""
-        current = self._scaled_inv_freq if self._scaled_inv_freq is not None else self._inv_freq
-        copy: np.ndarray = current.copy()
+        """The construction-time inverse frequencies (float64, ``(rotary_dim // 2,)``), a
+        copy; a length-dependent scaling's at a length ``L``: ``spec.frequencies(L)``."""
+        copy: np.ndarray = self._inv_freq.copy()
         return copy
 
     @eager_only  # NumPy: never traced (reached in eager code only)
     def _derive(
+        self, positions: int | np.ndarray, start: int, dtype: torch.dtype, device: Any
+    ) -> tuple[Tensor, ...]:
+        """Every table's rows from the core: ``(cos, sin)``, and LongRoPE's long ones."""
+        tables: tuple[Tensor, ...] = self._at(positions, start, dtype, device, None)
+        if self._variant_seq_len is not None:
+            tables += self._at(positions, start, dtype, device, self._variant_seq_len)
+        return tables
+
+    @eager_only
+    def _at(
         self,
         positions: int | np.ndarray,
         start: int,
         dtype: torch.dtype,
         device: Any,
-        seq_len: int | None = None,
-    ) -> tuple[Tensor, ...]:
-        """Rows from the core: with the construction frequencies, or (``seq_len``) with the
-        frequencies and attention factor a length-dependent scaling has at that length."""
+        seq_len: int | None,
+    ) -> tuple[Tensor, Tensor]:
+        """``(cos, sin)`` from the core: with the construction frequencies, or (``seq_len``)
+        with the frequencies and attention factor a length-dependent scaling has there."""
         cos, sin = self.spec.tables(
             positions,
             fmt=format_of(dtype),
@@ -250,18 +261,6 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
     def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
         # The tables stay float32 whatever the module's dtype, float64 after .double().
         return torch.float64 if dtype == torch.float64 else torch.float32
-
-    @eager_only
-    def _update_frequencies(self, length: int) -> None:
-        """Hugging Face's ``dynamic_rope_update`` for the length ``length`` of this call."""
-        scaling = self.spec.scaling
-        new = scaling.scaled_length(length, self._scaled_length)
-        if new == self._scaled_length:
-            return
-        self._scaled_length = new
-        original = scaling.original_length or 0
-        self._scaled_inv_freq = None if new <= original else self.spec.frequencies(new)[0]
-        self._scaled_seq_len = None if new <= original else new
 
     # -- forward -------------------------------------------------------------------------
 
@@ -282,24 +281,25 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         offset = check_offset_or_positions(offset, positions, name)
         if positions is not None:
             check_rope_positions(positions, batch, seq, name)
-        fixed = not self.spec.scaling.length_dependent and not is_traced()
-        if fixed and self._small_step(q, k, inplace):
-            if positions is None:
-                if offset + seq <= self._table("cos").shape[0]:
-                    return self._step(q, k, slice(offset, offset + seq))
-            elif positions.device.type == "cpu":  # reading it costs no synchronisation
-                if positions.numel() == 1:  # one position: a slice of the tables
-                    row = int(positions.item())
-                    if 0 <= row < self._table("cos").shape[0]:
-                        return self._step(q, k, slice(row, row + 1))
-                else:  # a gather raises for a row outside the tables: then the checked path
-                    with contextlib.suppress(IndexError, RuntimeError):
-                        return self._step(q, k, positions)
-        end = offset + seq if positions is None else positions_end(positions, seq, name)
-        if positions is None and end <= self.table_length and fixed:
-            cos, sin = self.cos[offset:end], self.sin[offset:end]  # a slice of the tables
-        else:
-            cos, sin = self._rows(seq, offset, positions, end, name)  # (seq|batch, seq, r)
+        span = None if positions is None else positions_range(positions, name)
+        if (
+            not self.spec.scaling.length_dependent
+            and not is_traced()
+            and self._small_step(q, k, inplace)
+        ):  # a decoding step: the planner's slice or gather of the tables, q and k together
+            rows = self._table("cos").shape[0]
+            if span is None:
+                plan = plan_rows(rows, start=offset, count=seq)
+            else:
+                plan = plan_rows(rows, low=span[0], high=span[1])
+            if plan.action == "slice":
+                return self._step(q, k, slice(plan.start, plan.end))
+            if plan.action == "gather":
+                assert positions is not None  # a gather plan has positions
+                if plan.start == plan.end - 1:  # one position: a slice of the tables
+                    return self._step(q, k, slice(plan.start, plan.end))
+                return self._step(q, k, positions.long())  # int8, int32, ...: an index
+        cos, sin = self._rows(seq, offset, positions, span, name)  # (seq|batch, seq, r)
         cos, sin = broadcast_tables((cos, sin), self.qk_layout, q.device)
         return (
             rotate(q, cos, sin, self.layout, self.rotary_dim, inplace=inplace, fused=self.fused),
@@ -372,7 +372,7 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         check_rope_positions(
             positions, positions.shape[0] if positions.dim() == 2 else 1, seq, name
         )
-        end = positions_end(positions, seq, name)
+        span = positions_range(positions, name)
         if dtype is not None and dtype not in (
             torch.float16,
             torch.bfloat16,
@@ -380,50 +380,51 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
             torch.float64,
         ):
             raise TypeError(f"{name}: dtype must be a floating torch dtype, got {describe(dtype)}")
-        if end <= self.table_length and not self.spec.scaling.length_dependent and not is_traced():
-            # within the tables (the decoding case): two row gathers, no other work
-            tables = self._tables_in(self.cos.dtype if dtype is None else dtype, self.cos.device)
-            index = positions.to(device=self.cos.device, dtype=torch.int64)
-            return F.embedding(index, tables[0]), F.embedding(index, tables[1])
-        return self._rows(seq, 0, positions, end, name, dtype)
+        return self._rows(seq, 0, positions, span, name, dtype)
 
     def _rows(
         self,
         seq: int,
         offset: int,
         positions: Tensor | None,
-        end: int,
+        span: tuple[int, int] | None,
         name: str,
         dtype: torch.dtype | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """The tables' rows of a call: ``offset .. offset+seq-1`` or ``positions``."""
-        if self.spec.scaling.length_dependent:
+        """The tables' rows of a call: ``offset .. offset+seq-1`` or ``positions``, whose
+        lowest and highest are ``span`` (``None``: traced positions)."""
+        dtype = self.cos.dtype if dtype is None else dtype
+        if positions is None:
+            end: int | None = offset + seq
+        else:
+            end = None if span is None else span[1] + 1
+        plan = plan_scaling(self.spec.scaling, end, name=f"{name}: ")
+        if plan.seq_len is not None and self._variant_seq_len is None:
+            # frequencies of this call's own length: its rows, from the core
             if is_traced():
                 raise ValueError(
-                    f"{name}: scaling={self.scaling!r} recomputes the frequencies from the "
-                    "sequence length of each call, which torch.compile and torch.export "
-                    "cannot trace; run it eagerly (or use a fixed scaling such as 'ntk')"
+                    f"{name}: scaling={self.scaling!r} at the length {end} of this call needs "
+                    "the core, which torch.compile and torch.export cannot run; call it "
+                    "eagerly (or use a fixed scaling such as 'ntk')"
                 )
-            self._update_frequencies(end)
-        dtype = self.cos.dtype if dtype is None else dtype
-        scaled = self._scaled_seq_len
-        if scaled is not None:  # eager only: the rows of this call, from the core
-            device = self.cos.device
-            if positions is None:
-                cos, sin = self._derive(seq, offset, dtype, device, scaled)
-            else:
-                cos, sin = self._derive(positions.cpu().numpy(), 0, dtype, device, scaled)
-            return cos, sin
-        cos, sin = self._table_rows(
+            where = seq if positions is None else positions.cpu().numpy()
+            return self._at(where, offset, dtype, self.cos.device, plan.seq_len)
+        tables = self._table_rows(
             dtype,
             self.cos.device,
             offset=offset,
             count=seq,
             positions=positions,
             name=name,
-            end=end,
-        )
-        return cos, sin
+            span=span,
+        )  # (cos, sin) and, for LongRoPE, (cos_long, sin_long)
+        if plan.switch is not None:  # a traced length selects LongRoPE's tables in the graph
+            assert positions is not None  # a known offset and a static seq give a known end
+            long = positions.max() + 1 > plan.switch
+            return torch.where(long, tables[2], tables[0]), torch.where(long, tables[3], tables[1])
+        if plan.seq_len is not None:  # past the switch: the long tables
+            return tables[2], tables[3]
+        return tables[0], tables[1]
 
     def extra_repr(self) -> str:
         text = (

@@ -160,7 +160,11 @@ class LongRopeScaling(RopeScaling):
             attention = self.long_mscale if long else self.short_mscale
         return rope_frequencies(rotary_dim, base) / divisors, attention
 
-    def scaled_length(self, length: int, current: int) -> int:
+    @property
+    def switch_length(self) -> int:
+        return self.original_max_position_embeddings
+
+    def scaled_length(self, length: int) -> int:
         original = self.original_max_position_embeddings
         return original + 1 if length > original else original
 

@@ -136,24 +136,30 @@ class RopeScaling:
         value = getattr(self, "original_max_position_embeddings", None)
         return None if value is None else int(value)
 
-    def scaled_length(self, length: int, current: int) -> int:
-        """The length whose frequencies a call of ``length`` positions uses, given ``current``.
+    @property
+    def switch_length(self) -> int | None:
+        """For a method with two sets of frequencies, the length past which the second
+        applies (LongRoPE: ``original_max_position_embeddings``); ``None`` for a method
+        whose frequencies change with every length (dynamic NTK) or that has one set.
 
-        Hugging Face's ``dynamic_rope_update`` (kept as state by a PyTorch module): a
-        length-dependent method moves to ``length`` when it exceeds ``current`` and back
-        to the original length when ``length`` falls under it again (``"dynamic_ntk"``,
-        and the default for registered methods); ``"longrope"`` uses one length past the
-        original whenever ``length`` exceeds it. Methods that do not depend on the length
-        keep ``current``.
+        A call whose length is known only inside a trace can select between two sets
+        in the graph (:func:`posenc.core.plan.plan_scaling`); not between infinitely many.
         """
-        if not self.length_dependent:
-            return current
+        return None
+
+    def scaled_length(self, length: int) -> int:
+        """The length whose frequencies a call of ``length`` positions uses.
+
+        The call's own length past the original length, else the original length (the
+        construction frequencies): dynamic NTK and the default for registered methods.
+        LongRoPE uses one length, ``original + 1``, past the original. No state is kept
+        between calls (:func:`posenc.core.plan.plan_scaling`). Methods that do not depend
+        on the length use the original length (``0`` when they have none).
+        """
         original = self.original_length or 0
-        if length > current:  # growth (current >= original, so length > original)
-            return length
-        if length < original < current:  # back under the original length: reset
+        if not self.length_dependent:
             return original
-        return current
+        return max(length, original)
 
     def params(self) -> dict[str, Any]:
         """The parameters that differ from their defaults, as plain JSON values."""

@@ -36,7 +36,8 @@ class ALiBiBias(nn.Module, FromSpec):
     Call arguments:
         query_length, key_length: Sizes of the score matrix, static ints
             (``key_length`` defaults to ``offset + query_length``, static offsets only).
-        offset: Position of the first query, an int >= 0 or a traced integer scalar.
+        offset: Position of the first query, an int >= 0 or a traced integer scalar;
+            ``None`` (default): the last ``query_length`` of the ``key_length`` positions.
 
     Shapes:
         output: ``(num_heads, query_length, key_length)``.
@@ -65,7 +66,7 @@ class ALiBiBias(nn.Module, FromSpec):
         super().__post_init__()
 
     def __call__(
-        self, query_length: int, key_length: int | None = None, *, offset: Any = 0
+        self, query_length: int, key_length: int | None = None, *, offset: Any = None
     ) -> jax.Array:
         with _named_limit(query_length, key_length):
             return alibi_bias(
@@ -140,7 +141,7 @@ class T5RelativeBias(nn.Module, FromSpec):
 
     @nn.compact
     def __call__(
-        self, query_length: int, key_length: int | None = None, *, offset: Any = 0
+        self, query_length: int, key_length: int | None = None, *, offset: Any = None
     ) -> jax.Array:
         weights = self.param(
             "relative_attention_bias",

@@ -17,8 +17,9 @@ from ..._checks import (
     check_probability,
 )
 from ...core.nd import ND_LAYOUTS
+from ...core.plan import plan_index
 from ...specs import LearnedSpec, SinusoidalSpec
-from .._backend import check_offset, format_of, gather_rows, is_traced
+from .._backend import check_offset, dtype_name, format_of, gather_rows, is_traced, wide_index
 from ..encodings import SinusoidalTables, sinusoidal_nd
 from ._inputs import apply_dropout, float_input, sequence_input
 
@@ -147,7 +148,9 @@ class LearnedPositionalEmbedding(nn.Module):
         )  # (max_length, d)
         start = check_offset(start_index, f"{name}: start_index")
         if is_traced(start):
-            rows = gather_rows(embedding, start + jnp.arange(seq))  # (seq, d)
+            index = start + jnp.arange(seq, dtype=wide_index())  # widened: cannot wrap
+            plan = plan_index(dtype_name(index), self.max_length, wide=wide_index())
+            rows = gather_rows(embedding, index, plan)  # (seq, d), NaN past the table
         else:
             if start + seq > self.max_length:
                 raise ValueError(

@@ -22,7 +22,7 @@ from ..._checks import (
 from ...core.rope import ROPE_LAYOUTS, RopeScaling, as_rope_scaling
 from ...specs import RopeSpec
 from .._backend import check_offset, check_traced_index, is_traced
-from ..rope import RopeTables, apply_rope
+from ..rope import apply_rope, rope_rows
 from ._inputs import float_input
 
 __all__ = ["RotaryEmbedding"]
@@ -38,10 +38,10 @@ class RotaryEmbedding(nn.Module):
     :func:`posenc.jax.apply_rope` (float16/bfloat16 input rotated in float32 and cast
     back). ``head_dim`` is ``x.shape[-1]``.
 
-    The frequencies are fixed by ``scaling`` and ``scaling_params``: the length-dependent
-    methods (``"dynamic_ntk"``, ``"longrope"``) use the ``seq_len`` given in
-    ``scaling_params`` (none: the original length) and are not re-derived per call as
-    Hugging Face's ``dynamic_rope_update`` does in eager PyTorch.
+    Length-dependent scalings follow the call's length ``L = start_index + seq`` (or
+    ``max(positions) + 1``), as in every front end (:func:`posenc.core.plan.plan_scaling`):
+    LongRoPE's factors are selected in the graph when ``L`` is traced; dynamic NTK needs
+    ``L`` known when the call runs (a ``ValueError`` otherwise).
 
     Args:
         base: The RoPE base (``rope_theta``).
@@ -110,7 +110,7 @@ class RotaryEmbedding(nn.Module):
         check_max_length(self.max_length)
         # The scaling's name and parameters, by the core's one parser; the checks that
         # need the width run at the call, where head_dim is the input's last axis.
-        as_rope_scaling(self.scaling, self.scaling_params)
+        as_rope_scaling(self.scaling, self.scaling_params, seq_len_owner="module")
         super().__post_init__()
 
     def __call__(self, x: Any, *, start_index: Any = 0, positions: Any = None) -> jax.Array:
@@ -125,7 +125,7 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(
                 f"{name} was made for head_dim={self.head_dim}, got x of shape {x.shape}"
             )
-        method, seq_len = as_rope_scaling(self.scaling, self.scaling_params)
+        method, _ = as_rope_scaling(self.scaling, self.scaling_params, seq_len_owner="module")
         spec = RopeSpec(
             head_dim=head_dim,
             base=self.base,
@@ -135,16 +135,17 @@ class RotaryEmbedding(nn.Module):
         )
         # float32 tables for float16 and bfloat16 input too: apply_rope rotates in float32
         fmt = "float64" if x.dtype == jnp.float64 else "float32"
-        tables = RopeTables(spec, fmt, seq_len)
         if positions is None:
             start = check_offset(start_index, f"{name}: start_index")
-            cos, sin = tables.span(start, seq, max_length=self.max_length)  # (seq, r)
+            cos, sin = rope_rows(
+                spec, fmt, start=start, count=seq, max_length=self.max_length, name=name
+            )  # (seq, r)
         else:
             if not isinstance(start_index, numbers.Integral) or start_index != 0:
                 raise TypeError(f"{name}: pass either start_index= or positions=, not both")
             positions = _rope_positions(positions, batch, seq, name)
-            cos, sin = tables.at(
-                positions, max_length=self.max_length, name=f"{name}: positions"
+            cos, sin = rope_rows(
+                spec, fmt, positions=positions, max_length=self.max_length, name=name
             )  # (seq, r) or (batch, seq, r)
         # a heads axis before the features
         return apply_rope(x, cos[..., None, :], sin[..., None, :], layout=self.layout)

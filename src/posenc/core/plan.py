@@ -1,0 +1,331 @@
+"""What one call needs: the planner that every front end follows.
+
+A front end knows what a call gives (a first position or explicit positions, query and
+key lengths, whether the values are known or only traced, the index dtype) and what its
+table holds. Everything that follows from that is decided here, once, for every front
+end; the front end carries the plan out with its primitives (``_backend.py``: the same
+names in every front end) and decides nothing itself:
+
+* :func:`align_queries`: where the queries sit among the keys when no offset is given
+  (the last ``Q`` of the ``K`` positions);
+* :func:`plan_scaling`: the length whose frequencies a length-dependent RoPE scaling
+  uses for a call (the call's own length), or how a traced length selects them;
+* :func:`table_format`: the format a table is kept in for an input's format;
+* :func:`plan_rows`: which rows of a table a call with known positions reads: a slice,
+  a gather, a table grown first, rows the core computes directly, or a refusal (the
+  out-of-range policy of :mod:`posenc.core.positions`);
+* :func:`plan_index`: how traced integer positions of any dtype (``int8`` to
+  ``uint64``) are widened and bounded, so that a position outside the table is a NaN
+  row and never another row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .._checks import MAX_POSITIONS, check_int
+
+__all__ = [
+    "INDEX_RANGES",
+    "IndexPlan",
+    "Past",
+    "RowsPlan",
+    "ScalingPlan",
+    "align_queries",
+    "plan_index",
+    "plan_rows",
+    "plan_scaling",
+    "table_format",
+    "traced_offset",
+]
+
+
+# ---------------------------------------------------------------------------------------
+# Queries and keys
+
+
+def align_queries(
+    query_length: Any,
+    key_length: Any = None,
+    offset: Any = None,
+    *,
+    name: str = "",
+    offset_name: str = "offset",
+) -> tuple[int, int, int]:
+    """``(query_length, key_length, offset)`` of a score bias, with the one convention.
+
+    Keys sit at positions ``0 .. K-1`` and query ``i`` at ``offset + i``. Without an
+    offset the queries are the **last** ``Q`` of the ``K`` positions, ``offset = K - Q``:
+    with a KV cache (the only common call with fewer queries than keys) the queries are
+    the newest tokens, and a bias for them must see every cached key before them. This
+    is FlashAttention's bottom-right alignment of a causal mask with ``Q != K``; with
+    ``Q == K`` it is offset 0. More queries than keys without an offset is an error
+    (some queries would sit at negative positions), unless there are no keys.
+    ``key_length=None`` means ``offset + Q`` (every cached token and the queries
+    themselves; ``Q`` without an offset).
+
+    Args:
+        query_length: ``Q``, an int >= 0.
+        key_length: ``K``, an int >= 0, or ``None``.
+        offset: The position of the first query, an int >= 0, or ``None``.
+        name: Who asks, for the error messages (``"ALiBiBias: "``).
+        offset_name: What the caller calls the offset (Keras: ``"start_index"``).
+
+    Example:
+        >>> align_queries(2, 5), align_queries(2, 5, 0), align_queries(3), align_queries(1, None, 7)
+        ((2, 5, 3), (2, 5, 0), (3, 3, 0), (1, 8, 7))
+    """
+    query_length = check_int(query_length, f"{name}query_length", minimum=0)
+    if offset is None:
+        if key_length is None:
+            return query_length, query_length, 0
+        key_length = check_int(key_length, f"{name}key_length", minimum=0)
+        if query_length > key_length > 0:  # (no keys: an empty result, nothing to place)
+            raise ValueError(
+                f"{name}query_length={query_length} > key_length={key_length} with no "
+                f"{offset_name}: without one the queries are the last query_length of the "
+                f"key_length positions ({offset_name} = key_length - query_length, as with a "
+                f"KV cache), which needs query_length <= key_length; pass {offset_name}= (the "
+                "first query's position)"
+            )
+        offset = max(key_length - query_length, 0)
+    else:
+        offset = check_int(offset, f"{name}{offset_name}", minimum=0)
+        if key_length is None:
+            key_length = offset + query_length
+        key_length = check_int(key_length, f"{name}key_length", minimum=0)
+    if offset + max(query_length, key_length) > MAX_POSITIONS:
+        raise ValueError(
+            f"{name}positions must stay within 2**53, got {offset_name}={offset}, "
+            f"query_length={query_length}, key_length={key_length}"
+        )
+    return query_length, key_length, offset
+
+
+def traced_offset(query_length: Any, key_length: Any) -> Any:
+    """:func:`align_queries`' offset ``key_length - query_length`` for lengths known only
+    symbolically (a ``torch.SymInt``, a graph tensor): the same convention, unchecked.
+    A front end whose lengths are only traced marks query rows at negative positions
+    (``query_length > key_length``) as NaN where it can, since it cannot refuse them."""
+    return key_length - query_length
+
+
+# ---------------------------------------------------------------------------------------
+# Length-dependent scalings
+
+
+@dataclass(frozen=True)
+class ScalingPlan:
+    """The frequencies a call of a RoPE scaling uses.
+
+    Attributes:
+        seq_len: The length whose frequencies the call uses, for the core's
+            ``spec.tables(..., seq_len=...)``; ``None``: the construction frequencies
+            (every fixed scaling, and a length-dependent one up to its original length).
+        switch: For a call whose length is only traced, of a scaling with two sets of
+            frequencies (LongRoPE): the length past which the second set applies
+            (``seq_len = switch + 1``); the front end gathers both and selects in the
+            graph. ``None`` otherwise.
+    """
+
+    seq_len: int | None = None
+    switch: int | None = None
+
+
+_FIXED = ScalingPlan()
+
+
+def plan_scaling(scaling: Any, length: int | None, *, name: str = "") -> ScalingPlan:
+    """The frequencies of ``scaling`` for a call of ``length`` positions.
+
+    The length is the call's own: its largest position + 1 (``offset + seq``, or
+    ``max(positions) + 1``), as Hugging Face's ``dynamic_rope_update`` computes it, in
+    every front end and with no state kept between calls (Hugging Face's module also
+    keeps the longest length seen until a call falls back under the original length;
+    the two agree whenever the length does not decrease above it: a prompt, then
+    decoding). ``None``: the length is known only inside a trace. Then a scaling with
+    two sets of frequencies (:attr:`~posenc.RopeScaling.switch_length`, LongRoPE)
+    selects one in the graph, and any other length-dependent scaling (dynamic NTK) is a
+    ``ValueError`` in every front end: its frequencies differ for every length.
+
+    Example:
+        >>> from posenc.core.rope import DynamicNTKScaling
+        >>> dynamic = DynamicNTKScaling(factor=2.0, original_max_position_embeddings=8)
+        >>> plan_scaling(dynamic, 6), plan_scaling(dynamic, 20)
+        (ScalingPlan(seq_len=None, switch=None), ScalingPlan(seq_len=20, switch=None))
+    """
+    if not scaling.length_dependent:
+        return _FIXED
+    original = scaling.original_length or 0
+    if length is None:
+        if scaling.switch_length is None:
+            raise ValueError(
+                f"{name}scaling={scaling.name!r} recomputes the frequencies from the length L "
+                "of each call (its largest position + 1), but here L is known only inside a "
+                "trace (a traced or symbolic start, or traced positions); give positions "
+                "known when the call runs (an int start and a static length), or use a "
+                "fixed scaling such as 'ntk' or 'yarn'"
+            )
+        return ScalingPlan(switch=scaling.switch_length)
+    scaled = scaling.scaled_length(length)
+    return _FIXED if scaled <= original else ScalingPlan(seq_len=scaled)
+
+
+# ---------------------------------------------------------------------------------------
+# Table formats
+
+TableKind = Literal["input", "rotation"]
+
+
+def table_format(fmt: str, kind: TableKind) -> str:
+    """The format a table is kept in for an input of format ``fmt``.
+
+    ``"input"``: tables added to the input (sinusoidal) are rounded once to the input's
+    own format. ``"rotation"``: rotation tables (RoPE, xPos, axial RoPE) stay float32
+    unless the input is float64, and float16/bfloat16 queries and keys are rotated in
+    float32 and cast back, as Hugging Face and torchtune do.
+
+    Example:
+        >>> table_format("bfloat16", "rotation"), table_format("bfloat16", "input")
+        ('float32', 'bfloat16')
+    """
+    if kind == "input":
+        return fmt
+    return "float64" if fmt == "float64" else "float32"
+
+
+# ---------------------------------------------------------------------------------------
+# Rows of a call whose positions are known
+
+Action = Literal["slice", "gather", "grow", "direct", "refuse"]
+Past = Literal["grow", "compute", "refuse"]
+
+
+@dataclass(frozen=True)
+class RowsPlan:
+    """Which rows of a table a call with known positions reads.
+
+    Attributes:
+        action: ``"slice"``: rows ``start .. end-1`` of the table; ``"gather"``: the
+            rows at the call's positions, all inside the table; ``"grow"``: grow the
+            table to hold rows ``0 .. end-1`` first (:func:`posenc.core.positions.grow`:
+            at least doubling, or just ``end`` rows when the memory limit refuses the
+            doubling; when it refuses ``end`` too, ``"direct"``), then slice or gather;
+            ``"direct"``: the core computes the call's rows, the table stays as it is;
+            ``"refuse"``: the table cannot give these rows (a learned embedding has no
+            rows past it; compiled code cannot run the core): the front end raises.
+        start: The first (contiguous call) or lowest (gathered call) position.
+        end: One past the largest position.
+    """
+
+    action: Action
+    start: int
+    end: int
+
+
+def plan_rows(
+    rows: int,
+    *,
+    start: int | None = None,
+    count: int = 0,
+    low: int | None = None,
+    high: int | None = None,
+    past: Past = "grow",
+) -> RowsPlan:
+    """The rows a call reads from a ``rows``-row table (positions ``0 .. rows-1``).
+
+    A contiguous call gives ``start`` and ``count`` (positions ``start .. start +
+    count - 1``); a gathered one gives the ``low``-est and ``high``-est of its positions
+    (``None`` for no positions). ``past`` is what the table can do about rows past it:
+    ``"grow"`` (a module's table: grow, or compute the rows of a call far past it, one
+    that starts beyond twice the table), ``"compute"`` (a table that never grows: the
+    core computes the call's rows), ``"refuse"`` (a learned embedding; a table under
+    ``torch.compile``). A negative position is computed by the core directly (only the
+    NumPy and JAX functions accept one; the modules refuse it before planning).
+
+    Example:
+        >>> plan_rows(8, start=2, count=4), plan_rows(8, start=6, count=4)
+        (RowsPlan(action='slice', start=2, end=6), RowsPlan(action='grow', start=6, end=10))
+        >>> plan_rows(8, start=1000, count=1).action, plan_rows(8, low=3, high=7).action
+        ('direct', 'gather')
+        >>> plan_rows(8, start=6, count=4, past="refuse").action
+        'refuse'
+    """
+    action: Action
+    if start is not None:
+        first, end, action = start, start + count, "slice"
+    elif low is None or high is None:
+        return RowsPlan("gather", 0, 0)  # no positions: nothing to read
+    else:
+        first, end, action = low, high + 1, "gather"
+    if first >= 0 and end <= rows:
+        return RowsPlan(action, first, end)
+    if past == "refuse":
+        return RowsPlan("refuse", first, end)
+    if past == "compute" or first < 0 or first > 2 * rows:
+        return RowsPlan("direct", first, end)
+    return RowsPlan("grow", first, end)
+
+
+# ---------------------------------------------------------------------------------------
+# Traced indices
+
+# The integer dtypes positions may have, by name: (lowest, highest) value.
+INDEX_RANGES: dict[str, tuple[int, int]] = {
+    **{f"int{bits}": (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) for bits in (8, 16, 32, 64)},
+    **{f"uint{bits}": (0, 2**bits - 1) for bits in (8, 16, 32, 64)},
+}
+
+
+@dataclass(frozen=True)
+class IndexPlan:
+    """How a front end reads a table at traced integer positions of one dtype.
+
+    The positions are converted to ``dtype`` (the widest index type the front end uses)
+    after saturating them to ``clip`` in their own dtype, where the cast could otherwise
+    wrap (``uint64`` → ``int64``, ``int64`` → ``int32``): a saturated position stays
+    outside the table, never another row. In ``dtype`` the bounds ``0 <= p < rows`` are
+    then exact (``rows`` fits in it, and so does every converted position), so a
+    position outside the table gives a NaN row. A run ``start + i`` (``i < count``) is
+    tested as ``-i <= start < rows - i``, which cannot overflow.
+
+    Attributes:
+        rows: The table's rows: valid positions are ``0 .. rows-1``.
+        dtype: The integer dtype the index arithmetic runs in.
+        clip: ``(low, high)`` to saturate to in the positions' own dtype before the cast;
+            ``None`` where the cast is exact.
+    """
+
+    rows: int
+    dtype: str
+    clip: tuple[int, int] | None
+
+
+def plan_index(dtype: Any, rows: int = 0, *, wide: str) -> IndexPlan:
+    """The :class:`IndexPlan` for traced positions of ``dtype`` (a name, ``"int8"``).
+
+    ``wide`` is the front end's index dtype (``"int64"`` in PyTorch and in JAX's 64-bit
+    mode, ``"int32"`` in Keras and JAX otherwise). ``rows`` is the table's (0 where a
+    front end only widens a traced offset, before it knows the table).
+
+    Example:
+        >>> plan_index("int8", 300, wide="int32")
+        IndexPlan(rows=300, dtype='int32', clip=None)
+        >>> plan_index("uint64", 300, wide="int64")
+        IndexPlan(rows=300, dtype='int64', clip=(0, 9223372036854775807))
+    """
+    name = str(dtype)
+    if name not in INDEX_RANGES:
+        raise TypeError(
+            f"traced positions must have an integer dtype ({', '.join(INDEX_RANGES)}), got {name}"
+        )
+    low, high = INDEX_RANGES[name]
+    wide_low, wide_high = INDEX_RANGES[wide]
+    if rows > wide_high:
+        raise ValueError(
+            f"a table of {rows} rows cannot be indexed with {wide} positions (at most "
+            f"{wide_high} rows)"
+        )
+    exact = low >= wide_low and high <= wide_high
+    return IndexPlan(rows, wide, None if exact else (max(low, wide_low), min(high, wide_high)))

@@ -1,0 +1,143 @@
+"""The planner: one decision per call, the same for every front end (posenc.core.plan)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import posenc
+from posenc.core.plan import (
+    INDEX_RANGES,
+    RowsPlan,
+    ScalingPlan,
+    align_queries,
+    plan_index,
+    plan_rows,
+    plan_scaling,
+    table_format,
+)
+
+# --- queries and keys --------------------------------------------------------------------
+
+
+def test_without_an_offset_the_queries_are_the_last_of_the_keys():
+    assert align_queries(2, 5) == (2, 5, 3)  # a KV cache of 3, 2 new tokens
+    assert align_queries(4) == (4, 4, 0)
+    assert align_queries(4, 4) == (4, 4, 0)
+    assert align_queries(3, 0) == (3, 0, 0)  # no keys: nothing to place
+    assert align_queries(2, 5, 0) == (2, 5, 0)  # an explicit offset is kept
+    assert align_queries(1, None, 7) == (1, 8, 7)
+    with pytest.raises(ValueError, match=r"query_length=5 > key_length=2 with no offset"):
+        align_queries(5, 2)
+    with pytest.raises(ValueError, match=r"start_index must be an int >= 0, got -1"):
+        align_queries(1, 2, -1, offset_name="start_index")
+    with pytest.raises(ValueError, match=r"within 2\*\*53"):
+        align_queries(1, 2**53 + 1)
+
+
+def test_a_bias_without_an_offset_is_the_last_rows_of_the_square_one():
+    # Closed form: the rows of queries K-Q .. K-1 of the (K, K) bias, for every scheme of
+    # the NumPy core that takes query and key lengths.
+    weights = np.random.default_rng(0).standard_normal((16, 2))
+    for q, k in ((1, 6), (2, 5), (5, 5)):
+        full, part = posenc.alibi_bias(k, num_heads=3), posenc.alibi_bias(q, k, num_heads=3)
+        np.testing.assert_array_equal(part, full[:, k - q :])
+        full, part = (
+            posenc.t5_bias(weights, k, max_distance=20),
+            posenc.t5_bias(weights, q, k, max_distance=20),
+        )
+        np.testing.assert_array_equal(part, full[:, k - q :])
+        full = posenc.sandwich_bias(k, num_heads=2, dim=4)
+        np.testing.assert_array_equal(
+            posenc.sandwich_bias(q, k, num_heads=2, dim=4), full[:, k - q :]
+        )
+        np.testing.assert_array_equal(
+            posenc.relative_positions(q, k), posenc.relative_positions(k)[k - q :]
+        )
+
+
+# --- length-dependent scalings -----------------------------------------------------------
+
+DYNAMIC = posenc.DynamicNTKScaling(factor=2.0, original_max_position_embeddings=8)
+LONGROPE = posenc.LongRopeScaling(
+    short_factor=[1.0, 2.0], long_factor=[4.0, 8.0], original_max_position_embeddings=8, factor=4.0
+)
+
+
+def test_a_scaling_sees_the_calls_own_length():
+    assert plan_scaling(posenc.LinearScaling(factor=2.0), 100) == ScalingPlan()
+    assert plan_scaling(posenc.LinearScaling(factor=2.0), None) == ScalingPlan()
+    assert [plan_scaling(DYNAMIC, n).seq_len for n in (1, 8, 9, 20, 12)] == [None, None, 9, 20, 12]
+    assert [plan_scaling(LONGROPE, n).seq_len for n in (1, 8, 9, 20)] == [None, None, 9, 9]
+
+
+def test_a_traced_length_selects_between_two_sets_or_refuses():
+    assert plan_scaling(LONGROPE, None) == ScalingPlan(switch=8)
+    with pytest.raises(ValueError, match=r"'dynamic_ntk'.*known only inside a trace.*'ntk'"):
+        plan_scaling(DYNAMIC, None, name="X: ")
+
+
+def test_table_formats():
+    for fmt in ("float16", "bfloat16", "float32", "float64"):
+        assert table_format(fmt, "input") == fmt
+        assert table_format(fmt, "rotation") == ("float64" if fmt == "float64" else "float32")
+
+
+# --- rows of a known call ----------------------------------------------------------------
+
+
+def test_rows_of_a_known_call_follow_the_out_of_range_policy():
+    assert plan_rows(8, start=2, count=4) == RowsPlan("slice", 2, 6)
+    assert plan_rows(8, start=6, count=4) == RowsPlan("grow", 6, 10)
+    assert plan_rows(8, start=16, count=1) == RowsPlan("grow", 16, 17)  # within twice
+    assert plan_rows(8, start=17, count=1) == RowsPlan("direct", 17, 18)  # farther
+    assert plan_rows(8, start=6, count=4, past="compute") == RowsPlan("direct", 6, 10)
+    assert plan_rows(8, start=6, count=4, past="refuse") == RowsPlan("refuse", 6, 10)
+    assert plan_rows(8, low=0, high=7) == RowsPlan("gather", 0, 8)
+    assert plan_rows(8, low=3, high=9) == RowsPlan("grow", 3, 10)
+    assert plan_rows(8, low=30, high=31) == RowsPlan("direct", 30, 32)
+    assert plan_rows(8, low=-1, high=3) == RowsPlan("direct", -1, 4)  # NumPy/JAX functions
+    assert plan_rows(8, start=5, count=0) == RowsPlan("slice", 5, 5)
+    assert plan_rows(8).action == "gather"  # no positions
+
+
+# --- traced indices ----------------------------------------------------------------------
+
+
+def _planned(values: np.ndarray, dtype: str, rows: int, wide: str) -> np.ndarray:
+    """Which values the plan's conversion and bounds call valid, carried out in NumPy."""
+    plan = plan_index(dtype, rows, wide=wide)
+    index = values.astype(dtype)
+    if plan.clip is not None:
+        low, high = plan.clip
+        index = np.clip(index, np.array(low, dtype), np.array(high, dtype))
+    index = index.astype(plan.dtype)
+    return (index >= 0) & (index < plan.rows)
+
+
+@given(
+    dtype=st.sampled_from(sorted(INDEX_RANGES)),
+    wide=st.sampled_from(["int32", "int64"]),
+    rows=st.integers(1, 2**31 - 1),
+    data=st.data(),
+)
+def test_a_traced_position_of_any_dtype_is_valid_exactly_when_it_is_in_the_table(
+    dtype, wide, rows, data
+):
+    low, high = INDEX_RANGES[dtype]
+    values = data.draw(st.lists(st.integers(low, high), min_size=1, max_size=8))
+    valid = _planned(np.array(values, dtype=object), dtype, rows, wide)
+    np.testing.assert_array_equal(valid, [0 <= v < rows for v in values])
+
+
+def test_index_plans_say_when_a_cast_needs_saturating():
+    assert plan_index("int8", 300, wide="int32").clip is None
+    assert plan_index("uint32", 10, wide="int32").clip == (0, 2**31 - 1)
+    assert plan_index("int64", 10, wide="int32").clip == (-(2**31), 2**31 - 1)
+    assert plan_index("uint64", 10, wide="int64").clip == (0, 2**63 - 1)
+    with pytest.raises(TypeError, match="integer dtype.*float32"):
+        plan_index("float32", 10, wide="int64")
+    with pytest.raises(ValueError, match="cannot be indexed with int32"):
+        plan_index("int8", 2**31, wide="int32")
