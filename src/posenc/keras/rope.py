@@ -15,7 +15,7 @@ import numpy as np
 from keras import ops
 
 from .._checks import check_base, check_choice, check_int, check_max_length, check_width
-from ..core.plan import plan_scaling
+from ..core.plan import plan_scaling, table_format
 from ..core.rope import ROPE_LAYOUTS, as_rope_scaling
 from ..specs import FromHFConfig, RopeSpec
 from ._backend import (
@@ -261,7 +261,7 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
     @staticmethod
     def _format(dtype: Any) -> str:
         """The tables' format for a compute or input dtype: float64 stays, else float32."""
-        return "float64" if format_of(dtype, "the compute dtype") == "float64" else "float32"
+        return table_format(format_of(dtype, "the compute dtype"), "rotation")
 
     def _numpy_rows(
         self, positions: Any, inv_freq: np.ndarray, fmt: str, start: int = 0

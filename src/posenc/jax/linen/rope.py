@@ -8,7 +8,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..._checks import (
@@ -19,9 +18,10 @@ from ..._checks import (
     check_positions,
     describe,
 )
+from ...core.plan import table_format
 from ...core.rope import ROPE_LAYOUTS, RopeScaling, as_rope_scaling
 from ...specs import RopeSpec
-from .._backend import check_offset, check_traced_index, is_traced
+from .._backend import check_offset, check_traced_index, format_of, is_traced
 from ..rope import apply_rope, rope_rows
 from ._inputs import float_input
 
@@ -134,7 +134,7 @@ class RotaryEmbedding(nn.Module):
             scaling=method,
         )
         # float32 tables for float16 and bfloat16 input too: apply_rope rotates in float32
-        fmt = "float64" if x.dtype == jnp.float64 else "float32"
+        fmt = table_format(format_of(x.dtype, "x.dtype"), "rotation")
         if positions is None:
             start = check_offset(start_index, f"{name}: start_index")
             cos, sin = rope_rows(
