@@ -473,8 +473,10 @@ class PositionTables(DerivedBuffers):
         if positions is None:
             plan = plan_rows(self.table_length, start=offset, count=count, past=self._past())
         else:
-            low, high = positions_range(positions, name) if span is None else span  # type: ignore[misc]
-            plan = plan_rows(self.table_length, low=low, high=high)
+            if span is None:
+                span = positions_range(positions, name)
+            assert span is not None  # not traced: the values were read
+            plan = plan_rows(self.table_length, low=span[0], high=span[1])
         tables = self._planned_tables(plan, dtype, device, name)
         if tables is None:  # only this call's rows, from the core
             if positions is None:

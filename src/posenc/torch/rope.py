@@ -296,7 +296,7 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
                 return self._step(q, k, slice(plan.start, plan.end))
             if plan.action == "gather":
                 assert positions is not None  # a gather plan has positions
-                if plan.start == plan.end - 1:  # one position: a slice of the tables
+                if positions.numel() == 1:  # one position: a slice of the tables
                     return self._step(q, k, slice(plan.start, plan.end))
                 return self._step(q, k, positions.long())  # int8, int32, ...: an index
         cos, sin = self._rows(seq, offset, positions, span, name)  # (seq|batch, seq, r)
