@@ -4,7 +4,8 @@
 * no import cycle between posenc's modules (imports inside functions included);
 * no module of the core imports a private name of another core module;
 * the core imports no framework, no spec and no tool;
-* every front end's ``_backend.py`` provides the adapter contract's names.
+* every front end's ``_backend.py`` has the same primitives, with the same signatures,
+  and nothing else.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,17 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "posenc"
 MAX_LINES = 500
-CONTRACT = ("format_of", "to_tensor", "known_value", "is_traced", "gather_rows", "PositionTables")
+PRIMITIVES = (
+    "dtype_name",
+    "format_of",
+    "gather_rows",
+    "index_range",
+    "is_traced",
+    "known_value",
+    "to_index",
+    "to_tensor",
+    "wide_index",
+)
 FRAMEWORKS = ("torch", "keras", "tensorflow", "jax", "flax", "matplotlib", "tqdm")
 
 
@@ -137,11 +149,29 @@ def test_the_core_imports_no_framework_spec_or_tool():
     assert offenders == []
 
 
-@pytest.mark.parametrize("frontend", ["torch", "keras", "jax"])
-def test_every_backend_provides_the_adapter_contract(frontend):
+def _backend(frontend: str):
     if importlib.util.find_spec(frontend) is None:
         pytest.skip(f"{frontend} is not installed")
-    backend = importlib.import_module(f"posenc.{frontend}._backend")
-    missing = [name for name in CONTRACT if not hasattr(backend, name)]
+    return importlib.import_module(f"posenc.{frontend}._backend")
+
+
+@pytest.mark.parametrize("frontend", ["torch", "keras", "jax"])
+def test_every_backend_has_the_primitives_and_nothing_else(frontend):
+    backend = _backend(frontend)
+    assert sorted(backend.__all__) == sorted(PRIMITIVES)
+    missing = [name for name in PRIMITIVES if not callable(getattr(backend, name, None))]
     assert missing == [], f"posenc.{frontend}._backend lacks {missing}"
-    assert set(CONTRACT) <= set(backend.__all__)
+
+
+@pytest.mark.parametrize("frontend", ["keras", "jax"])
+def test_the_primitives_have_the_same_signatures_in_every_front_end(frontend):
+    """The parameters (names, order, kinds, defaults) of each primitive are PyTorch's."""
+    reference, backend = _backend("torch"), _backend(frontend)
+
+    def parameters(function):
+        return [
+            (p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()
+        ]
+
+    for name in PRIMITIVES:
+        assert parameters(getattr(backend, name)) == parameters(getattr(reference, name)), name

@@ -305,10 +305,16 @@ def test_explicit_positions(name):
     # a batch of one broadcasts
     one = batched[:1]
     assert_rotated(layer(X, positions=one), core_rope(X, name, params, np.repeat(one, 2, 0)), X)
-    # positions past the tables: they grow (dynamic_ntk computes these rows for the call)
-    far = np.arange(40, 52)
+    # positions past the tables, the lowest within twice them: they grow (dynamic_ntk
+    # computes these rows for the call)
+    near = np.arange(20, 32)
+    assert_rotated(layer(X, positions=int_tensor(near)), core_rope(X, name, params, near), X)
+    grown = 16 if name == "dynamic_ntk" else 32
+    assert layer.table_length == grown
+    # all of them far past the tables: only this call's rows, as in PyTorch (the planner)
+    far = np.arange(80, 92)
     assert_rotated(layer(X, positions=int_tensor(far)), core_rope(X, name, params, far), X)
-    assert layer.table_length == (16 if name == "dynamic_ntk" else 52)
+    assert layer.table_length == grown
 
 
 def test_tables_grow_for_static_positions():

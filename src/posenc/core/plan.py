@@ -287,8 +287,9 @@ class IndexPlan:
     wrap (``uint64`` → ``int64``, ``int64`` → ``int32``): a saturated position stays
     outside the table, never another row. In ``dtype`` the bounds ``0 <= p < rows`` are
     then exact (``rows`` fits in it, and so does every converted position), so a
-    position outside the table gives a NaN row. A run ``start + i`` (``i < count``) is
-    tested as ``-i <= start < rows - i``, which cannot overflow.
+    position outside the table gives a NaN row. A run ``start + i`` (``i < count``, the
+    front ends' ``index_range``) is formed in ``dtype`` after the saturation: where the
+    sum overflows it wraps a position past the table to a negative one, still outside.
 
     Attributes:
         rows: The table's rows: valid positions are ``0 .. rows-1``.

@@ -50,15 +50,14 @@ def grown_length(end: int, rows: int) -> int:
     return rows if end <= rows else max(end, 2 * rows)
 
 
-def grow(build: Callable[[int], T], end: int, rows: int, *, start: int | None = None) -> T | None:
+def grow(build: Callable[[int], T], end: int, rows: int) -> T | None:
     """``build(length)`` for the length :func:`grown_length` chooses, or ``None``.
 
-    Called for ``end > rows``. A call whose first position ``start`` (when known) lies
-    past ``2 · rows`` gives ``None`` at once: its rows are computed directly rather than
-    every row before them. ``build`` raises :class:`MemoryLimitError` when a length is
-    refused: a refused doubling is retried at ``end``, the length the call needs, and a
-    refused ``end`` gives ``None``: compute the call's rows directly and keep the table as
-    it is. Any other error of ``build`` propagates.
+    Called for ``end > rows``, where the planner (:func:`posenc.core.plan.plan_rows`) says
+    to grow. ``build`` raises :class:`MemoryLimitError` when a length is refused: a
+    refused doubling is retried at ``end``, the length the call needs, and a refused
+    ``end`` gives ``None``: compute the call's rows directly and keep the table as it is.
+    Any other error of ``build`` propagates.
 
     Example:
         >>> def build(length):  # a builder whose limit is 150 rows
@@ -67,10 +66,7 @@ def grow(build: Callable[[int], T], end: int, rows: int, *, start: int | None = 
         ...     return length
         >>> grow(build, 130, 100), grow(build, 140, 100), grow(build, 160, 100)
         (130, 140, None)
-        >>> grow(build, 120, 50, start=119)  # one row, far past the table: not grown
     """
-    if start is not None and start > 2 * rows:
-        return None
     target = grown_length(end, rows)
     for length in dict.fromkeys((target, end)):  # the doubled length, then the one needed
         try:

@@ -32,14 +32,17 @@ require("torch", "posenc.integrations.transformers", extra="posenc[transformers]
 require("transformers", "posenc.integrations.transformers", extra="posenc[transformers]")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
 from .._checks import describe  # noqa: E402
+from ..core.plan import plan_rows  # noqa: E402
 from ..core.rope import ROPE_SCALING_SPECS  # noqa: E402
 from ..specs import AxialRopeSpec, RopeSpec  # noqa: E402
 from ..specs.hf import POSENC_PREFIX  # noqa: E402
 from ..torch import RotaryEmbedding  # noqa: E402
+from ..torch._arguments import positions_range  # noqa: E402
+from ..torch._backend import FORMATS, format_of, gather_rows, to_tensor  # noqa: E402
+from ..torch._tables import table_dtype  # noqa: E402
 
 __all__ = [
     "ExactRotaryEmbedding",
@@ -60,8 +63,8 @@ _MROPE_INTERLEAVED = {
 }
 # Rotary modules that return complex ``cos + i sin`` per pair (Llama 4's ``freqs_cis``).
 _COMPLEX = {"Llama4TextRotaryEmbedding"}
-_FORMATS = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-            torch.float64: "float64"}  # fmt: skip
+# Position ids the decoding fast path gathers with (anything else: the full path's checks).
+_INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 class ExactRotaryEmbedding(nn.Module):
@@ -133,16 +136,20 @@ class ExactRotaryEmbedding(nn.Module):
         if (
             tables is not None
             and position_ids.dim() == 2
+            and position_ids.dtype in _INDEX_DTYPES
             and position_ids.device == tables[0].device
             and not torch.compiler.is_compiling()
         ):
-            # The decoding case: positions within the tables built, on the CPU, where an
-            # index past the table or below 0 raises (IndexError) rather than failing on
-            # the device. Two row gathers; the tables need no autograd.
-            try:
-                return F.embedding(position_ids, tables[0]), F.embedding(position_ids, tables[1])
-            except (IndexError, RuntimeError):
-                pass  # far positions, or an index tensor of the wrong kind: the full path
+            # The decoding case: the planner says whether the rows are in the tables
+            # built, and then they are two row gathers (the tables need no autograd);
+            # anything else (rows to grow or compute) takes the full path.
+            span = positions_range(position_ids, self.original_class)
+            if span is not None:
+                plan = plan_rows(int(tables[0].shape[0]), low=span[0], high=span[1])
+                if plan.action == "gather":
+                    return gather_rows(tables[0], position_ids), gather_rows(
+                        tables[1], position_ids
+                    )
         with torch.no_grad():
             return self._forward(x, position_ids, layer_type)
 
@@ -158,7 +165,7 @@ class ExactRotaryEmbedding(nn.Module):
         assert isinstance(rope, RotaryEmbedding)
         positions = position_ids if position_ids.dim() == 2 else position_ids[None]
         if self.complex:  # one complex number per pair: float32 parts, or float64
-            wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+            wide = table_dtype(x.dtype, "rotation")
             cos, sin = rope.cos_sin(positions, dtype=wide)
             pairs = cos.shape[-1] // 2
             return torch.complex(cos[..., :pairs], sin[..., :pairs]).to(x.device)
@@ -169,7 +176,7 @@ class ExactRotaryEmbedding(nn.Module):
             x.device.type == "cpu"
             and position_ids.dim() == 2
             and not rope.spec.scaling.length_dependent
-            and x.dtype in _FORMATS
+            and x.dtype in FORMATS
         ):  # the tables cos_sin gathered from, for the next call's fast path
             self._gather_from[(layer_type, x.dtype, x.device)] = rope._tables_in(x.dtype, x.device)
         return cos, sin
@@ -185,10 +192,9 @@ class ExactRotaryEmbedding(nn.Module):
         assert self.mrope is not None
         positions = position_ids.expand(self.mrope.n_axes, *position_ids.shape[-2:])
         coords = positions.detach().cpu().numpy().transpose(1, 2, 0)  # (batch, seq, axes)
-        cos, sin = self.mrope.tables(coords, fmt=_FORMATS.get(x.dtype, "float32"))
-        dtype = x.dtype if x.dtype in _FORMATS else torch.float32
-        as_tensor = (torch.from_numpy(t).to(device=x.device, dtype=dtype) for t in (cos, sin))
-        return next(as_tensor), next(as_tensor)
+        fmt = format_of(x.dtype, "the input's dtype")
+        cos, sin = self.mrope.tables(coords, fmt=fmt)
+        return to_tensor(cos, fmt, x.device), to_tensor(sin, fmt, x.device)
 
     def extra_repr(self) -> str:
         kind = f"M-RoPE {self.mrope.mode}" if self.mrope is not None else f"{list(self.ropes)}"

@@ -12,8 +12,8 @@ Flax).
 Every value comes from :mod:`posenc.core` (float64 with exact angle reduction, rounded
 once to the target format), its options validated by :mod:`posenc.specs`; JAX only
 converts, gathers and slices the tables and does the RoPE rotation arithmetic.
-:mod:`posenc.jax._backend` holds the adapter contract and the rules on traced positions
-and offsets (NaN rows out of range, never a wrong row).
+:mod:`posenc.jax._backend` holds the primitives every front end has, :mod:`posenc.jax._tables`
+the rules on traced positions and offsets (NaN rows out of range, never a wrong row).
 
 Example:
     >>> import posenc.jax

@@ -5,7 +5,7 @@ The options are validated by :class:`~posenc.specs.AlibiSpec` and
 core's: ALiBi's slope × distance formed in float64 and rounded once, T5's buckets. A
 traced offset (KV-cache decoding inside ``jax.jit``, ``jax.vmap`` over offsets) gathers
 from the core's tables by distance, with NaN rows for query positions outside them (the
-policy in :mod:`posenc.jax._backend`).
+policy in :mod:`posenc.jax._tables`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import DEFAULT_MAX_BYTES, MAX_POSITIONS, check_memory, describe
-from ..core.plan import align_queries
+from ..core.plan import align_queries, plan_index
 from ..core.precision import round_to_format
 from ..core.t5 import check_bucket_options
 from ..specs import AlibiSpec, T5Spec
-from ._backend import PositionTables, check_offset, format_of, is_traced, static_int, to_tensor
+from ._arguments import check_offset, static_int
+from ._backend import dtype_name, format_of, index_range, is_traced, to_tensor, wide_index
+from ._tables import PositionTables
 
 __all__ = ["alibi_bias", "alibi_slopes", "t5_bias"]
 
@@ -149,7 +151,7 @@ def alibi_bias(
     if query_length == 0 or key_length == 0:
         return jnp.zeros((spec.num_heads, query_length, key_length), jnp.dtype(fmt))
     bound = key_length if max_length is None else max_length
-    position = offset + jnp.arange(query_length, dtype=offset.dtype)  # (Q,), widened
+    position = index_range(offset, query_length, plan_index(dtype_name(offset), wide=wide_index()))
     # query p and key j are at distance p - j: row p - j + K - 1 of the table
     index = position[:, None] - jnp.arange(key_length)[None, :] + (key_length - 1)  # (Q, K)
     tables = _AlibiDistances(spec, fmt, key_length)
@@ -292,7 +294,7 @@ def t5_bias(
             "key_length must be given when offset is traced: the default offset + "
             "query_length would make the result's shape depend on a traced value"
         )
-    position = offset + jnp.arange(query_length, dtype=offset.dtype)  # (Q,), widened
+    position = index_range(offset, query_length, plan_index(dtype_name(offset), wide=wide_index()))
     relative = jnp.arange(key_length)[None, :] - position[:, None]  # (Q, K)
     index = jnp.asarray(buckets)[jnp.clip(relative, -max_distance, max_distance) + max_distance]
     bias = jnp.moveaxis(weights[index], -1, 0)  # (H, Q, K)

@@ -3,7 +3,7 @@
 The values are the core's (:class:`~posenc.specs.SinusoidalSpec`,
 :class:`~posenc.specs.SinusoidalNDSpec`: float64 with exact angle reduction, rounded once
 to the format asked for); the options are validated by those specs. Traced positions
-follow the policy in :mod:`posenc.jax._backend`. :class:`SinusoidalTables` is also the
+follow the policy in :mod:`posenc.jax._tables`. :class:`SinusoidalTables` is also the
 table of :class:`posenc.jax.linen.SinusoidalPositionalEncoding`.
 """
 
@@ -17,7 +17,9 @@ import numpy as np
 
 from .._checks import MAX_POSITIONS
 from ..specs import SinusoidalNDSpec, SinusoidalSpec
-from ._backend import PositionTables, format_of, static_int, to_tensor
+from ._arguments import static_int
+from ._backend import format_of, to_tensor
+from ._tables import PositionTables
 
 __all__ = ["SinusoidalTables", "sinusoidal", "sinusoidal_nd"]
 

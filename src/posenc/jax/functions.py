@@ -13,7 +13,7 @@ core's float64 work happens in NumPy.
 Sizes are static Python ints; positions and offsets may be traced. A concrete position
 gets the core's row at exactly that position; a traced one is gathered from a table of
 ``max_length`` rows, and outside it gives a row of NaN, never a silently wrong row (the
-rules are in :mod:`posenc.jax._backend`).
+rules are in :mod:`posenc.jax._tables`).
 
 Example:
     >>> import jax, jax.numpy as jnp

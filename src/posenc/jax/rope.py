@@ -4,7 +4,7 @@ The options go through the core's one parser of RoPE scalings,
 :func:`~posenc.core.rope.as_rope_scaling`, and :class:`~posenc.specs.RopeSpec`, which
 validate them and compute the frequencies and the tables (float64, exact angles, the
 attention factor folded in before the one rounding). JAX only gathers and slices the
-tables (traced positions: the policy in :mod:`posenc.jax._backend`) and does the
+tables (traced positions: the policy in :mod:`posenc.jax._tables`) and does the
 rotation arithmetic. :class:`RopeTables` is also the table of
 :class:`posenc.jax.linen.RotaryEmbedding`.
 """
@@ -24,7 +24,9 @@ from ..core.plan import plan_scaling
 from ..core.precision import FORMATS
 from ..core.rope import ROPE_LAYOUTS, RopeScaling, as_rope_scaling, check_rope_shapes
 from ..specs import RopeSpec
-from ._backend import PositionTables, format_of, is_traced, static_int, widen
+from ._arguments import static_int, widen
+from ._backend import format_of, is_traced
+from ._tables import PositionTables
 
 __all__ = ["RopeTables", "apply_rope", "rope_rows", "rope_tables"]
 

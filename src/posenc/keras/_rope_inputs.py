@@ -14,7 +14,7 @@ import numpy as np
 from keras import ops
 
 from .._checks import check_int, describe
-from ._backend import check_known_positions
+from ._arguments import check_known_positions
 
 __all__ = [
     "check_axis",

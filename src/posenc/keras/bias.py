@@ -33,21 +33,11 @@ import numpy as np
 from keras import ops
 
 from .._checks import DEFAULT_MAX_BYTES, MemoryLimitError, check_int, check_max_length, format_bytes
-from ..core.plan import align_queries, traced_offset
+from ..core.plan import align_queries, plan_index, plan_rows, traced_offset
 from ..specs import AlibiSpec, FromSpec, T5Spec
-from ._backend import (
-    ChecksPlainArguments,
-    PositionTables,
-    cacheable,
-    check_float,
-    format_of,
-    get_initializer,
-    nan_where_invalid,
-    offset_rows,
-    outside_traces,
-    start_position,
-    to_tensor,
-)
+from ._arguments import ChecksPlainArguments, check_float, get_initializer, start_position
+from ._backend import dtype_name, format_of, index_range, to_tensor, wide_index
+from ._tables import PositionTables, cacheable, outside_traces
 
 __all__ = ["ALiBiBias", "T5RelativeBias"]
 
@@ -162,12 +152,16 @@ def _all_ints(*values: Any) -> bool:
 
 
 def _query_rows(q: Any, start: Any, length: int | None = None) -> Any:
-    """Which query rows sit at a valid position: ``0 <= start + i`` (and ``< length``).
+    """Which query rows sit at a valid position: ``0 <= start + i`` (and ``< length``),
+    ``(q,)`` bool. A sum that overflows int32 wraps negative: invalid, as it should be."""
+    position = index_range(start, q, plan_index(dtype_name(start), wide=wide_index()))
+    valid = ops.greater_equal(position, 0)  # (q,)
+    return valid if length is None else ops.logical_and(valid, ops.less(position, length))
 
-    ``(q,)`` bool, computed without int32 overflow (see :func:`offset_rows`).
-    """
-    bound = 2**31 - 1 if length is None else length
-    return offset_rows(start, q, bound)[1]  # (q,)
+
+def _nan_where_invalid(values: Any, valid: Any) -> Any:
+    """``values`` with NaN wherever the broadcastable bool ``valid`` is false (same dtype)."""
+    return ops.where(valid, values, ops.cast(float("nan"), values.dtype))
 
 
 # ---------------------------------------------------------------------------------------
@@ -305,7 +299,8 @@ class ALiBiBias(_ScoreBias, FromSpec):
 
     def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
         if _all_ints(q, k, start):  # every position known: exact, no NaN possible
-            if not self._tables.cover(max(start + q, k), fmt):
+            plan = plan_rows(self._tables.length, low=0, high=max(start + q, k) - 1)
+            if not self._tables.holds(plan, fmt):
                 return self._direct(q, k, start, fmt)  # a table that long is refused
             try:
                 (table,) = self._tables.get(fmt)  # (H, 2L - 1)
@@ -314,7 +309,7 @@ class ALiBiBias(_ScoreBias, FromSpec):
             index = _relative_positions(q, k, start) + (self._tables.length - 1)  # (q, k)
             return ops.take(table, index, axis=1)  # (H, q, k)
         if isinstance(k, int):  # static keys (a traced start): cover them if possible
-            self._tables.cover(k, fmt)
+            self._tables.holds(plan_rows(self._tables.length, low=0, high=k - 1), fmt)
         (table,) = self._tables.get(fmt)  # (H, 2L - 1)
         length = self._tables.length
         keys = ops.arange(k, dtype="int32")  # (k,)
@@ -325,7 +320,7 @@ class ALiBiBias(_ScoreBias, FromSpec):
         index = _relative_positions(q, k, start) + (length - 1)  # (q, k)
         index = ops.where(valid, index, ops.zeros_like(index))  # gather safely, then NaN
         bias = ops.take(table, index, axis=1)  # (H, q, k)
-        return nan_where_invalid(bias, ops.expand_dims(valid, 0))
+        return _nan_where_invalid(bias, ops.expand_dims(valid, 0))
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -474,7 +469,7 @@ class T5RelativeBias(_ScoreBias, FromSpec):
         bias = ops.cast(ops.take(weights, buckets, axis=1), fmt)  # (H, q, k)
         if valid is None:
             return bias
-        return nan_where_invalid(bias, ops.expand_dims(ops.expand_dims(valid, 0), -1))
+        return _nan_where_invalid(bias, ops.expand_dims(ops.expand_dims(valid, 0), -1))
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

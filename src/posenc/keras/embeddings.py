@@ -17,17 +17,9 @@ from keras import ops
 from .._checks import check_int, check_max_length, check_probability, check_weights
 from ..core.nd import check_channels, check_shape
 from ..specs import SinusoidalNDSpec
-from ._backend import (
-    ChecksPlainArguments,
-    cacheable,
-    check_float,
-    format_of,
-    get_initializer,
-    outside_traces,
-    start_position,
-    table_rows,
-    to_tensor,
-)
+from ._arguments import ChecksPlainArguments, check_float, get_initializer, start_position
+from ._backend import format_of, to_tensor
+from ._tables import cacheable, outside_traces, table_rows
 
 __all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncodingND"]
 

@@ -14,15 +14,11 @@ import numpy as np
 from keras import ops
 
 from .._checks import check_int, check_max_length, check_probability
+from ..core.plan import plan_rows
 from ..specs import FromSpec, SinusoidalSpec
-from ._backend import (
-    ChecksPlainArguments,
-    PositionTables,
-    format_of,
-    span_rows,
-    start_position,
-    to_tensor,
-)
+from ._arguments import ChecksPlainArguments, start_position
+from ._backend import format_of, to_tensor
+from ._tables import PositionTables, span_rows
 
 __all__ = ["SinusoidalPositionalEncoding", "generate_positional_encoding"]
 
@@ -241,7 +237,7 @@ class SinusoidalPositionalEncoding(ChecksPlainArguments, keras.layers.Layer, Fro
         if (
             isinstance(start, int)
             and isinstance(seq, int)
-            and not self._tables.cover(start + seq, fmt, start)
+            and not self._tables.holds(plan_rows(self._tables.length, start=start, count=seq), fmt)
         ):  # far past the table, or refused: the rows of this call, from the core
             rows = to_tensor(self.spec.table(seq, fmt=fmt, start=start), fmt)
         else:

@@ -13,7 +13,8 @@ import numpy as np
 from keras import ops
 
 from ..core import packing
-from ._backend import INT32_END, known_value
+from ._arguments import INT32_END
+from ._backend import known_value
 
 __all__ = [
     "mrope_positions",

@@ -2,7 +2,7 @@
 
 The layer parses no option and derives no number: :func:`posenc.core.rope.as_rope_scaling`
 makes the scaling's spec, a :class:`posenc.RopeSpec` the tables (exact, rounded once), and
-:class:`~posenc.keras._backend.PositionTables` keeps them; the layer gathers and multiplies.
+:class:`~posenc.keras._tables.PositionTables` keeps them; the layer gathers and multiplies.
 """
 
 from __future__ import annotations
@@ -15,20 +15,18 @@ import numpy as np
 from keras import ops
 
 from .._checks import check_base, check_choice, check_int, check_max_length, check_width
-from ..core.plan import plan_scaling, table_format
+from ..core.plan import plan_index, plan_rows, plan_scaling, table_format
 from ..core.rope import ROPE_LAYOUTS, as_rope_scaling
 from ..specs import FromHFConfig, RopeSpec
+from ._arguments import ChecksPlainArguments, start_position
 from ._backend import (
-    ChecksPlainArguments,
-    PositionTables,
+    dtype_name,
     format_of,
     gather_rows,
     known_value,
-    outside_traces,
-    saturate_int32,
-    span_rows,
-    start_position,
+    to_index,
     to_tensor,
+    wide_index,
 )
 from ._rope_inputs import (
     check_axis,
@@ -42,6 +40,7 @@ from ._rope_inputs import (
     short,
     turn_index,
 )
+from ._tables import PositionTables, outside_traces, span_rows
 
 __all__ = ["RotaryEmbedding"]
 
@@ -386,14 +385,23 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
         return check_inputs(inputs, self._rank, self._axes[1], self.head_dim)
 
     def _select(
-        self, fmt: str, end: int | None, exact: tuple[Any, int], where: Any, start: Any, seq: Any
+        self,
+        fmt: str,
+        known: tuple[int, int] | None,
+        exact: tuple[Any, int],
+        where: Any,
+        start: Any,
+        seq: Any,
     ) -> tuple[Any, Any]:
-        """The rows of one call, by posenc's out-of-range policy and the scaling's variant.
+        """The rows of one call, by the planner (:mod:`posenc.core.plan`): which rows, and
+        which of the scaling's variants.
 
-        ``end``: one past the largest position (``None``: traced); ``exact``: the core's
-        ``(positions, start)`` (an int ``positions``: a run from ``start``) to compute the
-        rows; the table rows: ``start .. start+seq-1`` (``where`` None) or at ``where``."""
+        ``known``: the lowest position and one past the largest (``None``: traced);
+        ``exact``: the core's ``(positions, start)`` (an int ``positions``: a run from
+        ``start``) to compute the rows; the table rows: ``start .. start+seq-1``
+        (``where`` None) or at ``where``."""
         assert self._tables is not None  # built
+        end = None if known is None else known[1]
         plan = plan_scaling(self._scaling, end, name="RotaryEmbedding: ")
         if plan.seq_len is not None and not self._two_variants:  # the call's own length
             return self._values(exact[0], self._scaled(plan.seq_len), fmt, start=exact[1])
@@ -401,15 +409,19 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
             variant = "base"
         else:  # the long factors past the switch; a traced length selects in the graph
             variant = "" if plan.switch is not None else "long" if plan.seq_len else "short"
-        first = exact[1] if isinstance(exact[0], int) else None
-        if end is not None and not self._tables.cover(end, fmt, first):  # far, or refused
+        if known is not None and not self._tables.holds(  # far, or refused
+            plan_rows(self._tables.length, low=known[0], high=known[1] - 1), fmt
+        ):
             return self._values(exact[0], self._frequencies[variant], fmt, start=exact[1])
+        index = None  # traced positions: NaN rows outside the tables
+        if where is not None and known is None:
+            index = plan_index(dtype_name(where), self._tables.length, wide=wide_index())
 
         def rows(name: str) -> tuple[Any, Any]:
             cos, sin = self._table_set(fmt)[name]
             if where is None:
                 return span_rows(cos, start, seq), span_rows(sin, start, seq)
-            return gather_rows(cos, where), gather_rows(sin, where)
+            return gather_rows(cos, where, index), gather_rows(sin, where, index)
 
         if variant:
             return rows(variant)
@@ -423,20 +435,22 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
     def _contiguous_rows(self, start_index: Any, seq: Any, fmt: str) -> tuple[Any, Any]:
         """Rows ``start_index .. start_index+seq-1`` of the tables: ``(seq, r)`` each."""
         start = start_position(start_index, "RotaryEmbedding")  # an int when known
-        end = start + seq if isinstance(start, int) and isinstance(seq, int) else None
-        return self._select(fmt, end, (seq, start if end is not None else 0), None, start, seq)
+        if isinstance(start, int) and isinstance(seq, int):
+            return self._select(fmt, (start, start + seq), (seq, start), None, start, seq)
+        return self._select(fmt, None, (seq, 0), None, start, seq)
 
     def _gathered_rows(self, positions: Any, batch: Any, seq: Any, fmt: str) -> tuple[Any, Any]:
         """Rows at ``positions``: ``(seq, r)`` or ``(batch, seq, r)`` each."""
         positions = check_positions(positions, batch, seq)
         known = known_value(positions)  # read before any cast: int64 values stay whole
-        end = None
+        span = None
         if known is not None:
             check_known_positions(known)
-            end = int(known.max()) + 1 if known.size else 0
+            span = (int(known.min()), int(known.max()) + 1) if known.size else (0, 0)
         exact = (None if known is None else known.astype(np.int64), 0)
-        index = saturate_int32(positions)  # (seq,) or (batch, seq)
-        return self._select(fmt, end, exact, index, None, None)
+        # int32, saturated in the positions' own dtype: (seq,) or (batch, seq)
+        index = to_index(positions, plan_index(dtype_name(positions), wide=wide_index()))
+        return self._select(fmt, span, exact, index, None, None)
 
     # -- symbolic use and serialization ----------------------------------------------------
 

@@ -34,7 +34,7 @@ from .._checks import (
     check_width,
     describe,
 )
-from ._backend import check_offset
+from ._arguments import check_offset
 from .protocols import ContextualScoreBias, QueryKeyRotation, ScoreBias
 
 

@@ -22,7 +22,9 @@ from torch import Tensor, nn
 from .._checks import DEFAULT_MAX_BYTES, check_int, check_memory, describe
 from ..core.plan import align_queries, traced_offset
 from ..specs import AlibiSpec, FromSpec, T5Spec
-from ._backend import DerivedBuffers, check_offset, check_offset_or_positions, format_of
+from ._arguments import check_offset, check_offset_or_positions
+from ._backend import format_of
+from ._tables import DerivedBuffers
 from .protocols import BiasesScores
 
 

@@ -28,9 +28,11 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import MemoryLimitError, check_int
+from ..core.plan import plan_index, plan_rows
 from ..core.positions import grow
 from ..specs import FireSpec, FromSpec, KerpleSpec, SandwichSpec
-from ._backend import DerivedBuffers, format_of, gather_rows, is_traced
+from ._backend import dtype_name, format_of, gather_rows, is_traced, wide_index
+from ._tables import DerivedBuffers
 from .bias import _relative_positions
 from .protocols import BiasesScores
 
@@ -338,19 +340,21 @@ class SandwichBias(DerivedBuffers, BiasesScores, FromSpec):
             self, query_length, key_length, offset, positions, key_positions, own, per_entry
         )  # (..., q, k), key - query
         distance = (-rel).clamp(min=0) if self.mode == "causal" else rel.abs()
-        table = self.table
-        if not is_traced() and distance.numel():
+        table, index = self.table, None
+        if is_traced():  # distances unknown: NaN past the table
+            index = plan_index(dtype_name(distance), self._length, wide=wide_index())
+        elif distance.numel():
             longest = self._longest(distance, offset, positions is None and key_positions is None)
-            if longest > self._length:  # the one out-of-range policy (posenc.core.positions)
-                grown = grow(lambda length: self._install(length, own), longest, self._length)
+            plan = plan_rows(self._length, low=0, high=longest - 1)
+            if plan.action == "grow":  # the one out-of-range policy (posenc.core.positions)
+                grown = grow(lambda length: self._install(length, own), plan.end, self._length)
                 if grown is not None:
                     table = grown
                 else:  # the memory limit refused the table: this call's distances only
-                    distinct, index = np.unique(distance.cpu().numpy(), return_inverse=True)
+                    distinct, where = np.unique(distance.cpu().numpy(), return_inverse=True)
                     table = self._rows(distinct, own)
-                    distance = torch.from_numpy(index).to(own).view(distance.shape)
-        # While tracing a distance past the table cannot be seen: it gives NaN
-        bias = gather_rows(table, distance)  # (..., q, k, H), float64
+                    distance = torch.from_numpy(where).to(own).view(distance.shape)
+        bias = gather_rows(table, distance, index)  # (..., q, k, H), float64
         return bias.movedim(-1, -3).to(device=device, dtype=dtype)  # (..., H, q, k), rounded once
 
     def _install(self, length: int, device: Any) -> Tensor:

@@ -33,18 +33,14 @@ from .._checks import (
 )
 from ..core.plan import plan_index
 from ..specs import FromSpec, LearnedSpec, NopeSpec, SinusoidalSpec
-from ._backend import (
-    PositionTables,
+from ._arguments import (
     apply_dropout,
     check_offset_or_positions,
     check_position_tensor,
-    dtype_name,
-    eager_only,
-    format_of,
-    gather_rows,
     positions_range,
-    to_tensor,
 )
+from ._backend import dtype_name, format_of, gather_rows, to_tensor, wide_index
+from ._tables import PositionTables, eager_only
 from .protocols import EncodesInput
 
 
@@ -71,7 +67,8 @@ def exact_table(
     length = check_int(length, "length", minimum=0)
     spec = SinusoidalSpec(d_model=d_model, base=base, layout=layout, formula=formula)
     start = check_int(start, "start", minimum=-(2**53))
-    return to_tensor(spec.table(length, fmt=format_of(dtype), start=start), dtype, device)
+    fmt = format_of(dtype)
+    return to_tensor(spec.table(length, fmt=fmt, start=start), fmt, device)
 
 
 def _check_input(x: Any, d_model: int, name: str) -> None:
@@ -170,8 +167,8 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput, FromSpec):
     def _derive(
         self, positions: int | np.ndarray, start: int, dtype: torch.dtype, device: Any
     ) -> tuple[Tensor, ...]:
-        values = self.spec.table(positions, fmt=format_of(dtype), start=start)
-        return (to_tensor(values, dtype, device),)
+        fmt = format_of(dtype)
+        return (to_tensor(self.spec.table(positions, fmt=fmt, start=start), fmt, device),)
 
     def table(self, end: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         """Rows ``0 .. end-1`` (at least) of the table in ``dtype`` on ``device``."""
@@ -260,7 +257,7 @@ class LearnedPositionalEmbedding(EncodesInput, FromSpec):
                 raise self._too_long(span[1], "the largest of positions=")
             plan = None  # known positions were checked above: a plain gather
             if span is None:  # traced: NaN rows past the table, in any integer dtype
-                plan = plan_index(dtype_name(positions), self.max_length, wide="int64")
+                plan = plan_index(dtype_name(positions), self.max_length, wide=wide_index())
             pe = gather_rows(self.weight, positions, plan)
         return apply_dropout(self.dropout, x + pe.to(x.dtype))
 

@@ -14,7 +14,9 @@ from torch import Tensor, nn
 
 from .._checks import check_probability, describe
 from ..specs import FromSpec, SinusoidalNDSpec
-from ._backend import DerivedBuffers, apply_dropout, eager_only, format_of, to_tensor
+from ._arguments import apply_dropout
+from ._backend import format_of, to_tensor
+from ._tables import DerivedBuffers, eager_only
 
 _CACHE_SIZE = 16  # tables kept per module (one per grid shape, dtype and device in use)
 
@@ -121,7 +123,8 @@ class SinusoidalPositionalEncodingND(DerivedBuffers, FromSpec):
     def _build(self, key: tuple[tuple[int, ...], torch.dtype, torch.device]) -> Tensor:
         """Build, cache and return the table for ``key``; never traced by dynamo."""
         shape, dtype, device = key
-        table = to_tensor(self.spec.table(shape, fmt=format_of(dtype)), dtype, device)
+        fmt = format_of(dtype)
+        table = to_tensor(self.spec.table(shape, fmt=fmt), fmt, device)
         if len(self._tables) >= _CACHE_SIZE:
             self._tables.pop(next(iter(self._tables)))
         self._tables[key] = table

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .._checks import describe
 from ..core import packing
-from ._backend import eager_only
+from ._tables import eager_only
 
 __all__ = [
     "mrope_positions",

@@ -29,16 +29,9 @@ from .._checks import check_bool, check_choice, check_int, check_max_length, des
 from ..core.plan import plan_rows, plan_scaling
 from ..core.rope import RopeScaling, as_rope_scaling, rope_permutation
 from ..specs import FromHFConfig, RopeSpec
-from ._backend import (
-    PositionTables,
-    check_offset_or_positions,
-    check_position_tensor,
-    eager_only,
-    format_of,
-    is_traced,
-    positions_range,
-    to_tensor,
-)
+from ._arguments import check_offset_or_positions, check_position_tensor, positions_range
+from ._backend import format_of, is_traced, to_tensor
+from ._tables import PositionTables, eager_only, table_dtype
 from .protocols import RotatesQueriesKeys
 from .rotation import (
     SMALL,
@@ -249,18 +242,19 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
     ) -> tuple[Tensor, Tensor]:
         """``(cos, sin)`` from the core: with the construction frequencies, or (``seq_len``)
         with the frequencies and attention factor a length-dependent scaling has there."""
+        fmt = format_of(dtype)
         cos, sin = self.spec.tables(
             positions,
-            fmt=format_of(dtype),
+            fmt=fmt,
             start=start,
             seq_len=seq_len,
             inv_freq=self._inv_freq if seq_len is None else None,
         )
-        return to_tensor(cos, dtype, device), to_tensor(sin, dtype, device)
+        return to_tensor(cos, fmt, device), to_tensor(sin, fmt, device)
 
     def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
         # The tables stay float32 whatever the module's dtype, float64 after .double().
-        return torch.float64 if dtype == torch.float64 else torch.float32
+        return table_dtype(dtype, "rotation")
 
     # -- forward -------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from .._checks import check_choice
 from ..core.rope import RopeScaling, as_rope_scaling
 from ..specs import FromSpec, RopeSpec
-from ._backend import check_offset_or_positions
+from ._arguments import check_offset_or_positions
 from .protocols import RotatesQueriesKeys
 from .rope import QK_LAYOUTS, check_rope_positions
 from .rotation import broadcast_tables, check_qk, rotate

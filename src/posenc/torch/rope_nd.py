@@ -20,7 +20,9 @@ from torch import Tensor, nn
 
 from .._checks import check_choice, check_max_length, describe
 from ..specs import AxialRopeSpec, FromSpec, XPosSpec
-from ._backend import PositionTables, check_offset_or_positions, eager_only, format_of, to_tensor
+from ._arguments import check_offset_or_positions
+from ._backend import format_of, to_tensor
+from ._tables import PositionTables, eager_only, table_dtype
 from .protocols import RotatesQueriesKeys
 from .rope import (
     DERIVED_KEYS,
@@ -153,12 +155,13 @@ class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
     def _derive(
         self, positions: int | np.ndarray, start: int, dtype: torch.dtype, device: Any
     ) -> tuple[Tensor, ...]:
-        tables = self.spec.tables(positions, fmt=format_of(dtype), start=start)
-        return tuple(to_tensor(t, dtype, device) for t in tables)
+        fmt = format_of(dtype)
+        tables = self.spec.tables(positions, fmt=fmt, start=start)
+        return tuple(to_tensor(t, fmt, device) for t in tables)
 
     def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
         # float32 whatever the module's dtype, float64 after .double().
-        return torch.float64 if dtype == torch.float64 else torch.float32
+        return table_dtype(dtype, "rotation")
 
     def forward(
         self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
@@ -318,8 +321,9 @@ class AxialRotaryEmbedding(nn.Module, FromSpec):
         self._check_coords(coords, name)
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"{name}: dtype must be torch.float32 or torch.float64, got {dtype}")
-        cos, sin = self.spec.tables(coords.detach().cpu().numpy(), fmt=format_of(dtype))
-        return to_tensor(cos, dtype, coords.device), to_tensor(sin, dtype, coords.device)
+        fmt = format_of(dtype)
+        cos, sin = self.spec.tables(coords.detach().cpu().numpy(), fmt=fmt)
+        return to_tensor(cos, fmt, coords.device), to_tensor(sin, fmt, coords.device)
 
     def forward(
         self,
@@ -339,7 +343,7 @@ class AxialRotaryEmbedding(nn.Module, FromSpec):
                 raise TypeError(f"{name}: pass either coords= or cos= and sin=, not both")
             self._check_coords(coords, name)
             lead = coords.shape[:-1]
-            dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+            dtype = table_dtype(q.dtype, "rotation")
         elif cos is None or sin is None:
             raise TypeError(
                 f"{name}: pass coords= (an integer tensor (seq, n_axes)) or both cos= and "

@@ -15,7 +15,7 @@ traced:
 * ``positions=`` (:class:`RotaryEmbedding`) follows the same rule.
 
 That is the out-of-range policy of :mod:`posenc.core.positions`, applied by the
-:class:`~posenc.jax._backend.PositionTables` the modules share with the pure functions
+:class:`~posenc.jax._tables.PositionTables` the modules share with the pure functions
 of :mod:`posenc.jax`. The modules live by family in :mod:`.encodings` (added to the
 input: sinusoidal, learned, N-D), :mod:`.rope` and :mod:`.bias` (ALiBi, T5).
 

@@ -19,7 +19,8 @@ from ..._checks import (
 from ...core.nd import ND_LAYOUTS
 from ...core.plan import plan_index
 from ...specs import LearnedSpec, SinusoidalSpec
-from .._backend import check_offset, dtype_name, format_of, gather_rows, is_traced, wide_index
+from .._arguments import check_offset
+from .._backend import dtype_name, format_of, gather_rows, index_range, is_traced, wide_index
 from ..encodings import SinusoidalTables, sinusoidal_nd
 from ._inputs import apply_dropout, float_input, sequence_input
 
@@ -148,8 +149,8 @@ class LearnedPositionalEmbedding(nn.Module):
         )  # (max_length, d)
         start = check_offset(start_index, f"{name}: start_index")
         if is_traced(start):
-            index = start + jnp.arange(seq, dtype=wide_index())  # widened: cannot wrap
-            plan = plan_index(dtype_name(index), self.max_length, wide=wide_index())
+            plan = plan_index(dtype_name(start), self.max_length, wide=wide_index())
+            index = index_range(start, seq, plan)  # (seq,), in the wide dtype
             rows = gather_rows(embedding, index, plan)  # (seq, d), NaN past the table
         else:
             if start + seq > self.max_length:

@@ -21,7 +21,8 @@ from ..._checks import (
 from ...core.plan import table_format
 from ...core.rope import ROPE_LAYOUTS, RopeScaling, as_rope_scaling
 from ...specs import RopeSpec
-from .._backend import check_offset, check_traced_index, format_of, is_traced
+from .._arguments import check_offset, check_traced_index
+from .._backend import format_of, is_traced
 from ..rope import apply_rope, rope_rows
 from ._inputs import float_input
 

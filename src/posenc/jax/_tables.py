@@ -1,0 +1,139 @@
+"""The tables of :mod:`posenc.jax`: the core's rows, cached once for the functions and the
+Flax modules together, read as the planner says (:mod:`posenc.core.plan`).
+
+Positions past a table follow the one out-of-range policy of :mod:`posenc.core.positions`:
+
+* positions known when the call runs (a Python int, a NumPy array, a JAX array outside a
+  trace) get the core's exact rows, at any position: rows inside the cached table are
+  read from it, and the rows of positions past it are computed by the core for that call
+  only (a JAX table is a value that no module owns, so it never grows);
+* positions known only inside a trace are gathered from the cached table of
+  ``max_length`` rows, and a position outside ``0 .. max_length-1`` (negative included)
+  gives a row of NaN, never a wrapped or clamped row.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._checks import MemoryLimitError
+from ..core.plan import plan_index, plan_rows
+from ._arguments import check_traced_index, need_max_length
+from ._backend import (
+    dtype_name,
+    gather_rows,
+    index_range,
+    is_traced,
+    known_value,
+    to_tensor,
+    wide_index,
+)
+
+__all__ = ["PositionTables"]
+
+_CACHE = 32  # tables kept, for every scheme together (traced calls, the Flax modules)
+
+
+@dataclass(frozen=True)
+class PositionTables:
+    """The tables of one scheme in one format: the core's rows, cached, read by the policy.
+
+    A subclass is a frozen dataclass (so it is hashable: it keys the one cache) whose
+    fields select the core's values, and implements :meth:`_derive`, the rows the core
+    computes at given positions (or, for a table by distance, at given row numbers). This
+    class owns the rest: the cached tables of rows ``0 .. length-1`` (read-only NumPy,
+    shared by the functions and the Flax modules), gathering them at traced indices, and
+    the out-of-range policy of :mod:`posenc.core.positions` (:meth:`at`, :meth:`span`).
+
+    Attributes:
+        spec: The scheme's validated spec (:mod:`posenc.specs`).
+        fmt: The core's format of the values (``"float32"``, ...).
+    """
+
+    spec: Any
+    fmt: str
+
+    def _derive(self, positions: int | np.ndarray, start: int) -> tuple[np.ndarray, ...]:
+        """The core's rows at ``positions`` (an int ``n``: ``start .. start+n-1``)."""
+        raise NotImplementedError
+
+    def table(self, length: int) -> tuple[np.ndarray, ...]:
+        """Rows ``0 .. length-1`` of every table: read-only NumPy arrays, cached."""
+        try:
+            hash(self)
+        except TypeError:  # a spec with unhashable fields (a user's scaling): not cached
+            return _read_only(self._derive(length, 0))
+        return _cached_table(self, length)
+
+    def gather(self, index: jax.Array, length: int) -> tuple[jax.Array, ...]:
+        """Rows at traced ``index`` from the ``length``-row tables, NaN rows outside them."""
+        try:
+            tables = self.table(length)
+        except MemoryLimitError as error:  # a module's max_length, or a function's
+            raise error.naming(
+                f"max_length={length}",
+                "give a smaller max_length: traced positions are gathered from a table of "
+                "max_length rows",
+            ) from None
+        plan = plan_index(dtype_name(index), length, wide=wide_index())
+        return tuple(gather_rows(to_tensor(t, self.fmt), index, plan) for t in tables)
+
+    def at(
+        self, positions: Any, *, max_length: int | None, name: str = "positions"
+    ) -> tuple[jax.Array, ...]:
+        """Rows at ``positions`` of any shape: ``(*positions.shape, width)`` per table.
+
+        Concrete positions (an int ``L``: ``0 .. L-1``; fractional and negative ones
+        allowed) get the core's rows at exactly those positions. Traced ones are
+        gathered from the ``max_length``-row tables, NaN outside them; ``max_length``
+        is required for them and unused otherwise.
+        """
+        if is_traced(positions):
+            check_traced_index(positions, name)
+            if max_length is None:
+                raise need_max_length(name)
+            return self.gather(positions, max_length)
+        if isinstance(positions, jax.Array):
+            positions = known_value(positions)
+        return self._to_jax(self._derive(positions, 0))
+
+    def span(self, start: int | jax.Array, count: int, *, max_length: int) -> tuple[jax.Array, ...]:
+        """Rows ``start .. start+count-1``: ``(count, width)`` per table.
+
+        A traced ``start`` gathers from the ``max_length``-row tables (NaN past them); a
+        concrete one reads them, or past them gets this call's rows from the core (a
+        JAX table never grows: the planner's ``past="compute"``).
+        """
+        if is_traced(start):
+            index = index_range(start, count, plan_index(dtype_name(start), wide=wide_index()))
+            return self.gather(index, max_length)
+        assert isinstance(start, int)  # check_offset makes a known offset an int
+        plan = plan_rows(max_length, start=start, count=count, past="compute")
+        if plan.action == "slice":
+            try:
+                tables = self.table(max_length)
+            except MemoryLimitError:  # the limit refuses the whole table: this call's rows
+                return self._to_jax(self._derive(count, start))
+            return self._to_jax(t[plan.start : plan.end] for t in tables)
+        return self._to_jax(self._derive(count, start))
+
+    def _to_jax(self, tables: Iterable[np.ndarray]) -> tuple[jax.Array, ...]:
+        return tuple(to_tensor(t, self.fmt) for t in tables)
+
+
+def _read_only(tables: Iterable[np.ndarray]) -> tuple[np.ndarray, ...]:
+    out = tuple(np.ascontiguousarray(t) for t in tables)
+    for t in out:
+        t.flags.writeable = False
+    return out
+
+
+@functools.lru_cache(maxsize=_CACHE)
+def _cached_table(tables: PositionTables, length: int) -> tuple[np.ndarray, ...]:
+    return _read_only(tables._derive(length, 0))
