@@ -18,6 +18,18 @@ outside its table and the exact values inside it. A front end that needs no tabl
 scheme is exact everywhere, traced or not: PyTorch's ALiBi (slope × distance in float64
 on the device), T5 (its buckets saturate) and NoPE.
 
+Decoding token by token (``decode=True``). Each scheme a KV-cache decode uses
+(:data:`DECODED`) has cases that every front end runs as a loop of calls on one module or
+layer built once (the functions front ends call their function per step; ``jax-jit``
+traces the step's positions or offset): an optional prompt, then one token per call at
+position ``start + t`` (``offset=``; Keras' ``start_index=``, and Flax's for the
+encodings). The steps' outputs, concatenated, must equal the full call's reference. A
+bias step is its queries against the keys up to its last query (one key more each step),
+its first query's position given, or left to the front end's default alignment (the
+queries are the last of the keys); each step's ``(heads, count, keys)`` bias must equal
+those rows and keys of the full call's (:func:`decode`). Some decodes run past the
+initial table, which grows during the decode (exact values: the positions are known).
+
 Keras picks its backend once per process, so for the backends other than the test
 process's own, ``test_conformance.py`` runs this file as a script::
 
@@ -68,6 +80,11 @@ NO_INDEX_DTYPE = {("keras-torch", "uint64"), ("keras-jax", "int64"), ("keras-jax
 # (front end, scheme) pairs computed without a table: exact at every position, traced too.
 TABLELESS = {("torch", "alibi")} | {(f, s) for f in FRONTENDS for s in ("t5", "nope")}
 
+# The schemes a KV-cache decode calls token by token, which have decode cases; the
+# attention-score biases among them (a step is its queries against the keys so far).
+DECODED = ("sinusoidal", "learned", "rope", "alibi", "t5", "nope")
+BIASES = ("alibi", "t5")
+
 
 def missing_packages(frontend: str) -> list[str]:
     """The packages ``frontend`` needs that cannot be imported here."""
@@ -82,6 +99,7 @@ class Case:
     fmt: str = "float32"
     traced: bool = False  # positions unknown while traced: run by TRACING front ends
     raises: str | None = None  # the exception every front end raises instead
+    decode: bool = False  # run token by token on one module (see decode_steps)
 
     @property
     def id(self) -> str:
@@ -267,6 +285,36 @@ CASES: list[Case] = [
                  traced=traced),
         )
     ],
+    # Decoding token by token (decode_steps): one module, a call per step, equal to the
+    # full call. "table": positions past the initial table, which grows during the decode
+    # (the learned embedding cannot: its decode stays within its rows); "prompt": a first
+    # call of that many tokens, as a prefill.
+    Case("sinusoidal", "decode", {"length": 6, "d": 16, "start": 0}, decode=True),
+    Case("sinusoidal", "decode-past-table", {"length": 7, "d": 8, "start": 0, "table": 4},
+         decode=True),
+    Case("sinusoidal", "decode-prompt-bf16-far", {"length": 6, "d": 32, "start": 4000,
+         "prompt": 3}, "bfloat16", decode=True),
+    Case("learned", "decode", {"max_length": 8, "d": 4, "length": 6, "start": 2}, decode=True),
+    Case("rope", "decode", _rope("decode").params, decode=True),
+    Case("rope", "decode-past-table", _rope("decode-past-table", seq=7, layout="interleaved",
+         table=4).params, decode=True),
+    Case("rope", "decode-prompt-yarn", _rope("decode-prompt-yarn", rotary_dim=8, start=40,
+         prompt=2, scaling="yarn", scaling_params={"factor": 4.0,
+         "original_max_position_embeddings": 16}).params, decode=True),
+    # A bias step: its queries against every key up to its last query (key_length grows
+    # by one a step), the first query's position given as the offset, or left to the
+    # default alignment (no "offset": the queries are the last of the keys).
+    Case("alibi", "decode-offset", {"heads": 8, "q": 6, "k": 9, "offset": 3}, decode=True),
+    Case("alibi", "decode-default", {"heads": 5, "q": 5, "k": 8, "prompt": 2, "table": 4},
+         decode=True),
+    Case("alibi", "decode-f16-far", {"heads": 3, "q": 4, "k": 60, "offset": 56}, "float16",
+         decode=True),
+    Case("t5", "decode-offset", {"heads": 3, "buckets": 16, "max_distance": 20,
+         "bidirectional": False, "compat": "exact", "q": 5, "k": 29, "offset": 24},
+         decode=True),
+    Case("t5", "decode-default", {"heads": 2, "buckets": 8, "max_distance": 12, "q": 5,
+         "k": 16, "prompt": 2}, decode=True),
+    Case("nope", "decode", {"length": 5, "d": 8, "start": 7}, decode=True),
 ]  # fmt: skip
 
 
@@ -394,13 +442,75 @@ def row_positions(case: Case) -> np.ndarray:
 
 def expected(frontend: str, case: Case) -> np.ndarray:
     """What ``frontend`` must give for ``case``: the reference, with NaN rows at the
-    positions outside its table when the case is traced and the front end has one."""
+    positions outside its table when the case is traced and the front end has one, and
+    for a bias decoded step by step NaN at the keys after each step's (see :func:`decode`)."""
     values = reference(case).astype(np.float32)
     if case.traced and (frontend, case.scheme) not in TABLELESS:
         where = row_positions(case)
         outside = (where < 0) | (where >= case.table)
         values[:, outside] = np.nan
+    if case.decode and case.scheme in BIASES:
+        seen = np.full_like(values, np.nan)
+        for _, _, where in decode_views(case):
+            seen[where] = values[where]
+        values = seen
     return values
+
+
+# --- decoding step by step ---------------------------------------------------------------
+
+
+def decode_steps(case: Case) -> list[tuple[int, int]]:
+    """``(first, count)`` of each call of a decode case, along the tokens (the biases'
+    queries): the first ``prompt`` of them in one call (default 1), then one per call."""
+    p = case.params
+    total = p["q"] if case.scheme in BIASES else len(positions(case))
+    prompt = int(p.get("prompt", 1))
+    return [(0, prompt), *((first, 1) for first in range(prompt, total))]
+
+
+def decode_views(case: Case) -> list[tuple[int, int, tuple[slice, ...]]]:
+    """``(first, count, index)`` of each step: where its output lies in the full call's.
+    A bias step sees the keys up to its last query only: those of its rows' columns."""
+    views = []
+    for first, count in decode_steps(case):
+        rows = slice(first, first + count)
+        if case.scheme in BIASES:
+            keys = row_positions(case)[first + count - 1] + 1  # up to the step's last query
+            views.append((first, count, (slice(None), rows, slice(0, int(keys)))))
+        else:
+            views.append((first, count, (slice(None), rows)))
+    return views
+
+
+def decode(case: Case, step: Any, x: Any = None) -> np.ndarray:
+    """A decode case's output, from ``step`` called once per step on the one module (or
+    function) a front end made for the case; each call gives that step's output as NumPy.
+
+    * Encodings and RoPE: ``step(x[:, first : first + count], start + first)``, the
+      step's tokens and the position of its first; the outputs are concatenated along the
+      tokens, which gives the full call's output.
+    * Biases: ``step(count, keys, offset)``, the step's queries against the keys up to
+      its last query (``keys`` grows with every step), ``offset`` its first query's
+      position, or ``None`` where the case gives none (the front end's default alignment
+      must place the queries last). Each ``(heads, count, keys)`` bias goes to its rows
+      and keys of a ``(heads, q, k)`` array of NaN, which :func:`expected` matches.
+    """
+    p = case.params
+    if case.scheme not in BIASES:
+        start, outputs = p.get("start", 0), []
+        for first, count in decode_steps(case):
+            outputs.append(step(x[:, first : first + count], start + first))
+            assert outputs[-1].shape[1] == count, (first, outputs[-1].shape)
+        return np.concatenate(outputs, axis=1)
+    where = row_positions(case)
+    out = np.full((p["heads"], p["q"], p["k"]), np.nan, np.float32)
+    for first, count, index in decode_views(case):
+        keys = index[2].stop
+        bias = step(count, keys, int(where[first]) if "offset" in p else None)
+        assert bias.shape == (p["heads"], count, keys), (first, bias.shape)
+        out[index] = bias
+    return out
 
 
 def tolerance(case: Case) -> float:
@@ -418,53 +528,80 @@ def run_numpy(case: Case) -> np.ndarray:
     import posenc
 
     p, data = case.params, inputs(case)
+
+    def at(first: int, x: np.ndarray) -> np.ndarray:
+        """The positions of a step's tokens ``x`` (a decode case's), from ``first``."""
+        return np.arange(first, first + x.shape[1])
+
     if case.scheme == "sinusoidal":
-        table = posenc.sinusoidal(
-            positions(case),
-            p["d"],
-            base=p.get("base", 10000.0),
-            layout=p.get("layout", "interleaved"),
-            formula=p.get("formula", "paper"),
-            dtype=case.fmt,
-        )
-        return data["x"] + table.astype(np.float32)
+
+        def sinusoidal(where: np.ndarray) -> np.ndarray:
+            table = posenc.sinusoidal(
+                where,
+                p["d"],
+                base=p.get("base", 10000.0),
+                layout=p.get("layout", "interleaved"),
+                formula=p.get("formula", "paper"),
+                dtype=case.fmt,
+            )
+            return table.astype(np.float32)
+
+        if case.decode:
+            return decode(case, lambda x, s: x + sinusoidal(at(s, x)), data["x"])
+        return data["x"] + sinusoidal(positions(case))
     if case.scheme == "nd":
         return posenc.sinusoidal_nd(
             p["shape"], p["channels"], layout=p.get("layout", "positional-encodings"),
             dtype=case.fmt,
         ).astype(np.float32)  # fmt: skip
     if case.scheme == "learned":
+        if case.decode:
+            return decode(case, lambda x, s: x + data["weight"][s : s + x.shape[1]], data["x"])
         return data["x"] + data["weight"][p["start"] : p["start"] + p["length"]]
     if case.scheme == "nope":
+        if case.decode:
+            return decode(case, lambda x, s: x + posenc.nope(at(s, x), p["d"]), data["x"])
         return data["x"] + posenc.nope(p["length"], p["d"])
     if case.scheme == "rope":
         inv_freq, factor = rope_frequencies(case)
-        cos, sin = posenc.rope_tables(
-            positions(case), inv_freq, dtype="float32", layout=p["layout"], scale=factor
-        )
-        x = data["x"].transpose(0, 2, 1, 3)  # (b, h, s, d), float32 arithmetic
-        out = posenc.apply_rope(x, cos, sin, layout=p["layout"])
-        return out.transpose(0, 2, 1, 3)
-    if case.scheme == "alibi":
+
+        def rope(x: np.ndarray, where: np.ndarray) -> np.ndarray:
+            cos, sin = posenc.rope_tables(
+                where, inv_freq, dtype="float32", layout=p["layout"], scale=factor
+            )
+            x = x.transpose(0, 2, 1, 3)  # (b, h, s, d), float32 arithmetic
+            out = posenc.apply_rope(x, cos, sin, layout=p["layout"])
+            return out.transpose(0, 2, 1, 3)
+
+        if case.decode:
+            return decode(case, lambda x, s: rope(x, at(s, x)), data["x"])
+        return rope(data["x"], positions(case))
+
+    def alibi(q: int, k: int, offset: int | None) -> np.ndarray:
         bias = posenc.alibi_bias(
-            p["q"],
-            p["k"],
+            q,
+            k,
             num_heads=p["heads"],
             mode=p.get("mode", "causal"),
-            offset=p.get("offset"),
+            offset=offset,
             dtype=case.fmt,
         )
         return bias.astype(np.float32)
-    if case.scheme == "t5":
+
+    def t5(q: int, k: int, offset: int | None) -> np.ndarray:
         return posenc.t5_bias(
             data["weight"],
-            p["q"],
-            p["k"],
+            q,
+            k,
             bidirectional=p.get("bidirectional", True),
             max_distance=p["max_distance"],
-            offset=p.get("offset"),
+            offset=offset,
             compat=p.get("compat", "hf"),
         )
+
+    if case.scheme in BIASES:
+        bias = alibi if case.scheme == "alibi" else t5
+        return decode(case, bias) if case.decode else bias(p["q"], p["k"], p.get("offset"))
     raise AssertionError(case.scheme)
 
 
@@ -508,6 +645,8 @@ def run_torch(case: Case) -> np.ndarray:
             formula=p.get("formula", "paper"),
         )
         x = torch.from_numpy(data["x"]).to(dtype)
+        if case.decode:
+            return decode(case, lambda x, s: out(module(x, offset=s)), x)
         if case.traced:
             return out(call(lambda x, pos: module(x, positions=pos), x, where))
         return out(module(x, offset=p.get("start", 0)))
@@ -521,12 +660,16 @@ def run_torch(case: Case) -> np.ndarray:
         with torch.no_grad():
             module.weight.copy_(torch.from_numpy(data["weight"]))
         x = torch.from_numpy(data["x"])
+        if case.decode:
+            return decode(case, lambda x, s: out(module(x, offset=s)), x)
         if case.traced:
             return out(call(lambda x, pos: module(x, positions=pos), x, where))
         return out(module(x, offset=p["start"]))
     if case.scheme == "nope":
         module = pt.NoPositionalEncoding(p["d"])
         x = torch.from_numpy(data["x"])
+        if case.decode:
+            return decode(case, lambda x, s: out(module(x, offset=s)), x)
         return out(call(lambda x, pos: module(x, positions=pos), x, where))
     if case.scheme == "rope":
         module = pt.RotaryEmbedding(
@@ -540,12 +683,24 @@ def run_torch(case: Case) -> np.ndarray:
             qk_layout="bshd",
         )
         x = torch.from_numpy(data["x"])
+        if case.decode:
+
+            def rope_step(x: torch.Tensor, start: int) -> np.ndarray:
+                # keys -x: their rotation is exactly -q_rot (negation is exact), so a
+                # step that mixed up queries and keys would show
+                q_rot, k_rot = module(x, -x, offset=start)
+                assert torch.equal(k_rot, -q_rot), f"the keys' rotation at {start}"
+                return out(q_rot)
+
+            return decode(case, rope_step, x)
         if case.traced:
             return out(call(lambda x, pos: module(x, x, positions=pos)[0], x, where))
         q_rot, _ = module(x, x, offset=p["start"])
         return out(q_rot)
     if case.scheme == "alibi":
         module = pt.ALiBiBias(p["heads"], mode=p.get("mode", "causal"))
+        if case.decode:
+            return decode(case, lambda q, k, o: out(module(q, k, offset=o, dtype=dtype)))
         if case.traced:
             return out(call(lambda pos: module(p["q"], p["k"], positions=pos, dtype=dtype), where))
         return out(module(p["q"], p["k"], offset=p.get("offset"), dtype=dtype))
@@ -559,6 +714,8 @@ def run_torch(case: Case) -> np.ndarray:
         )
         with torch.no_grad():
             module.relative_attention_bias.weight.copy_(torch.from_numpy(data["weight"]))
+        if case.decode:
+            return decode(case, lambda q, k, o: out(module(q, k, offset=o)))
         if case.traced:
             return out(call(lambda pos: module(p["q"], p["k"], positions=pos), where))
         return out(module(p["q"], p["k"], offset=p.get("offset")))
@@ -596,6 +753,8 @@ def run_keras(case: Case) -> np.ndarray:
         )
         x = keras.ops.cast(keras.ops.convert_to_tensor(data["x"]), case.fmt)
         layer.build(tuple(x.shape))
+        if case.decode:
+            return decode(case, lambda x, s: out(layer(x, start_index=s)), x)
         return out(call(lambda x, s: layer(x, start_index=s), x, start("start")))
     if case.scheme == "nd":
         layer = pk.SinusoidalPositionalEncodingND(layout=p.get("layout", "positional-encodings"))
@@ -607,6 +766,8 @@ def run_keras(case: Case) -> np.ndarray:
         layer.build(data["x"].shape)
         layer.set_weights([data["weight"]])
         x = keras.ops.convert_to_tensor(data["x"])
+        if case.decode:
+            return decode(case, lambda x, s: out(layer(x, start_index=s)), x)
         return out(call(lambda x, s: layer(x, start_index=s), x, start("start")))
     if case.scheme == "rope":
         layer = pk.RotaryEmbedding(
@@ -619,13 +780,17 @@ def run_keras(case: Case) -> np.ndarray:
         )
         x = keras.ops.convert_to_tensor(data["x"])
         layer.build(tuple(x.shape))
+        if case.decode:
+            return decode(case, lambda x, s: out(layer(x, start_index=s)), x)
         return out(call(lambda x, s: layer(x, start_index=s), x, start("start")))
     if case.scheme == "alibi":
         layer = pk.ALiBiBias(p["heads"], mode=p.get("mode", "causal"), max_length=case.table)
 
-        def alibi(s: Any) -> Any:
-            return layer.compute_bias(p["q"], p["k"], start_index=s, dtype=case.fmt)
+        def alibi(s: Any, q: int = p["q"], k: int = p["k"]) -> Any:
+            return layer.compute_bias(q, k, start_index=s, dtype=case.fmt)
 
+        if case.decode:
+            return decode(case, lambda q, k, s: out(alibi(s, q, k)))
         return out(call(alibi, start("offset")))
     if case.scheme == "t5":
         layer = pk.T5RelativeBias(
@@ -637,6 +802,8 @@ def run_keras(case: Case) -> np.ndarray:
         )
         layer.build((1, p["heads"], p["q"], p["k"]))
         layer.set_weights([data["weight"]])
+        if case.decode:
+            return decode(case, lambda q, k, s: out(layer.compute_bias(q, k, start_index=s)))
         return out(call(lambda s: layer.compute_bias(p["q"], p["k"], start_index=s),
                         start("offset")))  # fmt: skip
     raise AssertionError(case.scheme)
@@ -699,6 +866,11 @@ def _run_jax(case: Case, *, jit: bool) -> np.ndarray:
     def call(fn: Any, *traced: Any) -> Any:
         return jax.jit(fn)(*traced) if jit else fn(*traced)
 
+    def at(first: int, x: Any) -> Any:
+        """The positions of a step's tokens ``x`` (a decode case's): traced under jit."""
+        where = np.arange(first, first + x.shape[1])
+        return jnp.asarray(where) if jit else where
+
     if case.scheme == "sinusoidal":
 
         def sinusoidal(pos: Any) -> Any:
@@ -712,6 +884,9 @@ def _run_jax(case: Case, *, jit: bool) -> np.ndarray:
                 max_length=(case.table if case.traced else 8192) if jit else None,
             )
 
+        if case.decode:  # one function (jitted once), a call per step
+            encode = jax.jit(sinusoidal) if jit else sinusoidal
+            return decode(case, lambda x, s: x + out(encode(at(s, x))), data["x"])
         pos = jnp.asarray(positions(case).astype(index_dtype(case))) if jit else positions(case)
         return data["x"] + out(call(sinusoidal, pos))
     if case.scheme == "nd":
@@ -739,6 +914,9 @@ def _run_jax(case: Case, *, jit: bool) -> np.ndarray:
             )  # (seq, rotary_dim)
             return pj.apply_rope(x, cos[:, None, :], sin[:, None, :], layout=p["layout"])
 
+        if case.decode:  # one function (jitted once), a call per step
+            step = jax.jit(rotate) if jit else rotate
+            return decode(case, lambda x, s: out(step(x, at(s, x))), data["x"])
         if jit and not case.traced and p.get("scaling") == "dynamic_ntk":
             # its frequencies need the call's length: positions known while tracing
             return out(call(lambda x: rotate(x, positions(case)), data["x"]))
@@ -746,10 +924,10 @@ def _run_jax(case: Case, *, jit: bool) -> np.ndarray:
         return out(call(rotate, data["x"], pos))
     if case.scheme == "alibi":
 
-        def alibi(offset: Any) -> Any:
+        def alibi(offset: Any, q: int = p["q"], k: int = p["k"]) -> Any:
             return pj.alibi_bias(
-                p["q"],
-                p["k"],
+                q,
+                k,
                 num_heads=p["heads"],
                 mode=p.get("mode", "causal"),
                 offset=offset,
@@ -757,24 +935,33 @@ def _run_jax(case: Case, *, jit: bool) -> np.ndarray:
                 max_length=(case.table if case.traced else 64) if jit else None,
             )
 
+        def traced(offset: int | None) -> Any:
+            return offset if offset is None or not jit else jnp.int32(offset)
+
+        if case.decode:  # the lengths change every step: a trace per step under jit
+            return decode(case, lambda q, k, o: out(call(lambda o: alibi(o, q, k), traced(o))))
         offset = p.get("offset")  # None: the queries are the last q of the k positions
-        return out(call(alibi, offset if offset is None or not jit else jnp.int32(offset)))
+        return out(call(alibi, traced(offset)))
     if case.scheme == "t5":
 
-        def t5(weight: Any, offset: Any) -> Any:
+        def t5(weight: Any, offset: Any, q: int, k: int) -> Any:
             return pj.t5_bias(
                 weight,
-                p["q"],
-                p["k"],
+                q,
+                k,
                 bidirectional=p.get("bidirectional", True),
                 max_distance=p["max_distance"],
                 offset=offset,
                 compat=p.get("compat", "hf"),
             )
 
-        offset = p.get("offset")
-        traced = offset if offset is None or not jit else jnp.int32(offset)
-        return out(call(t5, jnp.asarray(data["weight"]), traced))
+        weight = jnp.asarray(data["weight"])
+
+        def t5_step(q: int, k: int, offset: int | None) -> np.ndarray:
+            traced = offset if offset is None or not jit else jnp.int32(offset)
+            return out(call(lambda w, o: t5(w, o, q, k), weight, traced))
+
+        return decode(case, t5_step) if case.decode else t5_step(p["q"], p["k"], p.get("offset"))
     raise AssertionError(case.scheme)
 
 
@@ -815,11 +1002,15 @@ def _run_flax(case: Case) -> np.ndarray:
         )
         x = jnp.asarray(data["x"], dtype=dtype)
         variables = module.init(key, x)
+        if case.decode:
+            return decode(case, lambda x, s: out(module.apply(variables, x, start_index=s)), x)
         return out(call(lambda x, s: module.apply(variables, x, start_index=s), x, start("start")))
     if case.scheme == "learned":
         module = linen.LearnedPositionalEmbedding(max_length=p["max_length"])
         variables = {"params": {"embedding": jnp.asarray(data["weight"])}}
         x = jnp.asarray(data["x"])
+        if case.decode:
+            return decode(case, lambda x, s: out(module.apply(variables, x, start_index=s)), x)
         return out(call(lambda x, s: module.apply(variables, x, start_index=s), x, start("start")))
     if case.scheme == "rope":
         module = linen.RotaryEmbedding(
@@ -832,12 +1023,16 @@ def _run_flax(case: Case) -> np.ndarray:
         )
         x = jnp.asarray(data["x"])
         variables = module.init(key, x)
+        if case.decode:
+            return decode(case, lambda x, s: out(module.apply(variables, x, start_index=s)), x)
         return out(call(lambda x, s: module.apply(variables, x, start_index=s), x, start("start")))
     if case.scheme == "alibi":
         module = linen.ALiBiBias(
             p["heads"], mode=p.get("mode", "causal"), max_length=case.table, dtype=case.fmt
         )
         variables = module.init(key, p["q"], p["k"])
+        if case.decode:
+            return decode(case, lambda q, k, o: out(module.apply(variables, q, k, offset=o)))
         return out(
             call(lambda o: module.apply(variables, p["q"], p["k"], offset=o), start("offset"))
         )
@@ -850,6 +1045,8 @@ def _run_flax(case: Case) -> np.ndarray:
             compat=p.get("compat", "hf"),
         )
         variables = {"params": {"relative_attention_bias": jnp.asarray(data["weight"])}}
+        if case.decode:
+            return decode(case, lambda q, k, o: out(module.apply(variables, q, k, offset=o)))
         return out(call(lambda o: module.apply(variables, p["q"], p["k"], offset=o),
                         start("offset")))  # fmt: skip
     raise AssertionError(case.scheme)

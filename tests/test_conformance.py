@@ -4,9 +4,11 @@ Parametrised over front ends × cases (see ``conformance.py``): ``numpy`` (the p
 functions), ``torch`` (the modules), ``keras-tensorflow``, ``keras-jax`` and
 ``keras-torch`` (the Keras layers on each backend), ``jax`` (the pure functions),
 ``jax-jit`` (the same with positions and offsets traced under ``jax.jit``) and ``flax``
-(the linen modules). A front end whose packages are not installed is *skipped* with the
-reason in the test summary; ``scripts/test.sh`` installs them all and sets
-``POSENC_REQUIRE_ALL_FRONTENDS=1``, under which a missing front end fails instead.
+(the linen modules). A case decoded token by token (``decode=True``) is compared step
+by step: each step's whole output against its part of the full call's. A front end whose
+packages are not installed is *skipped* with the reason in the test summary;
+``scripts/test.sh`` installs them all and sets ``POSENC_REQUIRE_ALL_FRONTENDS=1``, under
+which a missing front end fails instead.
 
 Keras fixes its backend when it is first imported, so the Keras cases of the backends
 other than this process's own run in one subprocess per backend (``conformance.py
@@ -117,10 +119,19 @@ def test_front_end_matches_core(frontend: str, case: Case, keras_subprocess):
     assert got.shape == expected.shape, f"{frontend}: shape {got.shape} != {expected.shape}"
     assert got.dtype == np.float32
     atol = conformance.tolerance(case)
+    if case.decode:  # each step's whole output against its part of the full call's
+        for first, count, where in conformance.decode_views(case):
+            _agree(
+                got[where], expected[where], atol, f"the step of rows {first}..{first + count - 1}"
+            )
+    _agree(got, expected, atol, f"{frontend}: {case.id}")
+
+
+def _agree(got: np.ndarray, expected: np.ndarray, atol: float, what: str) -> None:
     if atol == 0:
-        np.testing.assert_array_equal(got, expected.astype(np.float32))
+        np.testing.assert_array_equal(got, expected.astype(np.float32), err_msg=what)
     else:
-        np.testing.assert_allclose(got, expected, rtol=0, atol=atol)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=atol, err_msg=what)
 
 
 def test_every_scheme_has_cases_and_every_front_end_is_listed():
@@ -137,6 +148,35 @@ def test_every_scheme_has_cases_and_every_front_end_is_listed():
     assert {"numpy", "torch", "keras-tensorflow", "keras-jax", "keras-torch", "jax"} <= set(
         FRONTENDS
     )
+
+
+def test_every_front_end_decodes_each_of_its_schemes_step_by_step():
+    for frontend, (_, schemes) in FRONTENDS.items():
+        decoded = {case.scheme for case in conformance.cases_for(frontend) if case.decode}
+        assert decoded == set(schemes) & set(conformance.DECODED), frontend
+    decode = [case for case in CASES if case.decode]
+    assert {case.scheme for case in decode} == set(conformance.DECODED)
+    for case in decode:
+        assert not case.traced, case.id  # known positions: exact values
+        assert case.raises is None, case.id
+        steps = conformance.decode_steps(case)
+        assert len(steps) >= 4, case.id
+        assert all(count == 1 for _, count in steps[1:]), case.id  # then token by token
+        if case.scheme in conformance.BIASES:  # every key up to the last query
+            assert conformance.row_positions(case)[-1] + 1 == case.params["k"], case.id
+    for scheme in conformance.BIASES:  # the offset given, and left to the default alignment
+        given = {"offset" in case.params for case in decode if case.scheme == scheme}
+        assert given == {True, False}, scheme
+    # The tables grow during the decode: from a position inside to ones past them.
+    for scheme in ("sinusoidal", "rope"):
+        assert any(
+            case.scheme == scheme
+            and conformance.positions(case)[0] < case.table <= conformance.positions(case)[-1]
+            for case in decode
+        ), scheme
+    for case in decode:  # the learned embedding cannot grow: its decode stays within it
+        if case.scheme == "learned":
+            assert conformance.positions(case)[-1] < case.params["max_length"], case.id
 
 
 def test_the_bfloat16_case_differs_from_a_bfloat16_computation():
