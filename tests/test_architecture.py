@@ -175,3 +175,45 @@ def test_the_primitives_have_the_same_signatures_in_every_front_end(frontend):
 
     for name in PRIMITIVES:
         assert parameters(getattr(backend, name)) == parameters(getattr(reference, name)), name
+
+
+@pytest.mark.parametrize("package", ["torch", "keras", "jax", "jax.linen"])
+def test_dir_of_a_front_end_shows_its_public_api(package):
+    framework = package.split(".")[0]
+    if importlib.util.find_spec(framework) is None or (
+        package == "jax.linen" and importlib.util.find_spec("flax") is None
+    ):
+        pytest.skip(f"{package} is not installed")
+    module = importlib.import_module(f"posenc.{package}")
+    shown = set(dir(module))
+    assert set(module.__all__) <= shown
+    assert shown - set(module.__all__) <= {"linen"}  # posenc.jax's lazily imported package
+    assert not {"torch", "jax", "keras", "missing", "importlib"} & shown
+
+
+# The module every front end keeps each kind of scheme in (one of these per front end,
+# where it has the scheme): a reader who knows one front end finds it in the others.
+SCHEME_MODULES = {
+    "encodings": {"SinusoidalPositionalEncoding", "sinusoidal"},
+    "nd": {"SinusoidalPositionalEncodingND", "sinusoidal_nd"},
+    "rope": {"RotaryEmbedding", "rope_tables", "apply_rope"},
+    "bias": {"ALiBiBias", "T5RelativeBias", "alibi_bias", "t5_bias"},
+    "packing": {"positions_from_cu_seqlens", "positions_from_attention_mask"},
+}
+
+
+@pytest.mark.parametrize("package", ["torch", "keras", "jax", "jax.linen"])
+def test_each_scheme_lives_in_the_same_named_module_in_every_front_end(package):
+    framework = package.split(".")[0]
+    if importlib.util.find_spec(framework) is None or (
+        package == "jax.linen" and importlib.util.find_spec("flax") is None
+    ):
+        pytest.skip(f"{package} is not installed")
+    front = importlib.import_module(f"posenc.{package}")
+    misplaced = {
+        name: getattr(front, name).__module__
+        for module, names in SCHEME_MODULES.items()
+        for name in names
+        if hasattr(front, name) and getattr(front, name).__module__ != f"posenc.{package}.{module}"
+    }
+    assert misplaced == {}

@@ -721,3 +721,10 @@ def test_linen_bad_configuration(linen):
         linen.SinusoidalPositionalEncoding().apply({}, jnp.zeros((2, 4), jnp.int32))
     with pytest.raises(ValueError, match="start_index must be an int >= 0"):
         linen.SinusoidalPositionalEncoding().apply({}, jnp.zeros((2, 4)), start_index=-1)
+
+
+def test_rope_tables_refuses_positions_none_as_the_core_does():
+    with pytest.raises(TypeError, match="positions must hold integers or real numbers"):
+        posenc.jax.rope_tables(None, 8)
+    with pytest.raises(TypeError, match="positions must hold integers or real numbers"):
+        posenc.rope_tables(None, posenc.rope_frequencies(8))

@@ -26,13 +26,11 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 import posenc  # noqa: E402
 import posenc.keras.bias  # noqa: E402
-import posenc.keras.embeddings  # noqa: E402
+import posenc.keras.nd  # noqa: E402
 from posenc.keras import SinusoidalPositionalEncoding  # noqa: E402
 from posenc.keras.bias import ALiBiBias, T5RelativeBias  # noqa: E402
-from posenc.keras.embeddings import (  # noqa: E402
-    LearnedPositionalEmbedding,
-    SinusoidalPositionalEncodingND,
-)
+from posenc.keras.encodings import LearnedPositionalEmbedding  # noqa: E402
+from posenc.keras.nd import SinusoidalPositionalEncodingND  # noqa: E402
 
 ops = keras.ops
 BACKEND = keras.backend.backend()
@@ -941,7 +939,7 @@ def test_alibi_refused_growth_leaves_the_layer_working():
     assert "max_bytes" not in str(info.value)
 
 
-@pytest.mark.parametrize("module", [posenc.keras.embeddings, posenc.keras.bias])
+@pytest.mark.parametrize("module", [posenc.keras.nd, posenc.keras.bias])
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, extraglobs={"keras": keras}, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0

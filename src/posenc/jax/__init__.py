@@ -36,7 +36,8 @@ except ImportError as exc:
     raise missing("jax", "posenc.jax", exc) from exc
 
 from .bias import alibi_bias, alibi_slopes, t5_bias
-from .encodings import sinusoidal, sinusoidal_nd
+from .encodings import sinusoidal
+from .nd import sinusoidal_nd
 from .packing import (
     mrope_positions,
     positions_from_attention_mask,
@@ -65,3 +66,9 @@ def __getattr__(name: str) -> Any:
     if name == "linen":
         return importlib.import_module(f"{__name__}.linen")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public API (``__all__`` and the lazily imported ``linen``), not the helper
+    modules and imports of the package."""
+    return sorted([*__all__, "linen"])

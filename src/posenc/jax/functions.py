@@ -28,7 +28,8 @@ Example:
 from __future__ import annotations
 
 from .bias import alibi_bias, alibi_slopes, t5_bias
-from .encodings import sinusoidal, sinusoidal_nd
+from .encodings import sinusoidal
+from .nd import sinusoidal_nd
 from .rope import apply_rope, rope_tables
 
 __all__ = [

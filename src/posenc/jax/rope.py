@@ -164,6 +164,8 @@ def rope_tables(
     fmt = format_of(dtype)
     if max_length is not None:
         max_length = static_int(max_length, "max_length", minimum=1, maximum=MAX_POSITIONS)
+    if positions is None:  # None means a run to rope_rows: refuse it as the core does
+        check_positions(positions)
     cos, sin = rope_rows(spec, fmt, positions=positions, max_length=max_length, name="rope_tables")
     return cos, sin  # (*positions.shape, rotary_dim) each
 

@@ -25,8 +25,12 @@ except ImportError as exc:
     raise missing("keras", "posenc.keras", exc) from exc
 
 from .bias import ALiBiBias, T5RelativeBias
-from .embeddings import LearnedPositionalEmbedding, SinusoidalPositionalEncodingND
-from .layers import SinusoidalPositionalEncoding, generate_positional_encoding
+from .encodings import (
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+    generate_positional_encoding,
+)
+from .nd import SinusoidalPositionalEncodingND
 from .packing import (
     mrope_positions,
     positions_from_attention_mask,
@@ -48,3 +52,8 @@ __all__ = [
     "positions_from_cu_seqlens",
     "positions_from_document_ids",
 ]
+
+
+def __dir__() -> list[str]:
+    """The public API (``__all__``), not the helper modules and imports of the package."""
+    return sorted(__all__)

@@ -17,8 +17,7 @@ except ImportError as exc:
 from .attention import KVCache, MultiHeadAttention
 from .bias import ALiBiBias, T5RelativeBias
 from .cope import ContextualPositionEncoding
-from .kernel_bias import FIREBias, KERPLEBias, SandwichBias
-from .modules import (
+from .encodings import (
     InputEmbedding,
     LearnedPositionalEmbedding,
     NoPositionalEncoding,
@@ -26,6 +25,7 @@ from .modules import (
     TokenEmbedding,
     exact_table,
 )
+from .kernel_bias import FIREBias, KERPLEBias, SandwichBias
 from .nd import SinusoidalPositionalEncodingND
 from .packing import (
     mrope_positions,
@@ -63,3 +63,8 @@ __all__ = [
     "positions_from_cu_seqlens",
     "positions_from_document_ids",
 ]
+
+
+def __dir__() -> list[str]:
+    """The public API (``__all__``), not the helper modules and imports of the package."""
+    return sorted(__all__)

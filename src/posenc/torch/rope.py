@@ -6,7 +6,7 @@ inverse frequencies come from :func:`posenc.core.rope.rope_scaling` and the cos/
 tables from :func:`posenc.core.rope.rope_table_values` (float64, exact angle reduction,
 rounded once), with the scaling's attention factor folded in before that rounding.
 
-Conventions, shared with :mod:`posenc.torch.modules`:
+Conventions, shared with :mod:`posenc.torch.encodings`:
 
 * positions are keyword-only: ``offset=`` (an int, for KV-cache decoding) or
   ``positions=`` (an integer tensor ``(seq,)`` or ``(batch, seq)``, for packed

@@ -4,7 +4,7 @@ RoPE (Su et al., 2021) rotates each pair of query/key features by the angle
 ``position × θ_i`` with ``θ_i = base^(-2i/d)``, ``i = 0 .. d/2 - 1``, where ``d`` is the
 rotary width (``rotary_dim``, the whole head or its first part). Scaled variants change
 the ``θ_i`` (and sometimes multiply the tables by an ``attention_factor``). Each is a
-frozen, validated spec (:mod:`.scalings`: :class:`YarnScaling`, ...) registered by name
+frozen, validated spec (:mod:`.methods`: :class:`YarnScaling`, ...) registered by name
 (:mod:`.registry`: :data:`ROPE_SCALING_SPECS`, :func:`register_rope_scaling`); a spec's
 ``frequencies(rotary_dim, base, seq_len=None)`` gives ``(inv_freq, attention_factor)``:
 float64 of shape ``(rotary_dim // 2,)`` and the factor Hugging Face multiplies the
@@ -18,7 +18,7 @@ and the models' ``compute_default_rope_parameters`` for ``"default"``) up to the
 rounding those functions compute in; the values here are float64.
 
 The package's modules: :mod:`.frequencies` (``base^(-2i/d)``), :mod:`.scaling` (the
-spec interface), :mod:`.scalings` (the built-in methods), :mod:`.registry` (names and
+spec interface), :mod:`.methods` (the built-in methods), :mod:`.registry` (names and
 the option parser), :mod:`.functions` (the methods as functions), :mod:`.tables` (exact
 cos/sin tables) and :mod:`.rotation` (applying them, converting layouts).
 
@@ -80,6 +80,15 @@ from .functions import (
     rope_scaling,
     yarn_rope,
 )
+from .methods import (
+    DefaultScaling,
+    DynamicNTKScaling,
+    LinearScaling,
+    Llama3Scaling,
+    LongRopeScaling,
+    NTKScaling,
+    YarnScaling,
+)
 from .proportional import ProportionalScaling
 from .registry import (
     ROPE_SCALING_SPECS,
@@ -90,15 +99,6 @@ from .registry import (
 )
 from .rotation import apply_rope, check_rope_shapes, rope_permutation
 from .scaling import RopeScaling
-from .scalings import (
-    DefaultScaling,
-    DynamicNTKScaling,
-    LinearScaling,
-    Llama3Scaling,
-    LongRopeScaling,
-    NTKScaling,
-    YarnScaling,
-)
 from .tables import (
     ROPE_LAYOUTS,
     RopeLayout,

@@ -4,7 +4,7 @@
 attention_factor)``, by name in :data:`ROPE_SCALINGS` (which follows the registry, so a
 method added with :func:`~.registry.register_rope_scaling` appears here too), and
 :func:`rope_scaling` to call one by name. Each function turns its arguments into the
-method's spec (:mod:`.scalings`) and asks it for the frequencies.
+method's spec (:mod:`.methods`) and asks it for the frequencies.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """LongRoPE (Phi-3, PhiMoE): searched divisors per frequency, short and long.
 
-A built-in RoPE scaling method (:mod:`.scalings` re-exports it), tested against Hugging
+A built-in RoPE scaling method (:mod:`.methods` re-exports it), tested against Hugging
 Face's ``_compute_longrope_parameters`` and PhiMoE's ``short_mscale``/``long_mscale``.
 """
 

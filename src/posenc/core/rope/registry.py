@@ -1,6 +1,6 @@
 """The RoPE scaling registry: method names → spec classes, and the one parser of options.
 
-:data:`ROPE_SCALING_SPECS` maps each name to its spec class (:mod:`.scalings`);
+:data:`ROPE_SCALING_SPECS` maps each name to its spec class (:mod:`.methods`);
 :func:`register_rope_scaling` adds one, and from then on it works by name in every front
 end (PyTorch, Keras on every backend, JAX, Flax), the ``posenc`` command line and the
 pictures, because they all turn their options into a spec here, with
@@ -16,9 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..._checks import describe
-from .proportional import ProportionalScaling
-from .scaling import RopeScaling
-from .scalings import (
+from .methods import (
     DefaultScaling,
     DynamicNTKScaling,
     LinearScaling,
@@ -27,6 +25,8 @@ from .scalings import (
     NTKScaling,
     YarnScaling,
 )
+from .proportional import ProportionalScaling
+from .scaling import RopeScaling
 
 __all__ = [
     "ROPE_SCALING_SPECS",

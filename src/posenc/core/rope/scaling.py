@@ -10,7 +10,7 @@ dict whose keys are the ones Hugging Face configs use::
     {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 2048}
 
 so it round-trips through JSON, a Keras ``get_config`` and a model config. The built-in
-methods are in :mod:`.scalings`; every method is registered by name in :mod:`.registry`,
+methods are in :mod:`.methods`; every method is registered by name in :mod:`.registry`,
 which every front end, the command line and the plots read.
 
 The width-dependent checks (the NTK exponent needs ``d > 2``; LongRoPE needs one divisor

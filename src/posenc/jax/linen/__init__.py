@@ -40,11 +40,8 @@ except ImportError as exc:  # the pure functions of posenc.jax need JAX only
     ) from exc
 
 from .bias import ALiBiBias, T5RelativeBias
-from .encodings import (
-    LearnedPositionalEmbedding,
-    SinusoidalPositionalEncoding,
-    SinusoidalPositionalEncodingND,
-)
+from .encodings import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from .nd import SinusoidalPositionalEncodingND
 from .rope import RotaryEmbedding
 
 __all__ = [
@@ -59,3 +56,8 @@ __all__ = [
 # The modules' docstring examples run with this package's doctests (doctest.testmod
 # finds only what a module defines itself, and these are defined in the submodules).
 __test__ = {name: globals()[name] for name in __all__}
+
+
+def __dir__() -> list[str]:
+    """The public API (``__all__``), not the helper modules and imports of the package."""
+    return sorted(__all__)

@@ -1,4 +1,4 @@
-"""The table lifecycle of the PyTorch modules (posenc/torch/_backend.py)."""
+"""The table lifecycle of the PyTorch modules (posenc/torch/_tables.py)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 import posenc  # noqa: E402
-import posenc.keras.layers  # noqa: E402
+import posenc.keras.encodings  # noqa: E402
 from posenc.keras import SinusoidalPositionalEncoding, generate_positional_encoding  # noqa: E402
 from seed_oracles import generate_positional_encoding_numpy  # noqa: E402
 
@@ -383,7 +383,7 @@ def test_bad_inputs():
 # --- docs ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", [posenc.keras, posenc.keras.layers])
+@pytest.mark.parametrize("module", [posenc.keras, posenc.keras.encodings])
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, extraglobs={"keras": keras}, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0
