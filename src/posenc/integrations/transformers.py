@@ -147,9 +147,8 @@ class ExactRotaryEmbedding(nn.Module):
             if span is not None:
                 plan = plan_rows(int(tables[0].shape[0]), low=span[0], high=span[1])
                 if plan.action == "gather":
-                    return gather_rows(tables[0], position_ids), gather_rows(
-                        tables[1], position_ids
-                    )
+                    cos, sin = tables
+                    return gather_rows(cos, position_ids), gather_rows(sin, position_ids)
         with torch.no_grad():
             return self._forward(x, position_ids, layer_type)
 

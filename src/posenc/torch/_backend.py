@@ -134,7 +134,9 @@ def gather_rows(table: Tensor, index: Tensor, plan: IndexPlan | None = None) -> 
     (:mod:`posenc.core.positions`), in any integer dtype (:func:`posenc.core.plan.plan_index`).
     """
     if plan is None:
-        return nn.functional.embedding(index.to(device=table.device, dtype=torch.int64), table)
+        if index.dtype != torch.int64 or index.device != table.device:
+            index = index.to(device=table.device, dtype=torch.int64)
+        return nn.functional.embedding(index, table)
     index = to_index(index, plan).to(table.device)
     valid = (index >= 0) & (index < plan.rows)
     safe = torch.where(valid, index, torch.zeros_like(index))
