@@ -177,14 +177,17 @@ def test_the_primitives_have_the_same_signatures_in_every_front_end(frontend):
         assert parameters(getattr(backend, name)) == parameters(getattr(reference, name)), name
 
 
+def _front_end(package: str):
+    """``posenc.<package>``, or a skip when its framework is not installed."""
+    needs = {"jax.linen": ("jax", "flax")}.get(package, (package,))
+    if any(importlib.util.find_spec(name) is None for name in needs):
+        pytest.skip(f"{package} is not installed")
+    return importlib.import_module(f"posenc.{package}")
+
+
 @pytest.mark.parametrize("package", ["torch", "keras", "jax", "jax.linen"])
 def test_dir_of_a_front_end_shows_its_public_api(package):
-    framework = package.split(".")[0]
-    if importlib.util.find_spec(framework) is None or (
-        package == "jax.linen" and importlib.util.find_spec("flax") is None
-    ):
-        pytest.skip(f"{package} is not installed")
-    module = importlib.import_module(f"posenc.{package}")
+    module = _front_end(package)
     shown = set(dir(module))
     assert set(module.__all__) <= shown
     assert shown - set(module.__all__) <= {"linen"}  # posenc.jax's lazily imported package
@@ -204,12 +207,7 @@ SCHEME_MODULES = {
 
 @pytest.mark.parametrize("package", ["torch", "keras", "jax", "jax.linen"])
 def test_each_scheme_lives_in_the_same_named_module_in_every_front_end(package):
-    framework = package.split(".")[0]
-    if importlib.util.find_spec(framework) is None or (
-        package == "jax.linen" and importlib.util.find_spec("flax") is None
-    ):
-        pytest.skip(f"{package} is not installed")
-    front = importlib.import_module(f"posenc.{package}")
+    front = _front_end(package)
     misplaced = {
         name: getattr(front, name).__module__
         for module, names in SCHEME_MODULES.items()
