@@ -97,7 +97,13 @@ def test_to_tensor_keeps_the_cores_values_exactly(frontend, fmt):
     values = posenc.sinusoidal(7, 6, dtype=fmt)
     if fmt == "bfloat16":  # the core's container of bfloat16 values is float32
         values = values.astype(np.float32)
-    tensor = backend.to_tensor(values, fmt)
+    if frontend == "jax":
+        import jax
+
+        device = jax.devices("cpu")[0]
+    else:
+        device = "cpu" if frontend == "torch" else "cpu:0"
+    tensor = backend.to_tensor(values, fmt, device)
     assert backend.dtype_name(tensor) == fmt
     assert backend.format_of(tensor.dtype) == fmt
     if frontend == "torch":
