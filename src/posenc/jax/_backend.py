@@ -1,28 +1,11 @@
 """The JAX primitives: how :mod:`posenc.jax` moves the core's numbers onto JAX arrays.
 
-The same primitives, with the same names and signatures, as every front end's
-``_backend.py`` (see :mod:`posenc.torch._backend`), and nothing else:
-
-``format_of(dtype, name)``
-    the core's format name (``"float32"``, ...) of a JAX dtype, or a ``TypeError``;
-    ``float64`` only with JAX's 64-bit mode (else a ``ValueError``: JAX would store the
-    values as float32);
-``to_tensor(values, fmt, device)``
-    a JAX array holding a NumPy array the core rounded to ``fmt``, exactly;
-``known_value(value)``
-    the value of ``value`` if it is known while the call runs, else ``None`` (traced);
-``is_traced(value)``
-    whether ``value`` is a tracer (inside ``jax.jit``, ``jax.vmap``, ``jax.grad``, ...);
-``dtype_name(value)``
-    the NumPy-style name of an array's dtype, what the planner takes;
-``wide_index()``
-    int64 in JAX's 64-bit mode, else int32 (the planner's ``wide=``);
-``to_index(index, plan)``
-    traced positions in the plan's index dtype, saturated where the cast would wrap;
-``index_range(start, count, plan)``
-    the positions ``start .. start + count - 1`` of a traced ``start``, in the plan's dtype;
-``gather_rows(table, index, plan)``
-    rows of a table; with a plan, a row of NaN wherever a traced index is outside it.
+The same nine primitives, with the same names and signatures, as every front end's
+``_backend.py`` (listed in :mod:`posenc.torch._backend`), and nothing else. Here
+``format_of`` gives ``float64`` only with JAX's 64-bit mode (else a ``ValueError``: JAX
+would store the values as float32), ``is_traced`` means a tracer (inside ``jax.jit``,
+``jax.vmap``, ``jax.grad``, ...), and ``wide_index()`` is int64 in the 64-bit mode,
+int32 otherwise.
 
 The checks of arguments are in :mod:`._arguments`, the cached tables in :mod:`._tables`.
 """

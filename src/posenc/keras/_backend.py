@@ -1,26 +1,9 @@
 """The Keras primitives: how the Keras layers move the core's numbers onto the backend.
 
-The same primitives, with the same names and signatures, as every front end's
-``_backend.py`` (see :mod:`posenc.torch._backend`), and nothing else:
-
-``format_of(dtype, name)``
-    the core's format name of a Keras/NumPy/backend dtype, or a ``TypeError``;
-``to_tensor(values, fmt, device)``
-    a backend tensor holding a NumPy array the core rounded to ``fmt``, exactly;
-``known_value(value)``
-    the value of a tensor if it is known while the call runs, else ``None`` (traced);
-``is_traced(value)``
-    whether the tensor's value is known only inside a trace;
-``dtype_name(value)``
-    the NumPy-style name of a tensor's dtype, what the planner takes;
-``wide_index()``
-    int32: positions are int32 in every Keras layer, on every backend;
-``to_index(index, plan)``
-    traced positions in the plan's index dtype, saturated where the cast would wrap;
-``index_range(start, count, plan)``
-    the positions ``start .. start + count - 1`` of a traced ``start``, in the plan's dtype;
-``gather_rows(table, index, plan)``
-    rows of a table; with a plan, a row of NaN wherever a traced index is outside it.
+The same nine primitives, with the same names and signatures, as every front end's
+``_backend.py`` (listed in :mod:`posenc.torch._backend`), and nothing else. Here they
+run through ``keras.ops`` on every backend, and ``wide_index()`` is int32: positions are
+int32 in every Keras layer.
 
 The checks of call arguments are in :mod:`._arguments`, the tables' lifecycle in
 :mod:`._tables`.
