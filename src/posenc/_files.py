@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["OutputPathError", "atomic_write", "check_output_path"]
+__all__ = ["OutputPathError", "atomic_write", "check_output_path", "output_folder"]
 
 
 class OutputPathError(ValueError):
@@ -44,6 +44,35 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
         raise OutputPathError(f"cannot write {path}: the folder {folder} is not writable")
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputPathError(f"cannot write {path}: the file is read-only")
+    return path
+
+
+def output_folder(path: str | os.PathLike[str]) -> Path:
+    """The folder ``path`` that a command fills with its outputs, created if missing.
+
+    The rule of every command: posenc creates the output it is given (a file, or the
+    folder of ``demo`` and ``bench``), never the folders above it, so that a mistyped
+    path is refused instead of growing a tree of folders.
+
+    Raises:
+        OutputPathError: ``path`` is a file, its parent folder does not exist, or it
+            cannot be written.
+
+    Example:
+        >>> output_folder("/no/such/folder/results")
+        Traceback (most recent call last):
+        ...
+        posenc._files.OutputPathError: cannot write /no/such/folder/results: the folder ...
+    """
+    path = Path(path)
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise OutputPathError(f"cannot write {path}: the folder is not writable")
+        return path
+    if path.exists():
+        raise OutputPathError(f"cannot write {path}: it is a file; give a folder")
+    check_output_path(path)  # its parent exists and is writable
+    path.mkdir()
     return path
 
 
