@@ -400,3 +400,35 @@ def test_import_posenc_imports_no_framework():
         "sys.exit(bool(bad))"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_threads_growing_one_layers_tables_leave_the_longest():
+    """Two threads grow one layer's tables at once, the shorter growth slower: the
+    tables end at the longer length with the core's rows."""
+    import threading
+
+    from posenc.keras._tables import PositionTables
+
+    inside, go = threading.Event(), threading.Event()
+
+    def derive(length, fmt):
+        if length == 240:
+            inside.set()
+            go.wait(timeout=5)
+        return (posenc.sinusoidal(length, 4, dtype=fmt),)
+
+    tables = PositionTables(derive, 16)
+    tables.get("float32")
+    shorter = threading.Thread(target=tables.extend, args=(240,))
+    shorter.start()
+    assert inside.wait(timeout=5)
+    longer = threading.Thread(target=tables.extend, args=(300,))
+    longer.start()
+    threading.Timer(0.2, go.set).start()
+    shorter.join(timeout=10)
+    longer.join(timeout=10)
+    assert tables.length == 300
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(tables.get("float32")[0]),
+        posenc.sinusoidal(300, 4, dtype="float32"),
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -108,3 +110,30 @@ def test_a_checkpoint_with_other_derived_values_warns_with_the_difference():
     np.testing.assert_array_equal(
         module.inv_freq, own.double().numpy().astype(np.float64) * 0 + module.inv_freq
     )
+
+
+def test_threads_growing_one_module_leave_the_longest_tables():
+    """Two threads grow one module's tables at once, the shorter growth slower: the
+    module ends with the longer tables (never shrinks), and both see right rows."""
+    rope = RotaryEmbedding(8, max_length=16)
+    derive, inside, go = rope._derive, threading.Event(), threading.Event()
+
+    def slow_for_240(length, start, dtype, device):
+        if length == 240:
+            inside.set()
+            go.wait(timeout=5)
+        return derive(length, start, dtype, device)
+
+    rope._derive = slow_for_240
+    shorter = threading.Thread(target=rope.extend, args=(240,))
+    shorter.start()
+    assert inside.wait(timeout=5)
+    longer = threading.Thread(target=rope.extend, args=(300,))
+    longer.start()
+    threading.Timer(0.2, go.set).start()  # the longer growth waits (or, unlocked, wins)
+    shorter.join(timeout=10)
+    longer.join(timeout=10)
+    assert rope.table_length == 300
+    q = torch.randn(1, 1, 4, 8)
+    reference = RotaryEmbedding(8, max_length=300)
+    assert torch.equal(rope(q, q, offset=296)[0], reference(q, q, offset=296)[0])

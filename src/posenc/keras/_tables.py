@@ -6,6 +6,7 @@ grown as the planner says (:mod:`posenc.core.plan`), and read with the primitive
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -18,6 +19,10 @@ from ..core.positions import grow
 from ._backend import dtype_name, gather_rows, index_range, to_tensor, wide_index
 
 __all__ = ["PositionTables", "cacheable", "outside_traces", "span_rows", "table_rows"]
+
+GROWTH_LOCK = threading.RLock()
+"""Held while a layer's tables are built or grown: threads sharing a layer must not
+leave shorter tables in place of longer ones another call has planned to read."""
 
 
 def outside_traces() -> contextlib.AbstractContextManager[Any]:
@@ -108,9 +113,12 @@ class PositionTables:
         """The tables in ``fmt``, built on first use (cached unless on torch's meta)."""
         tables = self._tables.get(fmt)
         if tables is None:
-            tables = self._build(self.length, fmt)
-            if all(cacheable(t) for t in tables):
-                self._tables[fmt] = tables
+            with GROWTH_LOCK:  # not a shorter table cached beside a longer length
+                tables = self._tables.get(fmt)
+                if tables is None:
+                    tables = self._build(self.length, fmt)
+                    if all(cacheable(t) for t in tables):
+                        self._tables[fmt] = tables
         return tables
 
     def extend(self, length: int, formats: Iterable[str] = ()) -> None:
@@ -119,14 +127,15 @@ class PositionTables:
         All new tables are built before any is replaced: a refused size (``ValueError``)
         leaves the old ones.
         """
-        if length <= self.length:
-            return
-        wanted = list(dict.fromkeys([*self._tables, *formats]))
-        built = {fmt: self._build(length, fmt) for fmt in wanted}
-        self._tables = {
-            fmt: tables for fmt, tables in built.items() if all(cacheable(t) for t in tables)
-        }
-        self.length = length
+        with GROWTH_LOCK:  # threads calling one layer: the longest tables win
+            if length <= self.length:
+                return
+            wanted = list(dict.fromkeys([*self._tables, *formats]))
+            built = {fmt: self._build(length, fmt) for fmt in wanted}
+            self._tables = {
+                fmt: tables for fmt, tables in built.items() if all(cacheable(t) for t in tables)
+            }
+            self.length = length
 
     def holds(self, plan: RowsPlan, fmt: str) -> bool:
         """Carry out a known call's ``plan`` (:func:`posenc.core.plan.plan_rows`): grow

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -28,6 +29,13 @@ from ._backend import DTYPES, dtype_name, format_of, gather_rows, is_traced, wid
 __all__ = ["DerivedBuffers", "PositionTables", "eager_only", "table_dtype"]
 
 Function = TypeVar("Function", bound=Callable[..., Any])
+
+
+GROWTH_LOCK = threading.RLock()
+"""Held while a module's tables grow. Threads may share a module (a server answering
+requests with one model): two calls that grow its tables at once must not leave the
+shorter tables in place of the longer ones that a third call has planned to read. Module
+level, not per module: a lock cannot be deep-copied or pickled, and growth is rare."""
 
 
 def table_dtype(dtype: torch.dtype, kind: TableKind) -> torch.dtype:
@@ -212,13 +220,14 @@ class PositionTables(DerivedBuffers):
         positions past the current tables (traced positions outside them give NaN).
         """
         length = check_int(length, "length", minimum=1)
-        if length > self.table_length:
-            first = self._buffers_now()[0]
-            with _named_limit("length", length):
-                tables = self._derive(length, 0, first.dtype, first.device)
-            for key, tensor in zip(self._derived_names, tables, strict=True):
-                setattr(self, key, tensor)
-            self._forget()
+        with GROWTH_LOCK:  # threads calling one module: the longest tables win, never shrink
+            if length > self.table_length:
+                first = self._buffers_now()[0]
+                with _named_limit("length", length):
+                    tables = self._derive(length, 0, first.dtype, first.device)
+                for key, tensor in zip(self._derived_names, tables, strict=True):
+                    setattr(self, key, tensor)
+                self._forget()
 
     def _tables_in(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
         """The whole tables in ``dtype`` on ``device`` (the buffers, or a cached copy)."""
