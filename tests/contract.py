@@ -25,10 +25,13 @@ LIMIT_SECONDS = 5.0
 HOSTILE_VALUES: list[Any] = [
     # integers, Python and NumPy
     0, 1, 3, -1, -(2**63), 2**63, 10**12, 10**30,
+    # past float64 and at the ±2**53 boundary of exact positions
+    10**400, -(10**400), 2**1100, 2**53, -(2**53), 2**53 + 1,
     np.int8(-1), np.int8(3), np.uint8(200), np.int16(7), np.uint64(2**64 - 1), np.int64(5),
     np.intp(4), np.int32(-5),
     # floats: signed zeros, tiny, huge, NaN/inf, NumPy float types
     0.0, -0.0, 0.5, 2.0, 1e-320, 1e308, -1e308, math.nan, math.inf, -math.inf,
+    1e-300, -7.213475204444817,
     np.float32(3.0), np.float16(2.0), np.float64(4.5), np.float32(math.nan),
     # arrays: empty, 0-d, non-contiguous, narrow and unsigned, NaN/inf, bool, str
     np.array([], dtype=np.int64), np.array(3), np.array(2.5), np.arange(6)[::2],

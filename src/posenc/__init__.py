@@ -11,6 +11,7 @@ Example:
     (4, 4)
 """
 
+from ._checks import MemoryLimitError
 from .analysis import (
     ClosestPair,
     min_pairwise_distance,
@@ -98,6 +99,7 @@ __all__ = [
     "LinearScaling",
     "Llama3Scaling",
     "LongRopeScaling",
+    "MemoryLimitError",
     "NTKScaling",
     "NopeSpec",
     "NopeTemperatureSpec",

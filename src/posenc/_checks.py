@@ -7,6 +7,7 @@ and what would be valid.
 
 from __future__ import annotations
 
+import decimal
 import math
 import numbers
 from collections.abc import Sequence
@@ -39,16 +40,40 @@ def describe(value: Any) -> str:
     return f"{text} ({type(value).__name__})"
 
 
+def show_number(value: Any) -> str:
+    """A number as a message shows it: an int exactly up to 20 digits, a larger one to 6
+    significant digits (however large: ``float`` and ``str`` refuse the largest ints),
+    anything else by ``repr``.
+
+    Example:
+        >>> show_number(2**53 + 1), show_number(10**400), show_number(0.5)
+        ('9007199254740993', '1.00000e+400', '0.5')
+    """
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        number = int(value)
+        return str(number) if abs(number) < 10**20 else format(decimal.Decimal(number), ".6g")
+    return repr(value)
+
+
+def as_float(value: Any) -> float:
+    """``float(value)`` for a real number, ``±inf`` where it is too large for a float64
+    (a huge Python int or ``Fraction``), so that the caller's finiteness check refuses it."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def check_int(value: Any, name: str, *, minimum: int, maximum: int | None = None) -> int:
     """An integer (not bool, not float) in ``[minimum, maximum]``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int >= {minimum}, got {describe(value)}")
     number = int(value)
     if number < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {number}")
+        raise ValueError(f"{name} must be an int >= {minimum}, got {show_number(number)}")
     if maximum is not None and number > maximum:
         bound = f"2**{maximum.bit_length() - 1} = " if maximum & (maximum - 1) == 0 else ""
-        raise ValueError(f"{name} must be at most {bound}{maximum}, got {number:.6g}")
+        raise ValueError(f"{name} must be at most {bound}{maximum}, got {show_number(number)}")
     return number
 
 
@@ -56,12 +81,47 @@ def check_length(value: Any, name: str = "length") -> int:
     return check_int(value, name, minimum=0)
 
 
-MAX_POSITIONS = 1 << 53
-"""The most positions a table may hold: past 2**53 positions are no longer exact floats."""
+MAX_POSITION = 1 << 53
+"""The largest position magnitude: every integer in ``±2**53`` is an exact float64, and
+the angle reduction of :mod:`posenc.core.precision` is exact up to it. Positions
+``-2**53 .. 2**53`` are valid, both ends included."""
+
+MAX_POSITIONS = MAX_POSITION
+"""The most positions a table may hold: ``2**53`` rows, positions ``0 .. 2**53 - 1``."""
+
+
+def position_error(name: str, value: Any, detail: str = "") -> ValueError:
+    """The one refusal of a position past ``±2**53``, for ``name`` that holds ``value``.
+
+    Example:
+        >>> print(position_error("positions", 2**53 + 1))
+        positions must lie within ±2**53 = ±9007199254740992 (where every integer is an \
+exact float64), got 9007199254740993
+    """
+    return ValueError(
+        f"{name} must lie within ±2**53 = ±{MAX_POSITION} (where every integer is an exact "
+        f"float64), got {show_number(value)}{detail}"
+    )
+
+
+def check_span(first: int, last: int, name: str = "positions", detail: str = "") -> None:
+    """Refuse a run of positions ``first .. last`` (ints) reaching past ``±2**53``."""
+    for end in (first, last):
+        if abs(end) > MAX_POSITION:
+            raise position_error(name, end, detail)
+
+
+def check_position(value: Any, name: str) -> int:
+    """One int position (a start, an offset) within ``±2**53``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int within ±2**53, got {describe(value)}")
+    number = int(value)
+    check_span(number, number, name)
+    return number
 
 
 def check_max_length(value: Any, name: str = "max_length") -> int:
-    """A table length: an int in ``[1, 2**53]``."""
+    """A table length: an int in ``[1, 2**53]`` (positions ``0 .. 2**53 - 1``)."""
     return check_int(value, name, minimum=1, maximum=MAX_POSITIONS)
 
 
@@ -75,7 +135,7 @@ def check_width(value: Any, name: str, *, minimum: int = 1) -> int:
     """An int width in ``[minimum, MAX_WIDTH]``."""
     number = check_int(value, name, minimum=minimum)
     if number > MAX_WIDTH:
-        raise ValueError(f"{name} must be at most 2**24 = {MAX_WIDTH}, got {number:.6g}")
+        raise ValueError(f"{name} must be at most 2**24 = {MAX_WIDTH}, got {show_number(number)}")
     return number
 
 
@@ -111,9 +171,9 @@ def check_positive(value: Any, name: str) -> float:
     """A finite real number > 0 (not a bool), as a float."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a finite real number > 0, got {describe(value)}")
-    number = float(value)
-    if not math.isfinite(number) or number <= 0:
-        raise ValueError(f"{name} must be a finite real number > 0, got {value!r}")
+    number = as_float(value)
+    if not math.isfinite(number) or not number > 0:
+        raise ValueError(f"{name} must be a finite real number > 0, got {show_number(value)}")
     return number
 
 
@@ -124,11 +184,11 @@ def check_real(
     bound = "" if minimum is None else f" {'>' if strict else '>='} {minimum:g}"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a finite real number{bound}, got {describe(value)}")
-    number = float(value)
+    number = as_float(value)
     if not math.isfinite(number) or (
         minimum is not None and (number <= minimum if strict else number < minimum)
     ):
-        raise ValueError(f"{name} must be a finite real number{bound}, got {value!r}")
+        raise ValueError(f"{name} must be a finite real number{bound}, got {show_number(value)}")
     return number
 
 
@@ -163,9 +223,9 @@ def check_choice(value: Any, name: str, choices: Sequence[Choice]) -> Choice:
 def check_probability(value: Any, name: str = "dropout") -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float in [0, 1), got {describe(value)}")
-    p = float(value)
+    p = as_float(value)
     if not 0.0 <= p < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
+        raise ValueError(f"{name} must be a float in [0, 1), got {show_number(value)}")
     return p
 
 
@@ -190,18 +250,12 @@ def check_positions(value: Any, name: str = "positions") -> np.ndarray:
         raise ValueError(f"{name} must be finite, got {bad!r} among them")
     if array.size:
         low, high = array.min(), array.max()
-        largest = max(abs(int(low)), abs(int(high))) if array.dtype.kind in "iu" else None
-        if largest is not None and largest > 2**53:
-            raise ValueError(
-                f"integer {name} must lie within ±2**53 to be represented exactly, got "
-                f"{largest:.6g}"
-            )
-        if largest is None and max(-float(low), float(high)) > 2.0**53:
+        if array.dtype.kind in "iu":
+            if max(-int(low), int(high)) > MAX_POSITION:
+                raise position_error(name, int(high) if int(high) > MAX_POSITION else int(low))
+        elif max(-float(low), float(high)) > MAX_POSITION:
             # beyond it the angle reduction is no longer exact (and at ~1e300 it overflows)
-            raise ValueError(
-                f"{name} must lie within ±2**53 (about 9.007e15), got "
-                f"{float(high) if float(high) > 2.0**53 else float(low):.6g}"
-            )
+            raise position_error(name, float(high) if high > MAX_POSITION else float(low))
     return array
 
 
@@ -214,10 +268,9 @@ class MemoryLimitError(ValueError):
 
     Example:
         >>> import posenc
-        >>> from posenc.core.positions import MemoryLimitError
         >>> try:
         ...     posenc.sinusoidal(10**9, 512)
-        ... except MemoryLimitError as error:
+        ... except posenc.MemoryLimitError as error:
         ...     print(str(error).split(",")[0])
         this positional-encoding table would need about 1.9 TiB
     """
@@ -270,12 +323,14 @@ def check_memory(nbytes: int, what: str, max_bytes: int | None, *, fix: str | No
 
 
 def format_bytes(nbytes: int | float) -> str:
-    """``nbytes`` in B, KiB, ... TiB (``:.3g`` past 1000 TiB).
+    """``nbytes`` in B, KiB, ... TiB (``:.3g`` past 1000 TiB, for any int).
 
     Example:
-        >>> format_bytes(512), format_bytes(3 * 2**30), format_bytes(2**80)
-        ('512 B', '3.0 GiB', '1.1e+12 TiB')
+        >>> format_bytes(512), format_bytes(3 * 2**30), format_bytes(2**80), format_bytes(2**1100)
+        ('512 B', '3.0 GiB', '1.1e+12 TiB', '1.24e+319 TiB')
     """
+    if isinstance(nbytes, int) and abs(nbytes) >= 2**1000:  # past a float: count in Decimal
+        return f"{decimal.Decimal(nbytes) / 2**40:.3g} TiB"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(nbytes) < 1024 or unit == "TiB":
             if unit == "B":

@@ -33,8 +33,17 @@ def test_without_an_offset_the_queries_are_the_last_of_the_keys():
         align_queries(5, 2)
     with pytest.raises(ValueError, match=r"start_index must be an int >= 0, got -1"):
         align_queries(1, 2, -1, offset_name="start_index")
-    with pytest.raises(ValueError, match=r"within 2\*\*53"):
-        align_queries(1, 2**53 + 1)
+    # keys 0 .. 2**53: the last one is at the boundary, which is valid; one more is not
+    assert align_queries(1, 2**53 + 1) == (1, 2**53 + 1, 2**53)
+    with pytest.raises(
+        ValueError, match=r"positions must lie within ±2\*\*53 .* got 9007199254740993"
+    ):
+        align_queries(1, 2**53 + 2)
+    with pytest.raises(
+        ValueError,
+        match=r"positions must lie within ±2\*\*53 .* offset=2\*\*53|got 9007199254740993",
+    ):
+        align_queries(2, None, 2**53)
 
 
 def test_a_bias_without_an_offset_is_the_last_rows_of_the_square_one():

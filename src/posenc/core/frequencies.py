@@ -61,12 +61,18 @@ def frequency_table(d_model: int, base: float, formula: str) -> tuple[np.ndarray
     coarse = _double_doubles(
         ctx.exp(ctx.multiply(a * block, step)) for a in range(-(-count // block))
     )
-    omega_hi, omega_lo = dd_mul(
-        np.repeat(coarse[0], block)[:count],
-        np.repeat(coarse[1], block)[:count],
-        np.tile(fine[0], len(coarse[0]))[:count],
-        np.tile(fine[1], len(coarse[0]))[:count],
-    )
+    with np.errstate(over="ignore", invalid="ignore"):  # refused below
+        omega_hi, omega_lo = dd_mul(
+            np.repeat(coarse[0], block)[:count],
+            np.repeat(coarse[1], block)[:count],
+            np.tile(fine[0], len(coarse[0]))[:count],
+            np.tile(fine[1], len(coarse[0]))[:count],
+        )
+    if not np.all(np.isfinite(omega_hi)):
+        raise ValueError(
+            f"base must be large enough for every frequency base^(-2i/d) to be a finite "
+            f"float64 (d_model={d_model}, formula={formula!r}), got {base!r}"
+        )
     hi, lo = dd_mul(omega_hi, omega_lo, *INV_TWO_PI)
     for array in (omega_hi, hi, lo):
         array.flags.writeable = False
@@ -126,5 +132,11 @@ def wavelengths(d_model: int, base: float = 10000.0, *, formula: str = "paper") 
     base = check_base(base)
     formula = check_choice(formula, "formula", FORMULAS)
     _, hi, lo = frequency_table(d_model, base, formula)
-    wavelength: np.ndarray = 1.0 / (hi + lo)
+    with np.errstate(over="ignore", divide="ignore"):
+        wavelength: np.ndarray = 1.0 / (hi + lo)
+    if not np.all(np.isfinite(wavelength)):
+        raise ValueError(
+            f"base must be small enough for every wavelength 2π·base^(2i/d) to be a finite "
+            f"float64 (d_model={d_model}, formula={formula!r}), got {base!r}"
+        )
     return wavelength

@@ -35,6 +35,8 @@ from .precision import unit_phasors
 
 __all__ = [
     "CHUNK_ELEMENTS",
+    "MAX_TURNS",
+    "check_turns",
     "contiguous_range",
     "leaf_phasors",
     "phasors",
@@ -44,6 +46,12 @@ __all__ = [
 
 CHUNK_ELEMENTS = 1 << 18
 """(rows × frequencies) per chunk of float64 temporaries."""
+
+MAX_TURNS = 2.0**51
+"""The largest angle, in turns, a table may hold: ``|position| × ω / 2π`` up to it keeps
+the angle reduction of :mod:`posenc.core.precision` within about ``2**-53`` turns (its
+error grows as ``2**-104 × turns``). Frequencies up to 1 rad/position, which every base
+>= 1 gives, stay below it at every position within ``±2**53``."""
 
 _LEAF = 32  # runs this short are finished by leaf_phasors
 _DIRECT = 8  # ... which calls sin/cos for this many positions and doubles the rest
@@ -76,6 +84,39 @@ def contiguous_range(positions: Any) -> tuple[int, int] | None:
     if array.size > 1 and not (np.diff(array) == 1).all():
         return None
     return int(start), int(array.size)
+
+
+def largest_position(positions: Any, span: tuple[int, int] | None) -> float:
+    """``max |p|`` of validated positions, or of the run ``span`` (``(start, length)``)."""
+    if span is not None:
+        return float(max(abs(span[0]), abs(span[0] + span[1] - 1))) if span[1] else 0.0
+    array = np.asarray(positions)
+    return float(np.max(np.abs(array.astype(np.float64)))) if array.size else 0.0
+
+
+def check_turns(largest: float, turns_hi: np.ndarray, name: str) -> None:
+    """Refuse a table whose angles pass :data:`MAX_TURNS` (``name``: what sets the
+    frequencies, ``"base"`` or ``"inv_freq"``).
+
+    Example:
+        >>> check_turns(2.0**53, np.array([1 / (2 * np.pi)]), "base")  # ω = 1: fine
+        >>> check_turns(2.0**53, np.array([10.0]), "inv_freq")
+        Traceback (most recent call last):
+        ...
+        ValueError: inv_freq makes angles of 9.01e+16 turns at position 9.0072e+15 (frequency \
+62.8 rad/position); angles are exact up to 2**51 turns: keep |position| × frequency / 2π \
+below it (every frequency <= 1, as any base >= 1 gives, is fine at every position within ±2**53)
+    """
+    if not turns_hi.size or not largest:
+        return
+    fastest = float(np.max(np.abs(turns_hi)))
+    if largest * fastest > MAX_TURNS:
+        raise ValueError(
+            f"{name} makes angles of {largest * fastest:.3g} turns at position {largest:.6g} "
+            f"(frequency {2 * math.pi * fastest:.3g} rad/position); angles are exact up to "
+            "2**51 turns: keep |position| × frequency / 2π below it (every frequency <= 1, as "
+            "any base >= 1 gives, is fine at every position within ±2**53)"
+        )
 
 
 def leaf_phasors(start: float, n: int, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._checks import MAX_POSITIONS, check_int
+from .._checks import MAX_POSITION, check_int, position_error
 
 __all__ = [
     "INDEX_RANGES",
@@ -95,10 +95,13 @@ def align_queries(
         if key_length is None:
             key_length = offset + query_length
         key_length = check_int(key_length, f"{name}key_length", minimum=0)
-    if offset + max(query_length, key_length) > MAX_POSITIONS:
-        raise ValueError(
-            f"{name}positions must stay within 2**53, got {offset_name}={offset}, "
-            f"query_length={query_length}, key_length={key_length}"
+    largest = max(offset + query_length, key_length) - 1  # queries' and keys' positions
+    if largest > MAX_POSITION:
+        raise position_error(
+            f"{name}positions",
+            largest,
+            f" (the last of {offset_name}={offset}, query_length={query_length}, "
+            f"key_length={key_length})",
         )
     return query_length, key_length, offset
 

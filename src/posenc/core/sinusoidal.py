@@ -42,12 +42,15 @@ from .._checks import (
     check_d_model,
     check_int,
     check_memory,
+    check_span,
     describe,
 )
 from .frequencies import frequency_turns
 from .phasors import (
     CHUNK_ELEMENTS,
+    check_turns,
     contiguous_range,
+    largest_position,
     leaf_phasors,
     phasors,
     run_parallel,
@@ -159,15 +162,13 @@ def table_values(
     span = contiguous_range(positions)
     if span is not None and start:
         span = (span[0] + start, span[1])
-    if span is not None and abs(span[0]) + span[1] > 2**53:
-        raise ValueError(
-            f"positions {span[0]:.6g} .. {span[0] + span[1] - 1:.6g} must lie within ±2**53 to be "
-            "represented exactly"
-        )
+    if span is not None and span[1]:
+        check_span(span[0], span[0] + span[1] - 1)
     shape = (span[1],) if span is not None else np.shape(positions)
     count = math.prod(shape)
     check_memory(count * d_model * container.itemsize, "this positional-encoding table", max_bytes)
     turns_hi, turns_lo = frequency_turns(d_model, base, formula)
+    check_turns(largest_position(positions, span), turns_hi, "base")
     if span is not None:
         return _range_table(span[0], span[1], d_model, turns_hi, turns_lo, fmt, layout, threads)
     positions = np.asarray(positions)  # validated by contiguous_range

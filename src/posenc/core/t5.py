@@ -46,7 +46,8 @@ __all__ = [
 
 Compat = Literal["hf", "exact"]
 COMPATS: tuple[Compat, ...] = ("hf", "exact")
-_INT64_MAX = np.iinfo(np.int64).max
+_INT64_MAX = int(np.iinfo(np.int64).max)
+_LOG_INT64_MAX = math.log(2**64)  # (a guess past 2**63 - 1 is clipped anyway)
 
 
 def relative_position_bucket(
@@ -73,7 +74,8 @@ def relative_position_bucket(
             side. An int greater than ``max_exact`` (``num_buckets // 2``, or
             ``num_buckets // 4`` when bidirectional): with ``max_distance <= max_exact`` the formula
             divides by ``ln(max_distance / max_exact) <= 0`` (HF then returns negative
-            buckets).
+            buckets). Any larger int is valid: one past every int64 distance (``2**63``
+            and beyond) only spreads the log buckets wider, leaving the last ones empty.
         compat: How the log-spaced bucket edges are decided:
 
             ``"hf"`` (default): the formula as Hugging Face's
@@ -280,27 +282,43 @@ def _log_edges(side: int, max_distance: int, compat: str) -> np.ndarray:
     """
     max_exact = side // 2
     n = side - max_exact
-    ratio = max_distance / max_exact
+    log_ratio = _log_ratio(max_distance, max_exact)
     if compat == "hf":
 
         def reaches(distance: int, k: int) -> bool:
-            return _hf_log_bucket(distance, max_exact, n, max_distance) >= k
+            return _hf_log_bucket(distance, max_exact, n, log_ratio) >= k
 
     else:
 
         def reaches(distance: int, k: int) -> bool:
-            return _exact_reaches(distance, k, max_exact, n, ratio, max_distance)
+            return _exact_reaches(distance, k, max_exact, n, log_ratio, max_distance)
 
-    edges = np.empty(n - 1, dtype=np.int64)
+    # No distance between int64 positions exceeds 2**63 - 1: an edge past it is never
+    # reached, and it and every later edge are left out (a max_distance that large means
+    # the last buckets hold no distance at all).
+    top = min(max_distance, _INT64_MAX)
+    edges: list[int] = []
     for k in range(1, n):
-        guess = max_exact * ratio ** (k / n)
+        if top < max_distance and not reaches(top, k):
+            break
+        guess = math.exp(min(math.log(max_exact) + log_ratio * k / n, _LOG_INT64_MAX))
         low = max(max_exact, math.floor(guess * (1 - 1e-5)) - 2)
-        high = min(max_distance, math.ceil(guess * (1 + 1e-5)) + 2)
-        if (low > max_exact and reaches(low, k)) or not reaches(high, k):
-            low, high = max_exact, max_distance  # never seen; bisect the whole range
-        edges[k - 1] = _first(partial(reaches, k=k), low, high)
-    edges.flags.writeable = False
-    return edges
+        high = min(top, math.ceil(guess * (1 + 1e-5)) + 2)
+        if low > high or (low > max_exact and reaches(low, k)) or not reaches(high, k):
+            low, high = max_exact, top  # never seen; bisect the whole range
+        edges.append(_first(partial(reaches, k=k), low, high))
+    array = np.array(edges, dtype=np.int64)
+    array.flags.writeable = False
+    return array
+
+
+def _log_ratio(max_distance: int, max_exact: int) -> float:
+    """``ln(max_distance / max_exact)``, as Hugging Face computes it (a float quotient),
+    or from the logs of the two ints where the quotient is past the largest float."""
+    try:
+        return math.log(max_distance / max_exact)
+    except OverflowError:
+        return math.log(max_distance) - math.log(max_exact)
 
 
 def _first(predicate: Callable[[int], bool], low: int, high: int) -> int:
@@ -314,7 +332,7 @@ def _first(predicate: Callable[[int], bool], low: int, high: int) -> int:
     return low
 
 
-def _hf_log_bucket(distance: int, max_exact: int, n: int, max_distance: int) -> int:
+def _hf_log_bucket(distance: int, max_exact: int, n: int, log_ratio: float) -> int:
     """HF's ``int(log(float32(d) / max_exact) / ln(max_distance/max_exact) * n)`` in float32.
 
     Each step is rounded to float32 as PyTorch does for a float32 tensor and Python
@@ -322,15 +340,15 @@ def _hf_log_bucket(distance: int, max_exact: int, n: int, max_distance: int) -> 
     """
     x = np.float32(distance) / np.float32(max_exact)
     log = np.float32(np.log(np.float64(x)))
-    scaled = log / np.float32(math.log(max_distance / max_exact)) * np.float32(n)
+    scaled = log / np.float32(log_ratio) * np.float32(n)
     return int(scaled)  # truncation toward zero, as .to(torch.long)
 
 
 def _exact_reaches(
-    distance: int, k: int, max_exact: int, n: int, ratio: float, max_distance: int
+    distance: int, k: int, max_exact: int, n: int, log_ratio: float, max_distance: int
 ) -> bool:
     """Whether ``n · ln(distance/max_exact) >= k · ln(max_distance/max_exact)`` exactly."""
-    left, right = n * math.log(distance / max_exact), k * math.log(ratio)
+    left, right = n * math.log(distance / max_exact), k * log_ratio
     if abs(left - right) > 1e-9 * (abs(left) + abs(right) + 1):
         return left > right
     # Too close for float64: compare (d/me)^n with (md/me)^k as integers.

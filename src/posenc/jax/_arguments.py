@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import MAX_POSITIONS, check_int, describe
+from .._checks import check_int, check_position, describe
 from ..core.plan import plan_index
 from ._backend import dtype_name, is_traced, to_index, wide_index
 
@@ -77,7 +77,7 @@ def concrete_offset(value: Any, name: str) -> int:
         if value.ndim != 0 or not jnp.issubdtype(value.dtype, jnp.integer):
             raise TypeError(f"{name} must be an int >= 0, got {describe(value)}")
         value = int(value)
-    return check_int(value, name, minimum=0, maximum=MAX_POSITIONS)
+    return check_position(check_int(value, name, minimum=0), name)
 
 
 def check_offset(value: Any, name: str) -> int | jax.Array:

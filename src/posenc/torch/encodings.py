@@ -27,6 +27,7 @@ from .._checks import (
     check_d_model,
     check_int,
     check_max_length,
+    check_position,
     check_probability,
     check_weights,
     describe,
@@ -66,7 +67,7 @@ def exact_table(
     """
     length = check_int(length, "length", minimum=0)
     spec = SinusoidalSpec(d_model=d_model, base=base, layout=layout, formula=formula)
-    start = check_int(start, "start", minimum=-(2**53))
+    start = check_position(start, "start")
     fmt = format_of(dtype)
     return to_tensor(spec.table(length, fmt=fmt, start=start), fmt, device)
 

@@ -110,6 +110,7 @@ class NTKScaling(RopeScaling):
     """
 
     name: ClassVar[str] = "ntk"
+    needs_base_above_one: ClassVar[bool] = True
     factor: float
 
     def __post_init__(self) -> None:
@@ -143,6 +144,7 @@ class DynamicNTKScaling(RopeScaling):
     """
 
     name: ClassVar[str] = "dynamic_ntk"
+    needs_base_above_one: ClassVar[bool] = True
     length_dependent: ClassVar[bool] = True
     factor: float
     original_max_position_embeddings: int
@@ -205,6 +207,7 @@ class YarnScaling(RopeScaling):
     """
 
     name: ClassVar[str] = "yarn"
+    needs_base_above_one: ClassVar[bool] = True
     factor: float
     original_max_position_embeddings: int
     beta_fast: float = 32.0
@@ -239,13 +242,20 @@ class YarnScaling(RopeScaling):
                 "attention_factor",
                 check_real(self.attention_factor, "attention_factor", minimum=0.0, strict=True),
             )
-        attention = self.derived_attention_factor
-        if not attention > 0:
+        elif self.mscale and self.mscale_all_dim:
+            for name in ("mscale", "mscale_all_dim"):
+                self._check_temperature(name)
+
+    def _check_temperature(self, name: str) -> None:
+        """``0.1·value·ln(factor) + 1`` of ``mscale`` or ``mscale_all_dim`` must be finite
+        and > 0: DeepSeek's attention factor is the ratio of the two."""
+        value, log = getattr(self, name), math.log(self.factor)
+        temperature = _yarn_mscale(self.factor, value)
+        if not (math.isfinite(temperature) and temperature > 0):
             raise ValueError(
-                f"mscale={self.mscale} and mscale_all_dim={self.mscale_all_dim} give YaRN "
-                f"attention factor {attention:g} at factor={self.factor:g}; it must be > 0 "
-                "(it multiplies the cos/sin tables): use values that keep "
-                "0.1·mscale·ln(factor) + 1 > 0 for both"
+                f"{name} must be a finite real number > {-10 / log:.6g} at factor="
+                f"{self.factor:g} (0.1·{name}·ln(factor) + 1 must be > 0: the attention factor "
+                f"is the ratio of those of mscale and mscale_all_dim), got {value!r}"
             )
 
     @property

@@ -40,6 +40,7 @@ class ProportionalScaling(RopeScaling):
     """
 
     name: ClassVar[str] = "proportional"
+    needs_base_above_one: ClassVar[bool] = True
     partial_rotary_factor: float = 1.0
     factor: float = 1.0
 

@@ -56,6 +56,11 @@ class RopeScaling:
         length_dependent: Whether the frequencies depend on the current sequence length
             (then :meth:`frequencies` takes ``seq_len`` and :attr:`original_length` is
             where the scaling starts).
+        needs_base_above_one: Whether the method's rule assumes frequencies
+            ``base^(-2i/d)`` that fall with the pair index ``i`` (a ramp over the index, a
+            scaled base), which takes ``base > 1``; :meth:`frequencies` refuses a smaller
+            base for such a method. Rules that treat each frequency alone (linear,
+            llama3, longrope) take any base RoPE takes.
 
     Example:
         >>> import dataclasses
@@ -70,6 +75,7 @@ class RopeScaling:
 
     name: ClassVar[str] = ""
     length_dependent: ClassVar[bool] = False
+    needs_base_above_one: ClassVar[bool] = False
 
     # -- what a subclass provides ----------------------------------------------------------
 
@@ -86,7 +92,8 @@ class RopeScaling:
 
         Args:
             rotary_dim: The rotary width ``d``, an even int >= 2.
-            base: The RoPE base (``rope_theta``); finite, > 0 and not 1.
+            base: The RoPE base (``rope_theta``); finite, > 0 and not 1, and > 1 for a
+                method that :attr:`needs_base_above_one`.
             seq_len: The current sequence length, for a length-dependent method
                 (``None``: :attr:`original_length`, the frequencies at construction).
 
@@ -103,6 +110,12 @@ class RopeScaling:
         """
         d = check_rotary_dim(check_int(rotary_dim, "rotary_dim", minimum=2), rotary_dim)
         base = check_base(base)
+        if self.needs_base_above_one and base < 1:
+            raise ValueError(
+                f"base must be a finite real number > 1 with RoPE scaling {self.name!r}, whose "
+                "rule assumes frequencies base^(-2i/d) that fall with the pair index i (with "
+                f"base < 1 they rise and the rule turns around), got {base!r}"
+            )
         if seq_len is not None:
             if not self.length_dependent:
                 raise TypeError(
@@ -112,7 +125,8 @@ class RopeScaling:
             seq_len = check_int(seq_len, "seq_len", minimum=1)
         where = f"RoPE scaling {self!r} at rotary_dim={d}, base={base!r}, seq_len={seq_len}"
         try:
-            with np.errstate(over="raise", divide="raise", invalid="raise"):
+            # (underflow too: a frequency divided down to a subnormal or to 0 is lost)
+            with np.errstate(over="raise", divide="raise", invalid="raise", under="raise"):
                 inv_freq, attention = self._inv_freq(d, base, seq_len)
                 frequencies = np.asarray(inv_freq, dtype=np.float64)
                 attention = float(attention)

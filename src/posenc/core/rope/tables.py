@@ -20,12 +20,19 @@ import numpy as np
 from ..._checks import (
     DEFAULT_MAX_BYTES,
     check_choice,
-    check_int,
     check_memory,
+    check_position,
     check_real,
+    check_span,
     real_array,
 )
-from ..phasors import CHUNK_ELEMENTS, contiguous_range, phasors
+from ..phasors import (
+    CHUNK_ELEMENTS,
+    check_turns,
+    contiguous_range,
+    largest_position,
+    phasors,
+)
 from ..precision import CONTAINERS, FORMATS, resolve_dtype, turns_of, unit_phasors
 from ..rounding import round_pairs_into
 
@@ -147,20 +154,21 @@ def rope_table_values(
     if start:
         if not isinstance(positions, numbers.Integral):
             raise TypeError("start= applies only when positions is an int length")
-        start = check_int(start, "start", minimum=-(2**53))
+        start = check_position(start, "start")
         assert span is not None  # an int length is always a range
         span = (span[0] + start, span[1])
+    if span is not None and span[1]:
+        check_span(span[0], span[0] + span[1] - 1)
     shape = (span[1],) if span is not None else np.shape(positions)
     count, m = math.prod(shape), inv_freq.size
     check_memory(2 * count * 2 * m * container.itemsize, "these RoPE tables", max_bytes)
     hi, lo = turns_of(inv_freq)
+    check_turns(largest_position(positions, span), hi, "inv_freq")
     cos = np.empty((count, 2 * m), container)
     sin = np.empty((count, 2 * m), container)
     rows = max(64, CHUNK_ELEMENTS // m)
     if span is not None:
         first, length = span
-        if abs(first) + length > 2**53:
-            raise ValueError("positions must lie within ±2**53 to be represented exactly")
         for r0 in range(0, length, rows):
             n = min(rows, length - r0)
             z = phasors(float(first + r0), n, hi, lo)  # e^{ikθ} = cos + i sin, (n, m)
