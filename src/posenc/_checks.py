@@ -157,9 +157,10 @@ def check_weights(sizes: dict[str, int], what: str) -> None:
     """
     count = math.prod(sizes.values())
     if count > MAX_WEIGHTS:
-        shape = " x ".join(f"{name}={size}" for name, size in sizes.items())
+        shape = " x ".join(f"{name}={show_number(size)}" for name, size in sizes.items())
+        shown = f"{count:.2g}" if count < 10**300 else show_number(count)
         raise ValueError(
-            f"{what} of {shape} would have {count:.2g} weights, more than 2**32; give smaller sizes"
+            f"{what} of {shape} would have {shown} weights, more than 2**32; give smaller sizes"
         )
 
 
@@ -247,7 +248,7 @@ def check_positions(value: Any, name: str = "positions") -> np.ndarray:
     array = real_array(value, name, what="integers or real numbers")
     if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
         bad = array[~np.isfinite(array)].ravel()[0]
-        raise ValueError(f"{name} must be finite, got {bad!r} among them")
+        raise ValueError(f"{name} must be finite, got {float(bad)!r} among them")
     if array.size:
         low, high = array.min(), array.max()
         if array.dtype.kind in "iu":
@@ -300,12 +301,24 @@ class MemoryLimitError(ValueError):
         )
 
 
+def check_max_bytes(value: Any) -> int | None:
+    """A memory limit: ``None`` (no limit) or an int >= 0, in bytes."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"max_bytes must be an int >= 0 or None, got {describe(value)}")
+    if value < 0:
+        raise ValueError(f"max_bytes must be an int >= 0 or None, got {show_number(value)}")
+    return int(value)
+
+
 def check_memory(nbytes: int, what: str, max_bytes: int | None, *, fix: str | None = None) -> None:
     """Refuse work whose estimated peak memory exceeds ``max_bytes``.
 
     ``fix`` says what to do instead where the caller has no ``max_bytes`` argument to
     raise (a module's fixed limit); by default the message points to ``max_bytes``.
     """
+    max_bytes = check_max_bytes(max_bytes)
     if max_bytes is None or nbytes <= max_bytes:
         return
     if fix is not None:
