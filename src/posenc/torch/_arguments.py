@@ -1,4 +1,5 @@
-"""The checks of call arguments every PyTorch module shares: offsets and position tensors.
+"""The checks of call arguments every PyTorch module shares: offsets, position tensors and
+attention masks.
 
 The primitives that move the core's numbers onto tensors are in :mod:`._backend`; the
 tables' lifecycle is in :mod:`._tables`.
@@ -6,6 +7,7 @@ tables' lifecycle is in :mod:`._tables`.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -13,11 +15,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._checks import describe
+from .._checks import MAX_POSITION, describe, position_error, show_number
 from ._backend import is_traced
 
 __all__ = [
     "apply_dropout",
+    "check_attn_mask",
     "check_offset",
     "check_offset_or_positions",
     "check_position_tensor",
@@ -25,8 +28,9 @@ __all__ = [
 ]
 
 
-def check_offset(offset: Any, name: str) -> int:
-    """An int >= 0 (KV-cache decoding), naming the owner ``name`` in errors."""
+def check_offset(offset: Any, name: str, count: int = 1) -> int:
+    """An int >= 0 (KV-cache decoding), naming the owner ``name`` in errors; the call's
+    ``count`` positions ``offset .. offset + count - 1`` must lie within ``2**53``."""
     if isinstance(offset, (bool, np.bool_)) or not isinstance(offset, numbers.Integral):
         raise TypeError(
             f"{name}: offset must be an int >= 0, got {describe(offset)} "
@@ -34,16 +38,18 @@ def check_offset(offset: Any, name: str) -> int:
         )
     number = int(offset)
     if number < 0:
-        raise ValueError(f"{name}: offset must be an int >= 0, got {number}")
-    if number > 2**53:
-        raise ValueError(f"{name}: offset must be at most 2**53, got {number:.6g}")
+        raise ValueError(f"{name}: offset must be an int >= 0, got {show_number(number)}")
+    last = number + max(count, 1) - 1
+    if last > MAX_POSITION:
+        detail = f" (offset + {count} positions - 1)" if last != number else ""
+        raise position_error(f"{name}: offset", last, detail)
     return number
 
 
-def check_offset_or_positions(offset: Any, positions: Any, name: str) -> int:
+def check_offset_or_positions(offset: Any, positions: Any, name: str, count: int = 1) -> int:
     """:func:`check_offset`, and a ``ValueError`` for an offset given with ``positions``
     (positions are absolute: an offset beside them would be silently ignored)."""
-    number = check_offset(offset, name)
+    number = check_offset(offset, name, count if positions is None else 1)
     if positions is not None and number:
         raise ValueError(
             f"{name}: give positions= or offset=, not both (got offset={number} with "
@@ -71,8 +77,8 @@ def check_position_tensor(
         )
     if positions.dim() not in (1, 2) or positions.shape[-1] != seq:
         raise ValueError(
-            f"{name}: positions must have shape (seq,) or (batch, seq) with seq={seq}, "
-            f"got shape {tuple(positions.shape)}"
+            f"{name}: positions must have shape (seq,) or (batch, seq) with seq={seq} (that "
+            f"of {of}), got shape {tuple(positions.shape)}"
         )
     if positions.dim() == 2 and batch is None:
         raise ValueError(
@@ -88,9 +94,10 @@ def check_position_tensor(
 
 def positions_range(positions: Tensor, name: str) -> tuple[int, int] | None:
     """``(lowest, highest)`` of a call's positions, after checking that none is negative
-    (``(0, -1)`` for none); ``None`` while tracing, where the values are unknown.
-    Reading the values synchronises with the device."""
-    if is_traced():
+    (``(0, -1)`` for none); ``None`` where the values are unknown: while tracing, and on
+    the ``meta`` device (a model built without memory). Reading the values synchronises
+    with the device."""
+    if is_traced() or positions.is_meta:
         return None
     if positions.numel() <= 1:  # a decoding step: one read, no reduction
         if not positions.numel():
@@ -101,6 +108,58 @@ def positions_range(positions: Tensor, name: str) -> tuple[int, int] | None:
     if low < 0:
         raise ValueError(f"{name}: positions must be >= 0, got {low}")
     return low, high
+
+
+def check_attn_mask(
+    mask: Any, shape: tuple[int, ...], x: Tensor, dtype: torch.dtype, name: str
+) -> Tensor | None:
+    """An attention mask of a call, as :func:`torch.nn.functional.scaled_dot_product_attention`
+    takes it: ``None``, a boolean tensor (True where a query may attend) or a floating one
+    (added to the scores; returned in ``dtype``, that of the scores), broadcastable to
+    ``shape``, ``(batch, heads, queries, keys)``, on the device of ``x``.
+
+    A floating mask holds finite values or ``-inf`` (a hidden key): NaN or ``+inf`` would
+    make every weight of its row NaN. Checking them reads the mask (a synchronisation);
+    traced or ``meta`` masks are taken unread. An integer mask is refused, as it would be
+    ambiguous (1 meaning "attend" or "add 1").
+    """
+    if mask is None:
+        return None
+    valid = (
+        "a boolean tensor (True where a query may attend) or a floating one (added to the scores)"
+    )
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name}: attn_mask must be None or {valid}, got {describe(mask)}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        hint = "; for a 0/1 mask of the keys to attend pass attn_mask.bool()"
+        raise TypeError(
+            f"{name}: attn_mask must be {valid}, got dtype {mask.dtype}"
+            + ("" if mask.is_complex() else hint)
+        )
+    try:
+        broadcast = torch.broadcast_shapes(mask.shape, shape)  # type: ignore[no-untyped-call]
+    except RuntimeError:
+        broadcast = None
+    if mask.dim() > len(shape) or broadcast != torch.Size(shape):
+        raise ValueError(
+            f"{name}: attn_mask must broadcast to (batch, heads, seq, keys) = {tuple(shape)}, "
+            f"got shape {tuple(mask.shape)}"
+        )
+    if mask.device != x.device:
+        raise ValueError(
+            f"{name}: attn_mask is on {mask.device} but x on {x.device}; move it there "
+            "(attn_mask.to(x.device))"
+        )
+    if mask.dtype == torch.bool:
+        return mask
+    mask = mask.to(dtype)  # as the scores: large values may round to ±inf here
+    checked: Tensor = mask
+    if not (is_traced() or mask.is_meta) and bool((mask.isnan() | (mask == math.inf)).any()):
+        raise ValueError(
+            f"{name}: a floating attn_mask must hold finite values or -inf (a hidden key) in "
+            f"{dtype}, got NaN or +inf, which would make the weights of their rows NaN"
+        )
+    return checked
 
 
 def apply_dropout(dropout: nn.Dropout, x: Tensor) -> Tensor:

@@ -290,6 +290,11 @@ class PositionTables(DerivedBuffers):
         Returns ``(count, width)`` tables, or ``(*positions.shape, width)`` ones. ``span``
         (the positions' lowest and highest) may be given when the caller has read it.
         """
+        if positions is not None and positions.is_meta:  # no values, only a shape
+            return tuple(
+                t.new_empty((*positions.shape, t.shape[-1]), device="meta")
+                for t in self._tables_in(dtype, device)
+            )
         if positions is not None and is_traced():  # values unknown: NaN rows outside
             index = plan_index(dtype_name(positions), self.table_length, wide=wide_index())
             return tuple(gather_rows(t, positions, index) for t in self._tables_in(dtype, device))

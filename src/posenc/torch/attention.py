@@ -22,6 +22,7 @@ at a time then equals the full-sequence call.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -30,41 +31,149 @@ from .._checks import (
     check_bool,
     check_int,
     check_probability,
+    check_span,
     check_weights,
     check_width,
     describe,
 )
-from ._arguments import check_offset
+from ._arguments import (
+    check_attn_mask,
+    check_offset_or_positions,
+    check_position_tensor,
+    positions_range,
+)
 from .protocols import ContextualScoreBias, QueryKeyRotation, ScoreBias
 
 
 class KVCache:
-    """Keys and values of the positions seen so far, ``(batch, heads, seen, head_dim)``.
+    """Keys and values of the tokens seen so far, and the positions of those tokens.
+
+    ``keys`` and ``values`` are ``(batch, heads, seen, head_dim)``. ``positions`` is
+    ``None`` while every key sits at its index ``0 .. seen-1`` (no call gave positions);
+    once a call gives positions the cache records those of every key it holds, int64
+    ``(1 or batch, seen)``: a score bias then sees the keys' true positions, and a call
+    without positions continues each row after its last position (left padding).
+
+    A cache serves one batch of one attention: keys of another batch size, number of
+    heads, head_dim, dtype or device are refused with a ``ValueError``.
 
     Example:
         >>> cache = KVCache()
         >>> k, v = cache.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
-        >>> cache.length, tuple(k.shape)
-        (3, (1, 2, 3, 4))
+        >>> cache.length, tuple(k.shape), cache.positions
+        (3, (1, 2, 3, 4), None)
+        >>> _ = cache.update(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4),
+        ...                  positions=torch.tensor([7]))
+        >>> cache.positions.tolist(), cache.next_positions(2).tolist()
+        ([[0, 1, 2, 7]], [[8, 9]])
     """
 
     def __init__(self) -> None:
         self.keys: Tensor | None = None
         self.values: Tensor | None = None
+        self._positions: Tensor | None = None  # None: every key at its index
 
     @property
     def length(self) -> int:
-        """Number of positions cached (the offset of the next query)."""
+        """Number of positions cached (the index of the next query among the keys)."""
         return 0 if self.keys is None else self.keys.shape[-2]
 
-    def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Append this step's keys and values; return all of them."""
+    @property
+    def positions(self) -> Tensor | None:
+        """The positions of the keys held, int64 ``(1 or batch, seen)``; ``None`` while
+        every key sits at its index ``0 .. seen-1``."""
+        return self._positions
+
+    def next_positions(self, count: int) -> Tensor | None:
+        """The positions ``count`` new tokens get when a call gives none: ``None`` (at the
+        indices ``length .. length+count-1``) while no positions are recorded, else each
+        row's last position + 1, + 2, ..., ``(1 or batch, count)``."""
+        if self._positions is None:
+            return None
+        step = torch.arange(1, count + 1, device=self._positions.device)
+        return self._positions[:, -1:] + step  # (b, count)
+
+    def update(
+        self, keys: Tensor, values: Tensor, *, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Append this step's keys and values ``(batch, heads, seq, head_dim)`` (and their
+        integer ``positions`` ``(seq,)`` or ``(batch, seq)``; ``None``: the
+        :meth:`next_positions`); return every key and value held."""
+        return self._commit(*self._extend(keys, values, positions, "KVCache.update"))
+
+    def _extend(
+        self, keys: Any, values: Any, positions: Any, name: str
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """What :meth:`update` would hold, the cache unchanged (a call that fails after
+        this leaves it as it was): keys, values and the keys' positions."""
+        self._check(keys, values, name)
+        if positions is not None:
+            check_position_tensor(positions, keys.shape[0], keys.shape[2], name, of="keys")
+            rows = positions.shape[0] if positions.dim() == 2 else 1
+            positions = positions.to(device=keys.device, dtype=torch.int64)
+            positions = positions.reshape(rows, keys.shape[2])  # (b, T)
+        elif self._positions is not None:
+            positions = self.next_positions(keys.shape[2])
         if self.keys is None or self.values is None:
-            self.keys, self.values = keys, values
-        else:
-            self.keys = torch.cat([self.keys, keys], dim=-2)  # (B, H, seen + T, hs)
-            self.values = torch.cat([self.values, values], dim=-2)
-        return self.keys, self.values
+            return keys, values, positions
+        held = self._positions
+        if positions is not None and held is None:  # the keys so far at their indices
+            held = torch.arange(self.length, device=keys.device).unsqueeze(0)  # (1, seen)
+        if positions is not None and held is not None:
+            batch = max(held.shape[0], positions.shape[0])
+            held, positions = held.expand(batch, -1), positions.expand(batch, -1)
+            positions = torch.cat([held, positions], dim=-1)  # (b, seen + T)
+        keys = torch.cat([self.keys, keys], dim=-2)  # (B, H, seen + T, hs)
+        values = torch.cat([self.values, values], dim=-2)
+        return keys, values, positions
+
+    def _commit(
+        self, keys: Tensor, values: Tensor, positions: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        if positions is not None and not positions.shape[-1]:  # no key: none to record
+            positions = None
+        self.keys, self.values, self._positions = keys, values, positions
+        return keys, values
+
+    def _check(self, keys: Any, values: Any, name: str) -> None:
+        """Keys and values of one step that fit each other and what the cache holds."""
+        for label, given in (("keys", keys), ("values", values)):
+            if not isinstance(given, Tensor):
+                raise TypeError(
+                    f"{name}: the cache takes {label} as a tensor (batch, heads, seq, "
+                    f"head_dim), got {describe(given)}"
+                )
+            if given.dim() != 4:
+                raise ValueError(
+                    f"{name}: the cache takes {label} of shape (batch, heads, seq, head_dim), "
+                    f"got {tuple(given.shape)}"
+                )
+        if (keys.shape[:3], keys.dtype, keys.device) != (
+            values.shape[:3],
+            values.dtype,
+            values.device,
+        ):
+            raise ValueError(
+                f"{name}: the cache takes keys and values of one batch, heads, seq, dtype and "
+                f"device, got keys {_summary(keys)} and values {_summary(values)}"
+            )
+        for label, given, held in (("keys", keys, self.keys), ("values", values, self.values)):
+            if held is not None and (
+                (held.shape[:2], held.shape[3], held.dtype, held.device)
+                != (given.shape[:2], given.shape[3], given.dtype, given.device)
+            ):
+                source = "was given" if name == "KVCache.update" else "x gives"
+                raise ValueError(
+                    f"{name}: the cache holds {label} {_summary(held)} but {source} "
+                    f"{label} {_summary(given)}; a KVCache serves one batch of one attention "
+                    "(use a new one)"
+                )
+
+
+def _summary(t: Tensor) -> str:
+    """``batch 1, 2 heads, seq 3, head_dim 4, torch.float32 on cpu``."""
+    B, H, T, D = t.shape
+    return f"of batch {B}, {H} heads, seq {T}, head_dim {D}, {t.dtype} on {t.device}"
 
 
 class MultiHeadAttention(nn.Module):
@@ -90,14 +199,23 @@ class MultiHeadAttention(nn.Module):
         bias: Whether the projections have biases.
 
     Call arguments:
-        x: ``(batch, seq, d_model)``.
-        positions: Optional integer tensor ``(seq,)`` or ``(batch, seq)``: the positions
-            of the queries (and of the keys, without a cache), for packed sequences;
-            for axial RoPE the coordinates ``(seq, n_axes)`` or ``(batch, seq, n_axes)``.
-        offset: Position of the first token when no cache is given.
-        cache: A :class:`KVCache`; its length is the offset of ``x``.
-        attn_mask: Optional boolean mask broadcastable to ``(batch, heads, seq, keys)``,
-            True where a query may attend (e.g. block-diagonal for packed documents).
+        x: ``(batch, seq, d_model)``, floating, the dtype and device of the weights
+            (any dtype under autocast).
+        positions: Optional integer tensor ``(seq,)`` or ``(batch, seq)``, positions >= 0
+            of the tokens of ``x`` (packed sequences, left padding); for axial RoPE the
+            coordinates ``(seq, n_axes)`` or ``(batch, seq, n_axes)``. Without a cache the
+            keys are these tokens; with one the cache records them, so that a score bias
+            sees every key's true position. A scheme that reads no positions (``None``,
+            CoPE) ignores them. Not together with ``offset``.
+        offset: Position of the first token when neither positions nor a cache are given.
+        cache: A :class:`KVCache`. The queries follow the keys it holds (the causal mask
+            by index), at the positions given, else after its last ones (its length, when
+            it records none).
+        attn_mask: Optional mask broadcastable to ``(batch, heads, seq, keys)``, as
+            :func:`torch.nn.functional.scaled_dot_product_attention` takes it: boolean,
+            True where a query may attend (e.g. block-diagonal for packed documents), or
+            floating, added to the scores (``-inf`` hides a key; cast to the scores'
+            dtype). Combined with the causal mask and the scheme's bias.
 
     Example:
         >>> from posenc.torch import ALiBiBias
@@ -143,71 +261,140 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         attn_mask: Tensor | None = None,
     ) -> Tensor:
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
-            shape = tuple(x.shape) if isinstance(x, Tensor) else describe(x)
+        self._check_input(x)
+        offset = check_offset_or_positions(offset, positions, NAME, x.shape[1])
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"{NAME}: cache must be a KVCache or None, got {describe(cache)}")
+        if cache is not None and offset:
             raise ValueError(
-                f"MultiHeadAttention expects x of shape (batch, seq, {self.d_model}), got {shape}"
+                f"{NAME}: pass either offset= or cache= (the cache knows its length), got "
+                f"offset={offset} with a cache"
             )
-        offset = check_offset(offset, "MultiHeadAttention")
-        if cache is not None:
-            if offset:
-                raise ValueError("pass either offset= or cache= (the cache knows its length)")
-            offset = cache.length
         B, T, C = x.shape
+        coordinates = getattr(self.position, "n_axes", None) is not None
+        if positions is not None:
+            self._check_positions(positions, x, coordinates)
+            positions = positions.long()  # a narrow or unsigned dtype would wrap distances
+        past = 0 if cache is None else cache.length  # keys before this step's
         nh, hs = self.num_heads, self.head_dim
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 × (B, T, C)
         q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if cache is not None:
+            cache._check(k, v, NAME)  # before the cache's positions are read: its batch
+            if positions is None:
+                positions = cache.next_positions(T)  # None: the keys at their indices
         # The role is looked up by its method (cheap; a runtime-protocol isinstance costs
         # tens of microseconds per call): the scheme was checked when it was given.
         rotate = getattr(self.position, "rotate_queries_keys", None)
         if rotate is not None:
-            q, k = rotate(q, k, positions=positions, offset=0 if positions is not None else offset)
-        if cache is not None:
-            k, v = cache.update(k, v)  # (B, nh, S, hs) with S = offset + T
+            start = 0 if positions is not None else offset + past
+            q, k = rotate(q, k, positions=positions, offset=start)
+        key_positions = positions
+        extended = None
+        if cache is not None:  # every key: (B, nh, S, hs) with S = past + T
+            extended = cache._extend(k, v, None if coordinates else positions, NAME)
+            k, v, key_positions = extended
         S = k.shape[-2]
-
-        cached = cache is not None  # without a cache the keys are this step's: S == T
-        allowed = self._allowed(T, S, offset, positions, cached, x.device, attn_mask)
-        bias = self._bias(T, S, offset, positions, cached, q, k, allowed)
-        mask = _combine(bias, allowed)
-        is_causal = self.causal and mask is None and not cached
+        mask = check_attn_mask(attn_mask, (B, nh, T, S), x, q.dtype, NAME)
+        user = mask if mask is not None and mask.dtype == torch.bool else None
+        additive = mask if mask is not None and mask.dtype != torch.bool else None
+        allowed = self._allowed(T, S, past, x.device, user, masked=mask is not None)
+        first = offset if cache is None else 0  # the position of the first key, if no positions
+        bias = self._bias(T, S, first, past, positions, key_positions, q, k, allowed, additive)
+        scores = additive if bias is None else bias if additive is None else bias + additive
+        mask = allowed if scores is None else _hide(scores, allowed)
         y = nn.functional.scaled_dot_product_attention(
             q,
             k,
             v,
             attn_mask=mask,
             dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal,
+            is_causal=self.causal and mask is None and past == 0,
             scale=1.0 / math.sqrt(hs),
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         out: Tensor = self.out(y)
+        if cache is not None and extended is not None:  # the call succeeded: keep its keys
+            cache._commit(*extended)
         return out
+
+    def _check_input(self, x: Any) -> None:
+        """``x`` is ``(batch, seq, d_model)``, floating, where the weights are and (outside
+        autocast) in their dtype: what the projection would otherwise refuse deep inside."""
+        expected = f"(batch, seq, {self.d_model})"
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{NAME}: x must be a tensor of shape {expected}, got {describe(x)}")
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"{NAME} expects x of shape {expected}, got {tuple(x.shape)}")
+        weight = self.qkv.weight
+        if not x.is_floating_point():
+            raise TypeError(f"{NAME}: x must be a floating tensor, got dtype {x.dtype}")
+        if x.device != weight.device:
+            raise ValueError(
+                f"{NAME}: x is on {x.device} but the weights on {weight.device}; move one of "
+                "them (module.to(x.device))"
+            )
+        if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(
+                f"{NAME}: x has dtype {x.dtype} but the weights {weight.dtype}; cast one of "
+                f"them (module.to({x.dtype}) or x.to({weight.dtype})), or run under autocast"
+            )
+
+    def _check_positions(self, positions: Any, x: Tensor, coordinates: bool) -> None:
+        """Integer positions >= 0 of the tokens of ``x`` (coordinates ``(.., n_axes)`` for a
+        scheme with ``n_axes``), with values unless ``x`` has none (``meta``)."""
+        B, T = x.shape[0], x.shape[1]
+        tokens = positions
+        if coordinates and isinstance(positions, Tensor):
+            axes = getattr(self.position, "n_axes", None)
+            if positions.dim() not in (2, 3) or positions.shape[-1] != axes:
+                raise ValueError(
+                    f"{NAME}: positions must be coordinates of shape (seq, n_axes) or (batch, "
+                    f"seq, n_axes) with seq={T}, n_axes={axes}, got {tuple(positions.shape)}"
+                )
+            tokens = positions[..., 0]
+        check_position_tensor(tokens, B, T, NAME, of="x")
+        if positions.is_meta and not x.is_meta:
+            raise ValueError(
+                f"{NAME}: positions are on the meta device (no values) but x on {x.device}"
+            )
+        span = positions_range(positions, NAME)  # >= 0 (None: values unknown)
+        if span is not None:
+            check_span(span[0], span[1], f"{NAME}: positions")
 
     def _bias(
         self,
         T: int,
         S: int,
-        offset: int,
+        first: int,
+        past: int,
         positions: Tensor | None,
-        cached: bool,
+        key_positions: Tensor | None,
         q: Tensor,
         k: Tensor,
         allowed: Tensor | None,
+        additive: Tensor | None,
     ) -> Tensor | None:
         """The scheme's bias on the scaled scores, or None: ``(nh, T, S)`` or ``(B, nh,
         T, S)`` from a score bias, ``(B, nh, T, S)`` from a contextual one (CoPE); the sum
-        of both for a scheme that plays both roles."""
+        of both for a scheme that plays both roles.
+
+        Without positions the keys sit at ``first ..`` (the call's offset, or 0 with a
+        cache) and the queries at ``first + past ..``."""
         bias: Tensor | None = None
         score_bias = getattr(self.position, "score_bias", None)
         if score_bias is not None:
-            key_positions = positions if (positions is not None and not cached) else None
+            offset: int | None = past
+            if positions is None and first:  # no cache, an offset: keys and queries there
+                positions = key_positions = torch.arange(first, first + T, device=q.device)
+            if positions is not None:
+                offset = None
             bias = score_bias(
                 T,
                 S,
-                offset=offset if positions is None else 0,
+                offset=offset,
                 positions=positions,
                 key_positions=key_positions,
                 dtype=q.dtype,
@@ -215,45 +402,41 @@ class MultiHeadAttention(nn.Module):
             )  # (nh, T, S) or (B, nh, T, S)
         contextual = getattr(self.position, "contextual_bias", None)
         if contextual is not None:
-            # causal attention: ``allowed`` holds the causal mask (see _allowed)
+            if additive is not None:  # keys a floating mask hides are not counted either
+                shown = additive != float("-inf")
+                allowed = shown if allowed is None else shown & allowed
             scale = 1.0 / math.sqrt(self.head_dim)
             counted: Tensor = contextual(q, k, allowed=allowed, scale=scale)  # (B, nh, T, S)
             bias = counted if bias is None else bias + counted
         return bias
 
     def _allowed(
-        self,
-        T: int,
-        S: int,
-        offset: int,
-        positions: Tensor | None,
-        cached: bool,
-        device: torch.device,
-        attn_mask: Tensor | None,
+        self, T: int, S: int, past: int, device: torch.device, user: Tensor | None, masked: bool
     ) -> Tensor | None:
         """Boolean mask of the keys each query may see, or None when plain causal (or no)
-        masking suffices: ``is_causal`` then does it inside the attention kernel."""
-        allowed = attn_mask
+        masking suffices: ``is_causal`` then does it inside the attention kernel. Causal
+        order is the order of the keys: query ``i`` sees keys ``0 .. past + i``. ``user``:
+        the call's boolean mask; ``masked``: whether the call has a mask at all."""
         in_scores = any(hasattr(self.position, role) for role in ("score_bias", "contextual_bias"))
-        if self.causal and (in_scores or attn_mask is not None or cached):
-            query_pos = torch.arange(offset, offset + T, device=device)
-            if positions is not None and not cached:
-                query_pos = torch.arange(T, device=device)  # packed: order within the batch row
-            causal = torch.arange(S, device=device)[None, :] <= query_pos[:, None]  # (T, S)
-            allowed = causal if allowed is None else (allowed & causal)
-        return allowed
+        # one query after every key sees them all: no causal mask
+        if self.causal and T > 1 and (in_scores or masked or past):
+            query_index = torch.arange(past, past + T, device=device)
+            causal = torch.arange(S, device=device)[None, :] <= query_index[:, None]  # (T, S)
+            return causal if user is None else (user & causal)
+        return user
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, causal={self.causal}"
 
 
-def _combine(bias: Tensor | None, allowed: Tensor | None) -> Tensor | None:
-    """The float mask (bias, and -inf where not allowed), the boolean one, or None."""
-    if bias is None:
-        return allowed
+NAME = "MultiHeadAttention"
+
+
+def _hide(scores: Tensor, allowed: Tensor | None) -> Tensor:
+    """The float mask: ``scores`` (bias and additive mask), ``-inf`` where not allowed."""
     if allowed is None:
-        return bias
-    return bias.masked_fill(~allowed, float("-inf"))
+        return scores
+    return torch.where(allowed, scores, float("-inf"))
 
 
 def _check_position(position: object, num_heads: int, head_dim: int) -> None:
@@ -265,13 +448,19 @@ def _check_position(position: object, num_heads: int, head_dim: int) -> None:
         position.head_dim != head_dim or position.qk_layout != "bhsd"
     ):
         raise ValueError(
-            f"the {name} must have head_dim={head_dim} and qk_layout='bhsd', "
-            f"got head_dim={position.head_dim}, qk_layout={position.qk_layout!r}"
+            f"the {name} must have head_dim={head_dim} (d_model // num_heads) and "
+            f"qk_layout='bhsd', got head_dim={position.head_dim}, "
+            f"qk_layout={position.qk_layout!r}"
         )
     if isinstance(position, ScoreBias) and position.num_heads != num_heads:
-        raise ValueError(f"the {name} has {position.num_heads} heads, the attention {num_heads}")
+        raise ValueError(
+            f"the {name} has {position.num_heads} heads, the attention num_heads={num_heads}"
+        )
     if isinstance(position, ContextualScoreBias) and position.head_dim != head_dim:
-        raise ValueError(f"the {name} has head_dim={position.head_dim}, the attention {head_dim}")
+        raise ValueError(
+            f"the {name} has head_dim={position.head_dim}, the attention {head_dim} "
+            "(d_model // num_heads)"
+        )
     if isinstance(position, (QueryKeyRotation, ScoreBias, ContextualScoreBias)):
         return
     raise TypeError(

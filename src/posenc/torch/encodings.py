@@ -184,7 +184,7 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput, FromSpec):
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         name = type(self).__name__
         _check_input(x, self.d_model, name)
-        offset = check_offset_or_positions(offset, positions, name)
+        offset = check_offset_or_positions(offset, positions, name, x.shape[-2])
         if positions is not None:
             _check_positions(positions, x, name)
         (pe,) = self._table_rows(
@@ -246,7 +246,7 @@ class LearnedPositionalEmbedding(EncodesInput, FromSpec):
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         _check_input(x, self.d_model, type(self).__name__)
         seq = x.shape[-2]
-        offset = check_offset_or_positions(offset, positions, type(self).__name__)
+        offset = check_offset_or_positions(offset, positions, type(self).__name__, seq)
         if positions is None:
             if offset + seq > self.max_length:
                 raise self._too_long(offset + seq - 1, f"asked by offset={offset} for {seq} rows")

@@ -272,7 +272,7 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         seq_axis = 2 if self.qk_layout == "bhsd" else 1
         check_qk(q, k, self.head_dim, self.qk_layout, name)
         batch, seq = q.shape[0], q.shape[seq_axis]
-        offset = check_offset_or_positions(offset, positions, name)
+        offset = check_offset_or_positions(offset, positions, name, seq)
         if positions is not None:
             check_rope_positions(positions, batch, seq, name)
         span = None if positions is None else positions_range(positions, name)

@@ -170,7 +170,7 @@ class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
         seq_axis = 2 if self.qk_layout == "bhsd" else 1
         check_qk(q, k, self.head_dim, self.qk_layout, name)
         batch, seq = q.shape[0], q.shape[seq_axis]
-        offset = check_offset_or_positions(offset, positions, name)
+        offset = check_offset_or_positions(offset, positions, name, seq)
         if positions is not None:
             check_rope_positions(positions, batch, seq, name)
         tables = self._table_rows(
