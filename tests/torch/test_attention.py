@@ -614,18 +614,9 @@ def test_dropout_in_training_is_that_of_sdpa_and_off_in_eval():
     assert torch.equal(module.eval()(x), module.eval()(x))
 
 
-# Schemes that read values where the meta device has none: fixed in their own modules
-# (posenc.torch._tables for positions of RoPE and xPos, posenc.torch.kernel_bias for
-# KERPLE's projection); Sandwich refuses meta positions by name.
-META_GAPS = {("kerple", False), ("kerple", True)}
-
-
 @pytest.mark.parametrize("with_positions", [False, True])
 @pytest.mark.parametrize("scheme", ALL_SCHEMES)
-def test_meta_inputs_give_meta_outputs_of_the_right_shape(request, scheme, with_positions):
-    if (scheme, with_positions) in META_GAPS:
-        # not strict: their modules' owners may fix them at any time
-        request.applymarker(pytest.mark.xfail(raises=(RuntimeError, AssertionError)))
+def test_meta_inputs_give_meta_outputs_of_the_right_shape(scheme, with_positions):
     with torch.device("meta"):
         module = attention(scheme)
         x = torch.randn(2, 5, 32)

@@ -9,11 +9,20 @@ define them (tested against ``transformers``' ``DataCollatorWithFlattening`` and
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from .._checks import check_bool, check_int, check_positive, describe, real_array
+from .._checks import (
+    DEFAULT_MAX_BYTES,
+    check_bool,
+    check_int,
+    check_memory,
+    check_positive,
+    describe,
+    real_array,
+)
 
 __all__ = [
     "mrope_positions",
@@ -23,13 +32,16 @@ __all__ = [
 ]
 
 
-def _integers(value: Any, name: str, ndims: tuple[int, ...]) -> np.ndarray:
-    """``value`` as an int64 array with one of ``ndims`` dimensions."""
+def _integers(value: Any, name: str, ndims: tuple[int, ...], *, bools: bool = False) -> np.ndarray:
+    """``value`` as an int64 array with one of ``ndims`` dimensions (``bools``: True and
+    False read as 1 and 0, for a mask)."""
     try:
         array = np.asarray(value)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be an array of integers, got {describe(value)}") from exc
     if array.size == 0 and array.dtype.kind == "f":  # [] reads as float64
+        array = array.astype(np.int64)
+    if bools and array.dtype == np.bool_:
         array = array.astype(np.int64)
     if array.dtype == np.bool_ or array.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got {describe(array)}")
@@ -64,6 +76,13 @@ def positions_from_cu_seqlens(cu_seqlens: Any) -> np.ndarray:
         raise ValueError(
             f"cu_seqlens must be non-decreasing, got {int(cu[at])} then {int(cu[at + 1])}"
         )
+    total = int(cu[-1])
+    check_memory(  # the positions, the ramp and the repeated starts: int64 each
+        3 * 8 * total,
+        f"the {total} positions of cu_seqlens ending at {total}",
+        DEFAULT_MAX_BYTES,
+        fix="check cu_seqlens (its last entry is the number of tokens)",
+    )
     positions: np.ndarray = np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], lengths)
     return positions
 
@@ -109,9 +128,7 @@ def positions_from_attention_mask(attention_mask: Any) -> np.ndarray:
         >>> positions_from_attention_mask([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]).tolist()
         [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
     """
-    if isinstance(attention_mask, np.ndarray) and attention_mask.dtype == np.bool_:
-        attention_mask = attention_mask.astype(np.int64)
-    mask = _integers(attention_mask, "attention_mask", (2,))
+    mask = _integers(attention_mask, "attention_mask", (2,), bools=True)
     if np.any((mask != 0) & (mask != 1)):
         bad = int(mask[(mask != 0) & (mask != 1)][0])
         raise ValueError(f"attention_mask must hold 0 and 1 only, got {bad}")
@@ -186,9 +203,12 @@ def mrope_positions(
     split = check_bool(split_video_frames, "split_video_frames")
     videos = _grids(video_grids, "video_grids", merge)
     steps = _time_steps(tokens_per_second, second_per_grid_ts, len(videos))
-    timed = [(*grid, step) for grid, step in zip(videos, steps, strict=True)]
-    if split:  # T frames of (1, H, W), each at the video's time step
-        timed = [(1, h, w, step) for t, h, w, step in timed for _ in range(t)]
+    timed: Iterable[tuple[int, int, int, Any]] = [
+        (*grid, step) for grid, step in zip(videos, steps, strict=True)
+    ]
+    if split:  # T frames of (1, H, W), each at the video's time step (drawn as needed:
+        # a mistyped T of 10**12 must not become a list of 10**12 frames)
+        timed = ((1, h, w, step) for t, h, w, step in timed for _ in range(t))
     grids = {
         1: iter([(*grid, None) for grid in _grids(image_grids, "image_grids", merge)]),
         2: iter(timed),
@@ -210,6 +230,14 @@ def mrope_positions(
             ids = _row_positions(kinds, grids, merge, split)
             positions[:, row, mask[row]] = ids
             deltas[row, 0] = int(ids.max()) + 1 - kinds.size
+    for kind, name in ((1, "image_grids"), (2, "video_grids")):
+        if next(grids[kind], None) is not None:  # a grid no run of tokens took: a mismatch
+            what = "image" if kind == 1 else "video"
+            frames = " (or frames, with split_video_frames=True)" if kind == 2 and split else ""
+            raise ValueError(
+                f"{name} has more grids{frames} than token_types has runs of {what} tokens "
+                f"(type {kind}); give one grid per {what}, in the order they appear"
+            )
     return positions, deltas
 
 

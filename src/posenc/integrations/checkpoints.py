@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._checks import check_choice, check_int
+from .._checks import check_bool, check_choice, check_int, describe
 from .._extras import require
 from .._files import atomic_write, check_output_path
 from ..core.rope import RopeLayout
@@ -53,8 +54,8 @@ def _projections(keys: list[str]) -> tuple[dict[str, str], str]:
                 namings.add(naming)
     if not found:
         raise ValueError(
-            "found no query/key projection: posenc converts checkpoints whose keys end in "
-            "q_proj/k_proj (Hugging Face) or wq/wk (Meta) .weight or .bias"
+            "found no query/key projection among the tensors: posenc converts checkpoints "
+            "whose keys end in q_proj/k_proj (Hugging Face) or wq/wk (Meta) .weight or .bias"
         )
     if len(namings) > 1:
         raise ValueError(
@@ -88,13 +89,22 @@ def convert_rope_state_dict(
             or sizes that do not match ``heads``/``kv_heads``/``head_dim``.
     """
     require("torch", "posenc convert-rope", extra="posenc[transformers]")
+    import torch
+
     from .. import torch as torch_front
 
     to = check_choice(to, "--to", _LAYOUTS)
     heads = check_int(heads, "--heads", minimum=1)
     kv_heads = check_int(kv_heads, "--kv-heads", minimum=1)
-    metadata = dict(metadata or {})
-    roles, naming = _projections(sorted(tensors))
+    metadata = _check_metadata(metadata)
+    roles, naming = _projections(_check_keys(tensors))
+    for key in roles:
+        tensor = tensors[key]
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() not in (1, 2):
+            raise TypeError(
+                f"tensors[{key!r}] must be a torch.Tensor of shape (rows, in_features) or "
+                f"(rows,), got {describe(tensor)}"
+            )
     recorded = metadata.get(LAYOUT_KEY, _NAMING_LAYOUT[naming])
     if recorded not in _LAYOUTS:
         raise ValueError(
@@ -130,6 +140,36 @@ def convert_rope_state_dict(
     return out, metadata
 
 
+def _check_keys(tensors: Any) -> list[str]:
+    """The names of a state dict (a mapping of str), sorted."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"tensors must be a dict of name -> tensor, got {describe(tensors)}")
+    keys = list(tensors)
+    bad = [key for key in keys if not isinstance(key, str)]
+    if bad:
+        raise TypeError(f"tensors must be keyed by str names, got the key {describe(bad[0])}")
+    return sorted(keys)
+
+
+def _check_metadata(metadata: Any) -> dict[str, str]:
+    """The safetensors metadata (str -> str), ``None`` read as none."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in metadata.items()
+    ):
+        raise TypeError(
+            f"metadata must be None or a dict of str -> str (safetensors metadata), got "
+            f"{describe(metadata)}"
+        )
+    return dict(metadata)
+
+
+def _check_path(value: Any, name: str) -> None:
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {describe(value)}")
+
+
 def convert_rope_checkpoint(
     source: str | os.PathLike[str],
     target: str | os.PathLike[str],
@@ -149,6 +189,9 @@ def convert_rope_checkpoint(
     import safetensors
     import safetensors.torch
 
+    _check_path(source, "source")
+    _check_path(target, "target")
+    force = check_bool(force, "force")
     source, target = Path(source), check_output_path(target)
     if not source.is_file():
         raise ValueError(f"{source}: no such file")
@@ -164,6 +207,7 @@ def convert_rope_checkpoint(
         raise ValueError(f"{source} is not a readable safetensors file ({exc})") from None
     tensors, metadata = convert_rope_state_dict(tensors, metadata, **options)
     data = safetensors.torch.save(tensors, metadata=metadata)
-    with atomic_write(target, "wb") as handle:
+    # A new output is as private as its input (an existing one keeps its own mode).
+    with atomic_write(target, "wb", permissions=source.stat().st_mode & 0o777) as handle:
         handle.write(data)
     return target

@@ -132,6 +132,7 @@ class ExactRotaryEmbedding(nn.Module):
         return original
 
     def forward(self, x: Tensor, position_ids: Tensor, layer_type: str | None = None) -> Any:
+        self._check_call(x, position_ids, layer_type)
         tables = self._gather_from.get((layer_type, x.dtype, x.device))
         if (
             tables is not None
@@ -151,6 +152,40 @@ class ExactRotaryEmbedding(nn.Module):
                     return gather_rows(cos, position_ids), gather_rows(sin, position_ids)
         with torch.no_grad():
             return self._forward(x, position_ids, layer_type)
+
+    def _check_call(self, x: Any, position_ids: Any, layer_type: Any) -> None:
+        """``x`` a floating tensor, ``position_ids`` an integer tensor of a shape this
+        module takes, ``layer_type`` None or a str (errors that name them, rather than
+        PyTorch's from inside)."""
+        name = self.original_class
+        if layer_type is not None and not isinstance(layer_type, str):
+            raise TypeError(f"{name}: layer_type must be None or a str, got {describe(layer_type)}")
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            raise TypeError(
+                f"{name}: x must be a floating-point tensor (the tables take its dtype and "
+                f"device), got {describe(x)}"
+            )
+        if (
+            not isinstance(position_ids, Tensor)
+            or position_ids.is_floating_point()
+            or position_ids.is_complex()
+            or position_ids.dtype == torch.bool
+        ):
+            raise TypeError(
+                f"{name}: position_ids must be an integer tensor, got {describe(position_ids)}"
+            )
+        if self.mrope is None:
+            fits, shapes = position_ids.dim() in (1, 2), "(batch, seq) or (seq,)"
+        else:
+            axes = self.mrope.n_axes
+            fits = position_ids.dim() == 2 or (
+                position_ids.dim() == 3 and position_ids.shape[0] in (1, axes)
+            )
+            shapes = f"({axes}, batch, seq) or (batch, seq)"
+        if not fits:
+            raise ValueError(
+                f"{name}: position_ids must have shape {shapes}, got {tuple(position_ids.shape)}"
+            )
 
     def _forward(self, x: Tensor, position_ids: Tensor, layer_type: str | None) -> Any:
         if self.mrope is not None:

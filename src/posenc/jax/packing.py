@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from ..core import packing
-from ._backend import is_traced
+from ._backend import _x64_enabled, is_traced
 
 __all__ = [
     "mrope_positions",
@@ -36,8 +36,21 @@ def _check_concrete(value: Any, name: str) -> None:
 
 def _concrete(function: Callable[[Any], np.ndarray], value: Any, name: str) -> jax.Array:
     _check_concrete(value, name)
-    result: jax.Array = jax.numpy.asarray(function(np.asarray(value)))  # int32 without x64
-    return result
+    return _to_jax(function(_plain(value)), name)
+
+
+def _to_jax(result: np.ndarray, name: str) -> jax.Array:
+    """The core's int64 positions as a JAX array: int32 without x64, so a position past
+    int32 is an error rather than a wrapped value."""
+    if not _x64_enabled() and result.size:
+        largest = int(np.abs(result).max())
+        if largest >= 2**31:
+            raise ValueError(
+                f"the positions of {name} reach {largest}, past int32 (JAX's integer without "
+                "jax_enable_x64): enable x64 or give smaller values"
+            )
+    converted: jax.Array = jax.numpy.asarray(result)
+    return converted
 
 
 def positions_from_cu_seqlens(cu_seqlens: Any) -> jax.Array:
@@ -86,8 +99,9 @@ def mrope_positions(token_types: Any, **options: Any) -> tuple[jax.Array, jax.Ar
     for name, value in {"token_types": token_types, **options}.items():
         _check_concrete(value, name)
     plain: dict[str, Any] = {name: _plain(value) for name, value in options.items()}
-    positions, deltas = packing.mrope_positions(np.asarray(token_types), **plain)
-    return jax.numpy.asarray(positions), jax.numpy.asarray(deltas)
+    positions, deltas = packing.mrope_positions(_plain(token_types), **plain)
+    what = "token_types and the grids, tokens_per_second and second_per_grid_ts"
+    return _to_jax(positions, what), _to_jax(deltas, what)
 
 
 def _plain(value: Any) -> Any:

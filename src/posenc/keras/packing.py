@@ -27,7 +27,7 @@ __all__ = [
 def _known(function: Callable[[Any], np.ndarray], value: Any, name: str) -> Any:
     """``function`` of ``value`` (a list, a NumPy array or a tensor known now) as an int32
     tensor, the dtype of the Keras layers' positions."""
-    return _int32(function(_plain(value, name)))
+    return _int32(function(_plain(value, name)), name)
 
 
 def _plain(value: Any, name: str) -> Any:
@@ -43,9 +43,12 @@ def _plain(value: Any, name: str) -> Any:
     return value
 
 
-def _int32(result: np.ndarray) -> Any:
+def _int32(result: np.ndarray, name: str) -> Any:
     if result.size and int(np.abs(result).max()) >= INT32_END:
-        raise ValueError(f"positions up to {int(np.abs(result).max())} do not fit int32")
+        raise ValueError(
+            f"the positions of {name} reach {int(np.abs(result).max())}, past int32 (the "
+            "Keras layers' position dtype): give smaller values"
+        )
     return ops.convert_to_tensor(result.astype(np.int32))
 
 
@@ -100,4 +103,5 @@ def mrope_positions(token_types: Any, **options: Any) -> tuple[Any, Any]:
     """
     plain = {name: _plain(value, name) for name, value in options.items()}
     positions, deltas = packing.mrope_positions(_plain(token_types, "token_types"), **plain)
-    return _int32(positions), _int32(deltas)
+    what = "token_types and the grids, tokens_per_second and second_per_grid_ts"
+    return _int32(positions, what), _int32(deltas, what)

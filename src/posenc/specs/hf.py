@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._checks import describe
+from .._checks import MAX_WIDTH, describe, show_number
 from ..core.rope import ROPE_SCALING_SPECS, RopeScaling, as_rope_scaling
 
 __all__ = [
@@ -215,17 +215,25 @@ def _has_rope(data: Mapping[str, Any]) -> bool:
 def _positive_int(data: Mapping[str, Any], key: str) -> int:
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{key} must be an int >= 1, got {value!r}")
+        raise ValueError(f"{key} must be an int >= 1, got {describe(value)}")
     return value
+
+
+def _width(width: int, key: str) -> int:
+    """A head width the config gives by ``key``: at most 2**24, as every width posenc takes."""
+    if width > MAX_WIDTH:
+        raise ValueError(f"{key} must be at most 2**24 = {MAX_WIDTH}, got {show_number(width)}")
+    return width
 
 
 def config_head_dim(data: Mapping[str, Any]) -> int:
     """``qk_rope_head_dim`` (DeepSeek), ``head_dim``, or ``hidden_size // num_attention_heads``."""
     for key in ("qk_rope_head_dim", "head_dim"):
         if data.get(key) is not None:
-            return _positive_int(data, key)
+            return _width(_positive_int(data, key), key)
     if data.get("hidden_size") is not None and data.get("num_attention_heads") is not None:
-        return _positive_int(data, "hidden_size") // _positive_int(data, "num_attention_heads")
+        width = _positive_int(data, "hidden_size") // _positive_int(data, "num_attention_heads")
+        return _width(width, "hidden_size // num_attention_heads")
     raise ValueError(
         "the config gives no head width: it needs head_dim, or hidden_size and "
         f"num_attention_heads; it has {sorted(data)}"
@@ -234,7 +242,14 @@ def config_head_dim(data: Mapping[str, Any]) -> int:
 
 def _rope_parameters(data: Mapping[str, Any], layer_type: str | None) -> dict[str, Any]:
     """The RoPE parameter dict of the config (of ``layer_type`` where nested)."""
-    given = {key: data[key] for key in ("rope_parameters", "rope_scaling") if data.get(key)}
+    given = {}
+    for key in ("rope_parameters", "rope_scaling"):
+        value = data.get(key)
+        if value is None or (isinstance(value, Mapping) and not value):
+            continue  # absent or empty: the defaults
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{key} must be a dict, got {describe(value)}")
+        given[key] = value
     if len(given) == 2 and given["rope_parameters"] != given["rope_scaling"]:
         raise ValueError(
             "the config has both rope_parameters and rope_scaling, and they differ; give one"

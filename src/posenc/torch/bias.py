@@ -14,8 +14,10 @@ explicitly (``positions=``, ``key_positions=``) for packed sequences.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -23,7 +25,7 @@ from .._checks import DEFAULT_MAX_BYTES, check_int, check_memory, describe
 from ..core.plan import align_queries, traced_offset
 from ..specs import AlibiSpec, FromSpec, T5Spec
 from ._arguments import check_offset, check_offset_or_positions
-from ._backend import format_of
+from ._backend import format_of, is_traced
 from ._tables import DerivedBuffers
 from .protocols import BiasesScores
 
@@ -31,6 +33,46 @@ from .protocols import BiasesScores
 def _length(value: Any, name: str) -> Any:
     """An int >= 0, or a symbolic size under torch.export / torch.compile (unchecked)."""
     return value if isinstance(value, torch.SymInt) else check_int(value, name, minimum=0)
+
+
+# The largest position magnitude a call takes: integers up to it are exact in float64, and
+# their differences cannot overflow int64.
+_MAX_POSITION = 2**53
+
+
+def _check_device(device: Any, name: str) -> torch.device | None:
+    """``None``, or a device that tensors can be placed on here, as a ``torch.device``
+    (a ``ValueError``/``TypeError`` naming ``device`` for anything else, rather than
+    PyTorch's own error when the bias is moved)."""
+    if device is None:
+        return None
+    if isinstance(device, (bool, np.bool_)) or not isinstance(
+        device, (str, torch.device, numbers.Integral)
+    ):
+        raise TypeError(
+            f"{name}: device must be a torch.device or a string such as 'cpu' or 'cuda:0', "
+            f"got {describe(device)}"
+        )
+    try:
+        parsed = torch.device(device if not isinstance(device, numbers.Integral) else int(device))
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(
+            f"{name}: device must be a torch.device or a string such as 'cpu' or 'cuda:0', "
+            f"got {device!r}"
+        ) from None
+    if parsed.type in ("cpu", "meta"):
+        return parsed
+    backend = getattr(torch, parsed.type, None)
+    available = getattr(backend, "is_available", None)
+    count = getattr(backend, "device_count", None)
+    if not callable(available) or not available():
+        raise ValueError(f"{name}: device {str(parsed)!r} is not available in this PyTorch")
+    if parsed.index is not None and callable(count) and parsed.index >= count():
+        raise ValueError(
+            f"{name}: device {str(parsed)!r} does not exist: this machine has {count()} "
+            f"{parsed.type} device(s)"
+        )
+    return parsed
 
 
 def _relative_positions(
@@ -65,7 +107,7 @@ def _relative_positions(
         query_length, key_length, offset = align_queries(
             query_length, key_length, offset, name=f"{name}: "
         )
-    batch = _check_positions(positions, key_positions, query_length, key_length, name)
+    batch = _check_positions(positions, key_positions, query_length, key_length, name, device)
     check_memory(
         batch * query_length * key_length * (8 + entry_bytes),
         f"{name}'s bias for {query_length} queries and {key_length} keys",
@@ -81,11 +123,19 @@ def _relative_positions(
 
 
 def _check_positions(
-    positions: Any, key_positions: Any, query_length: Any, key_length: Any, name: str
+    positions: Any,
+    key_positions: Any,
+    query_length: Any,
+    key_length: Any,
+    name: str,
+    device: Any,
 ) -> int:
-    """Integer tensors ``(q,)``/``(batch, q)`` and ``(k,)``/``(batch, k)``; the batch size."""
-    for value, what, size in ((positions, "positions", query_length),
-                              (key_positions, "key_positions", key_length)):  # fmt: skip
+    """Integer tensors ``(q,)``/``(batch, q)`` and ``(k,)``/``(batch, k)`` within
+    ``±2**53`` (read when not tracing: one synchronisation with their device); the batch
+    size."""
+    for value, what, size, length in ((positions, "positions", query_length, "query_length"),
+                                      (key_positions, "key_positions", key_length,
+                                       "key_length")):  # fmt: skip
         if value is None:
             continue
         if (
@@ -97,9 +147,10 @@ def _check_positions(
             raise TypeError(f"{name}: {what} must be an integer tensor, got {describe(value)}")
         if value.dim() not in (1, 2) or value.shape[-1] != size:
             raise ValueError(
-                f"{name}: {what} must have shape ({size},) or (batch, {size}), "
-                f"got {tuple(value.shape)}"
+                f"{name}: {what} must have shape ({size},) or (batch, {size}) for "
+                f"{length}={size}, got {tuple(value.shape)}"
             )
+        _check_values(value, what, name, device)
     given = [t for t in (positions, key_positions) if t is not None and t.dim() == 2]
     batches = {t.shape[0] for t in given} - {1}
     if len(batches) > 1:
@@ -108,6 +159,24 @@ def _check_positions(
             f"{tuple(given[0].shape)} and {tuple(given[1].shape)}"
         )
     return int(max(batches, default=1))
+
+
+def _check_values(value: Tensor, what: str, name: str, device: Any) -> None:
+    """Positions with values (not on ``meta`` unless the bias is), within ``±2**53``."""
+    if value.device.type == "meta":
+        if torch.device(device).type != "meta":
+            raise ValueError(
+                f"{name}: {what} is on the meta device: it has no values to compute a bias from"
+            )
+        return
+    if is_traced() or not value.numel():
+        return
+    low, high = (int(v) for v in torch.aminmax(value))
+    if max(-low, high) > _MAX_POSITION:
+        raise ValueError(
+            f"{name}: {what} must lie within ±2**53 (where their distances are exact), got "
+            f"{high if high > _MAX_POSITION else low}"
+        )
 
 
 def _symbolic(*values: Any) -> bool:
@@ -174,7 +243,7 @@ class ALiBiBias(DerivedBuffers, BiasesScores, FromSpec):
         device: torch.device | None = None,
     ) -> Tensor:
         format_of(dtype)  # a float dtype: an integer one would truncate the bias
-        device = self.slopes.device if device is None else device
+        device = _check_device(device, "ALiBiBias") or self.slopes.device
         # per entry: the float64 product and the result, for every head
         per_entry = self.num_heads * (8 + torch.empty((), dtype=dtype).element_size())
         rel, _ = _relative_positions(
@@ -264,7 +333,7 @@ class T5RelativeBias(DerivedBuffers, BiasesScores, FromSpec):
         if dtype is not None:
             format_of(dtype)  # a float dtype: an integer one would truncate the weights
         weight = self.relative_attention_bias.weight  # (num_buckets, H)
-        device = weight.device if device is None else device
+        device = _check_device(device, "T5RelativeBias") or weight.device
         # per entry: the bucket index and the bias of every head (and a cast)
         per_entry = 8 + self.num_heads * weight.element_size() * 2
         rel, _ = _relative_positions(

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_real, describe
+from .._checks import check_max_length, check_real, check_weights, check_width, describe
 from ..specs import CopeSpec, FromSpec
 from .protocols import BiasesScoresInContext
 
@@ -73,12 +73,18 @@ class ContextualPositionEncoding(BiasesScoresInContext, FromSpec):
         super().__init__()
         self.spec = CopeSpec(head_dim=head_dim, max_positions=max_positions)
         self.head_dim, self.max_positions = self.spec.head_dim, self.spec.max_positions
+        check_width(self.head_dim, "head_dim")
+        check_max_length(self.max_positions, "max_positions")
+        check_weights(
+            {"head_dim": self.head_dim, "max_positions": self.max_positions},
+            "ContextualPositionEncoding's position vectors",
+        )
         self.pos_emb = nn.Parameter(torch.zeros(1, self.head_dim, self.max_positions))
 
     def forward(
         self, q: Tensor, k: Tensor, *, allowed: Tensor | None = None, scale: float = 1.0
     ) -> Tensor:
-        scale = _check_call(q, k, allowed, scale, self.head_dim)
+        scale = _check_call(q, k, allowed, scale, self.head_dim, self.pos_emb.device)
         # The gates, their sums and the interpolation in float32 at least: in bfloat16 a
         # sum of a few hundred gates would be off by whole positions.
         work = torch.promote_types(q.dtype, torch.float32)
@@ -90,8 +96,10 @@ class ContextualPositionEncoding(BiasesScoresInContext, FromSpec):
         counts = gates.flip(-1).cumsum(dim=-1).flip(-1).clamp(max=self.max_positions - 1)
         at_integers = torch.matmul(qw, self.pos_emb.to(work))  # (B, H, q, positions)
         floor = counts.floor()
-        upper = at_integers.gather(-1, counts.ceil().long())  # (B, H, q, k)
-        lower = at_integers.gather(-1, floor.long())
+        # A NaN count (a NaN or infinite query or key) gathers row 0 and its NaN weight
+        # makes the bias NaN, as the scores it joins are: never an index out of range.
+        upper = at_integers.gather(-1, counts.ceil().nan_to_num(0.0).long())  # (B, H, q, k)
+        lower = at_integers.gather(-1, floor.nan_to_num(0.0).long())
         weight = counts - floor  # differentiable in the gates
         bias = (upper * weight + lower * (1 - weight)) * scale
         return bias.to(q.dtype)
@@ -100,7 +108,9 @@ class ContextualPositionEncoding(BiasesScoresInContext, FromSpec):
         return f"head_dim={self.head_dim}, max_positions={self.max_positions}"
 
 
-def _check_call(q: Any, k: Any, allowed: Any, scale: Any, head_dim: int) -> float:
+def _check_call(
+    q: Any, k: Any, allowed: Any, scale: Any, head_dim: int, device: torch.device
+) -> float:
     """The call's arguments fit (``ValueError``/``TypeError`` naming them); the scale."""
     name = "ContextualPositionEncoding"
     for label, x in (("q", q), ("k", k)):
@@ -117,6 +127,7 @@ def _check_call(q: Any, k: Any, allowed: Any, scale: Any, head_dim: int) -> floa
             f"{tuple(k.shape)}"
         )
     scores = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    _check_devices(name, device, q=q, k=k, allowed=allowed)
     if allowed is not None:
         if not isinstance(allowed, Tensor) or allowed.dtype != torch.bool:
             raise TypeError(
@@ -129,6 +140,17 @@ def _check_call(q: Any, k: Any, allowed: Any, scale: Any, head_dim: int) -> floa
             shape = None
         if shape != scores:
             raise ValueError(
-                f"{name}: allowed must broadcast to the scores {scores}, got {tuple(allowed.shape)}"
+                f"{name}: allowed must broadcast to the scores of q and k {scores}, got "
+                f"{tuple(allowed.shape)}"
             )
     return check_real(scale, f"{name}: scale", minimum=0.0, strict=True)
+
+
+def _check_devices(name: str, device: torch.device, **tensors: Any) -> None:
+    """Every tensor given on ``device``, the position vectors' (``None``: not given)."""
+    for label, x in tensors.items():
+        if isinstance(x, Tensor) and x.device != device:
+            raise ValueError(
+                f"{name}: {label} is on {x.device} but the position vectors are on {device}; "
+                "move the module or the tensors"
+            )

@@ -27,13 +27,20 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._checks import MemoryLimitError, check_int
+from .._checks import (
+    DEFAULT_MAX_BYTES,
+    MemoryLimitError,
+    check_max_length,
+    check_memory,
+    check_weights,
+    check_width,
+)
 from ..core.plan import plan_index, plan_rows
 from ..core.positions import grow
 from ..specs import FireSpec, FromSpec, KerpleSpec, SandwichSpec
 from ._backend import dtype_name, format_of, gather_rows, is_traced, wide_index
 from ._tables import DerivedBuffers
-from .bias import _relative_positions
+from .bias import _check_device, _relative_positions
 from .protocols import BiasesScores
 
 __all__ = ["FIREBias", "KERPLEBias", "SandwichBias"]
@@ -57,11 +64,24 @@ def _positions(
     )  # fmt: skip
 
 
-def _cast(bias: Tensor, dtype: torch.dtype | None, device: Any) -> Tensor:
-    """``bias`` in ``dtype`` (None: as it is) on ``device`` (None: where it is)."""
+def _check_cast(module: nn.Module, dtype: torch.dtype | None, device: Any) -> Any:
+    """The call's ``dtype`` (a float one, or None) and ``device`` checked before any work;
+    the device as a ``torch.device`` (or None)."""
     if dtype is not None:
         format_of(dtype)  # a float dtype: an integer one would truncate the bias
+    return _check_device(device, type(module).__name__)
+
+
+def _cast(bias: Tensor, dtype: torch.dtype | None, device: Any) -> Tensor:
+    """``bias`` in ``dtype`` (None: as it is) on ``device`` (None: where it is)."""
     return bias.to(device=device, dtype=dtype)
+
+
+def _distances(length: int) -> np.ndarray:
+    """The distances ``0 .. length-1`` of a table (a ``MemoryLimitError`` before they are
+    made when the table would outgrow the limit; the core then weighs the table itself)."""
+    check_memory(8 * length, f"a table of {length} distances", DEFAULT_MAX_BYTES)
+    return np.arange(length)
 
 
 class KERPLEBias(BiasesScores, FromSpec):
@@ -113,6 +133,7 @@ class KERPLEBias(BiasesScores, FromSpec):
     def __init__(self, num_heads: int, *, kernel: str = "log", eps: float = 0.01) -> None:
         super().__init__()
         self.spec = KerpleSpec(num_heads=num_heads, kernel=kernel, eps=eps)
+        check_width(self.spec.num_heads, "num_heads")  # two parameters per head
         self.num_heads, self.kernel, self.eps = self.spec.num_heads, self.spec.kernel, self.spec.eps
         self._top = 2.0 if self.kernel == "power" else None  # the exponent's largest value
         # a draw below eps starts at eps (the authors' code clamps it at the first call)
@@ -136,7 +157,7 @@ class KERPLEBias(BiasesScores, FromSpec):
         clamped values with the parameters' own gradient (straight through)."""
         p: Tensor = self.bias_p
         a: Tensor = self.bias_a
-        if not is_traced():
+        if not (is_traced() or p.is_meta):  # (meta parameters: no values to project)
             self._project()
             return p, a
         p = p + (p.clamp(min=self.eps, max=self._top) - p).detach()
@@ -154,6 +175,7 @@ class KERPLEBias(BiasesScores, FromSpec):
         dtype: torch.dtype | None = None,
         device: torch.device | None = None,
     ) -> Tensor:
+        device = _check_cast(self, dtype, device)
         p, a = self._projected()  # (H, 1, 1) each
         own = p.device
         per_entry = 8 + 3 * self.num_heads * p.element_size()
@@ -220,6 +242,9 @@ class FIREBias(BiasesScores, FromSpec):
         )
         self.num_heads, self.eps = self.spec.num_heads, self.spec.eps
         width = self.spec.mlp_width
+        check_width(width, "mlp_width")
+        check_width(self.num_heads, "num_heads")
+        check_weights({"mlp_width": width, "num_heads": self.num_heads}, "FIREBias's MLP")
         self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, self.num_heads))
         self.c = nn.Parameter(torch.tensor(self.spec.init_c))
         self.register_buffer("init_L", torch.tensor(self.spec.init_L))
@@ -236,6 +261,7 @@ class FIREBias(BiasesScores, FromSpec):
         dtype: torch.dtype | None = None,
         device: torch.device | None = None,
     ) -> Tensor:
+        device = _check_cast(self, dtype, device)
         c = self.c
         own = c.device
         # per entry: the distance, its transform, the hidden layer and the output
@@ -306,13 +332,14 @@ class SandwichBias(DerivedBuffers, BiasesScores, FromSpec):
     ) -> None:
         super().__init__()
         self.spec = SandwichSpec(num_heads=num_heads, dim=dim, base=base, mode=mode)
+        check_width(self.spec.dim, "dim")  # its frequencies: one per pair of the width
         self.num_heads, self.dim, self.mode = self.spec.num_heads, self.spec.dim, self.spec.mode
-        self._length = check_int(max_length, "max_length", minimum=1)
+        self._length = check_max_length(max_length)
         self._register_derived(self._derive_buffers(torch.float64, None))
 
     def _derive_buffers(self, dtype: torch.dtype, device: Any) -> dict[str, Tensor]:
         try:
-            return {"table": self._rows(np.arange(self._length), device)}
+            return {"table": self._rows(_distances(self._length), device)}
         except MemoryLimitError as error:
             raise error.naming(
                 f"SandwichBias (a table of {self._length} distances, max_length or grown)",
@@ -333,7 +360,8 @@ class SandwichBias(DerivedBuffers, BiasesScores, FromSpec):
         dtype: torch.dtype = torch.float32,
         device: torch.device | None = None,
     ) -> Tensor:
-        format_of(dtype)
+        format_of(dtype)  # required here: the table is float64, each call rounds once
+        device = _check_cast(self, dtype, device)
         own = self.table.device
         per_entry = 8 + self.num_heads * (8 + torch.empty((), dtype=dtype).element_size())
         rel, offset = _positions(
@@ -360,7 +388,7 @@ class SandwichBias(DerivedBuffers, BiasesScores, FromSpec):
     def _install(self, length: int, device: Any) -> Tensor:
         """The table of ``length`` distances, made this module's (a ``MemoryLimitError``,
         and the table kept, when the limit refuses it)."""
-        self.table = self._rows(np.arange(length), device)  # may be refused
+        self.table = self._rows(_distances(length), device)  # may be refused
         self._length = length
         return self.table
 
@@ -378,6 +406,11 @@ class SandwichBias(DerivedBuffers, BiasesScores, FromSpec):
         """The bias at each of ``distances`` (flattened), ``(n, H)`` float64, from the core
         (a ``MemoryLimitError`` when the limit refuses it)."""
         values = self.spec.distance_bias(distances.ravel())  # (H, n)
+        if not np.all(np.isfinite(values)):  # a base so far below 1 that frequencies overflow
+            raise ValueError(
+                f"SandwichBias: base={self.spec.base!r} with dim={self.dim} gives non-finite "
+                "biases (its frequencies overflow float64); use a base > 1"
+            )
         return torch.from_numpy(np.ascontiguousarray(values.T)).to(device)
 
     def extra_repr(self) -> str:

@@ -31,8 +31,19 @@ __all__ = [
 def _on_device(function: Callable[[np.ndarray], np.ndarray], value: Tensor, name: str) -> Tensor:
     if not isinstance(value, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {describe(value)}")
-    result = function(value.detach().cpu().numpy())
+    result = function(_numpy(value, name))
     return torch.from_numpy(result).to(value.device)
+
+
+def _numpy(value: Tensor, name: str) -> np.ndarray:
+    """The values of ``value`` as NumPy, its dtype kept where NumPy has it (bfloat16 as
+    float32, exactly), for the core's checks to judge."""
+    if value.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device: it has no values to compute from")
+    if value.dtype == torch.bfloat16:  # NumPy has no bfloat16; float32 holds it exactly
+        value = value.float()
+    array: np.ndarray = value.detach().cpu().numpy()
+    return array
 
 
 @eager_only
@@ -88,10 +99,10 @@ def mrope_positions(
     if not isinstance(token_types, Tensor):
         raise TypeError(f"token_types must be a torch.Tensor, got {describe(token_types)}")
     plain: dict[str, Any] = {
-        name: value.detach().cpu().numpy() if isinstance(value, Tensor) else value
+        name: _numpy(value, name) if isinstance(value, Tensor) else value
         for name, value in {**vision, "attention_mask": attention_mask}.items()
     }
-    positions, deltas = packing.mrope_positions(token_types.detach().cpu().numpy(), **plain)
+    positions, deltas = packing.mrope_positions(_numpy(token_types, "token_types"), **plain)
     return (
         torch.from_numpy(positions).to(token_types.device),
         torch.from_numpy(deltas).to(token_types.device),

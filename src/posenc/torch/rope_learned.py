@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -87,6 +88,12 @@ class LearnedRotaryEmbedding(RotatesQueriesKeys, FromSpec):
         self.head_dim, self.rotary_dim = self.spec.head_dim, self.spec.rotary_dim
         self.layout = self.spec.layout
         initial, self.attention_factor = self.spec.frequencies()  # float64, from the core
+        if initial.size and not float(np.abs(initial).max()) <= np.finfo(np.float32).max:
+            raise ValueError(
+                f"{type(self).__name__}: base={self.spec.base!r} gives frequencies up to "
+                f"{float(np.abs(initial).max()):.3g}, past float32 (the trained parameter's "
+                "dtype); use a base > 1"
+            )
         self.inv_freq = nn.Parameter(torch.tensor(initial, dtype=torch.float32))  # default device
 
     def _tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -106,6 +113,8 @@ class LearnedRotaryEmbedding(RotatesQueriesKeys, FromSpec):
     ) -> tuple[Tensor, Tensor]:
         name = type(self).__name__
         check_qk(q, k, self.head_dim, self.qk_layout, name)
+        if q.device != k.device:
+            raise ValueError(f"{name}: q is on {q.device} but k on {k.device}; give both on one")
         seq_axis = 2 if self.qk_layout == "bhsd" else 1
         batch, seq = q.shape[0], q.shape[seq_axis]
         offset = check_offset_or_positions(offset, positions, name)
@@ -114,6 +123,8 @@ class LearnedRotaryEmbedding(RotatesQueriesKeys, FromSpec):
             rows = torch.arange(offset, offset + seq, device=device)  # (seq,)
         else:
             check_rope_positions(positions, batch, seq, name)
+            if positions.device.type == "meta" and device.type != "meta":
+                raise ValueError(f"{name}: positions is on the meta device: it has no values")
             rows = positions.to(device)  # (seq,) or (batch, seq)
         cos, sin = broadcast_tables(self._tables(rows), self.qk_layout, q.device)
         return (
