@@ -13,13 +13,17 @@ fails must raise ``ValueError`` or ``TypeError`` whose message names the argumen
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -131,7 +135,8 @@ COMMANDS: dict[str, tuple[list[str], dict[str, str]]] = {
 }  # fmt: skip
 CLI_VALUES = [
     "nan", "inf", "-1", "0", "1e400", "", "abc", "99999999999999999999", "-0", "1.5", "--",
-    "{out}", "{out}/missing/x", "1e-320", "-inf", "1,2", "\x00",
+    "{out}", "{out}/missing/x", "1e-320", "-inf", "1,2", "\x00", "-", "/dev/null",
+    "{out}/in.safetensors/x", "8GiB", "--d-modl",
 ]  # fmt: skip
 
 
@@ -154,25 +159,44 @@ def run_command(command: str, option: str | None = None, value: str = "") -> tup
     others at their defaults): its exit status, standard error and seconds."""
     import tempfile
 
-    prefix, options = COMMANDS[command]
     with tempfile.TemporaryDirectory() as out, working_directory(out):  # relative paths
-        if command == "convert-rope":  # a tiny checkpoint: 2 query heads, 1 key head of 4
-            import safetensors.numpy
+        status, _, err, seconds = invoke(command_line(command, out, option, value), out)
+        return status, err, seconds
 
-            weights = {"l.q_proj.weight": np.ones((8, 3), np.float32),
-                       "l.k_proj.weight": np.ones((4, 3), np.float32)}  # fmt: skip
-            safetensors.numpy.save_file(weights, f"{out}/in.safetensors")
-        argv = [word.replace("{out}", out) for word in prefix]
-        for key, default in options.items():
-            argv += [key, (value if key == option else default).replace("{out}", out)]
-        stdout, stderr = io.StringIO(), io.StringIO()
-        start = time.perf_counter()
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            try:
-                status = main(argv)
-            except SystemExit as exc:  # argparse's own errors
-                status = exc.code
-        return status, stderr.getvalue(), time.perf_counter() - start
+
+def command_line(command: str, out: str, option: str | None = None, value: str = "") -> list[str]:
+    """The words of ``command`` of COMMANDS with its outputs in ``out``, ``option`` set to
+    ``value``; a tiny checkpoint for convert-rope (2 query heads, 1 key head of 4)."""
+    prefix, options = COMMANDS[command]
+    if command == "convert-rope" and not os.path.exists(f"{out}/in.safetensors"):
+        import safetensors.numpy
+
+        weights = {"l.q_proj.weight": np.ones((8, 3), np.float32),
+                   "l.k_proj.weight": np.ones((4, 3), np.float32)}  # fmt: skip
+        safetensors.numpy.save_file(weights, f"{out}/in.safetensors")
+    argv = [word.replace("{out}", out) for word in prefix]
+    for key, default in options.items():
+        argv += [key, (value if key == option else default).replace("{out}", out)]
+    return argv
+
+
+def invoke(argv: list[str], out: str) -> tuple[Any, bytes, str, float]:
+    """Run ``posenc argv`` in the folder ``out``: its exit status, standard output (as
+    bytes: npy goes to the binary buffer), standard error and seconds."""
+    stdout, stderr = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.StringIO()
+    start = time.perf_counter()
+    with (
+        working_directory(out),
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):
+        try:
+            status = main(argv)
+        except SystemExit as exc:  # argparse's own errors
+            status = exc.code
+    seconds = time.perf_counter() - start
+    stdout.flush()
+    return status, stdout.buffer.getvalue(), stderr.getvalue(), seconds  # type: ignore[attr-defined]
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -195,6 +219,134 @@ def test_every_command_exits_0_or_2_with_one_line(data):
             lines,
         )
     assert seconds < 2 * LIMIT_SECONDS, where
+
+
+# The commands that write one file at --output (demo's --output is a folder); one plot
+# stands for all, which write through the same posenc.plot.save.
+OUTPUT_COMMANDS = sorted(
+    command
+    for command, (_, options) in COMMANDS.items()
+    if os.path.splitext(options.get("--output", ""))[1] and command not in ("plot t5", "plot alibi")
+)
+OUTPUTS = ["file", "relative link", "link chain", "dangling link", "/dev/null", "/dev/full",
+           "fifo", "-", "full disk"]  # fmt: skip
+
+
+def make_output(kind: str, out: str, name: str) -> tuple[str, str | None]:
+    """The ``--output`` of ``kind`` in ``out`` and the file where its bytes land (None:
+    nowhere to read them back)."""
+    real = f"{out}/data/{name}"
+    os.mkdir(f"{out}/data")
+    if kind in ("relative link", "dangling link"):
+        os.symlink(f"data/{name}", f"{out}/link-{name}")
+        if kind == "relative link":
+            Path(real).write_bytes(b"old")
+        return f"{out}/link-{name}", real
+    if kind == "link chain":  # absolute link -> relative link (in data/) -> the file
+        os.symlink(name, f"{out}/data/hop-{name}")
+        os.symlink(f"{out}/data/hop-{name}", f"{out}/link-{name}")
+        Path(real).write_bytes(b"old")
+        return f"{out}/link-{name}", real
+    if kind == "fifo":
+        os.mkfifo(real)
+    if kind in ("file", "full disk", "fifo"):
+        return real, real
+    return kind, None  # /dev/null, /dev/full, -
+
+
+def read_fifo(path: str, into: list[bytes]) -> Callable[[], None]:
+    """Read the named pipe ``path`` into ``into`` in a thread; returns what ends it."""
+
+    def read() -> None:
+        with open(path, "rb") as pipe:
+            into.append(pipe.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def end() -> None:
+        with contextlib.suppress(OSError):  # a command that refused: let the reader end
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+
+    return end
+
+
+def is_char_device(path: str) -> bool:
+    import stat
+
+    return os.path.exists(path) and stat.S_ISCHR(os.stat(path).st_mode)
+
+
+def refused(command: str, kind: str) -> bool:
+    """Whether ``command`` must refuse the output ``kind`` (plot picks its format from the
+    file's extension, which a device and ``-`` have not)."""
+    no_extension = kind in ("-", "/dev/null", "/dev/full")
+    return kind in ("/dev/full", "full disk") or (no_extension and command.startswith("plot"))
+
+
+_REFERENCES: dict[str, bytes] = {}
+
+
+def reference_bytes(command: str) -> bytes:
+    """The bytes ``command`` writes to a plain file (once per command)."""
+    import tempfile
+
+    if command not in _REFERENCES:
+        with tempfile.TemporaryDirectory() as out:
+            assert invoke(command_line(command, out), out)[0] == 0
+            name = os.path.basename(COMMANDS[command][1]["--output"])
+            _REFERENCES[command] = Path(out, name).read_bytes()
+    return _REFERENCES[command]
+
+
+def check_refusal(command: str, kind: str, err: str, stdout: bytes, where: str | None) -> None:
+    """A refused output: one line of the command's, no "wrote", the old file kept."""
+    assert err.splitlines() == [err.strip()], err
+    assert err.startswith(f"posenc {COMMANDS[command][0][0]}: error: "), err
+    assert b"wrote" not in stdout
+    if kind == "full disk" or (kind == "/dev/full" and command.startswith("table")):
+        assert "No space left on device" in err, err
+    assert where is None or not os.path.exists(where) or Path(where).read_bytes() == b"old"
+
+
+@pytest.mark.parametrize("kind", OUTPUTS)
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+def test_every_output_gets_the_bytes_or_one_line(command, kind, monkeypatch, tmp_path):
+    """``--output`` a symbolic link, a device, a named pipe, ``-`` or a full disk: status 0
+    with the bytes of a plain file at the target (a link stays a link, a device a device),
+    or status 2 with one line and never "wrote"."""
+    if kind == "/dev/full" and not is_char_device(kind):
+        pytest.skip("no /dev/full character device here")
+    name = os.path.basename(COMMANDS[command][1]["--output"])
+    expected = reference_bytes(command)
+    (tmp_path / "run").mkdir()
+    out = str(tmp_path / "run")
+    output, where = make_output(kind, out, name)
+    received: list[bytes] = []
+    end_reader = read_fifo(output, received) if kind == "fifo" else None
+    if kind == "full disk":
+
+        def full(descriptor: int) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "fsync", full)
+    status, stdout, err, _ = invoke(command_line(command, out, "--output", output), out)
+    if end_reader is not None:
+        end_reader()
+    assert (status, "Traceback" in err) == (2 if refused(command, kind) else 0, False), err
+    for device in ("/dev/null", "/dev/full"):
+        assert kind != device or is_char_device(device)
+    if status == 2:
+        check_refusal(command, kind, err, stdout, where)
+    else:
+        got = {"-": stdout, "fifo": b"".join(received)}.get(kind)
+        if got is None and where is not None:
+            got = Path(where).read_bytes()
+            assert os.path.islink(output) == ("link" in kind)
+        assert got in (None, expected)  # None: /dev/null
+    if where is not None:  # no temporary file left beside the output
+        assert [f for f in os.listdir(os.path.dirname(where)) if f.endswith(".tmp")] == []
 
 
 def torch_calls() -> dict[str, Callable[..., Any]]:

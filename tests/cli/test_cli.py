@@ -478,3 +478,195 @@ def test_every_table_scheme_of_the_registry_has_a_table():
     from posenc.schemes import scheme_names
 
     assert sorted(SCHEME_TABLES) == sorted(scheme_names(table=True))
+
+
+# Every number is printed; a terminal gets a big table only with --full.
+
+
+@pytest.mark.parametrize("precision", [0, 3, 8, 17])
+def test_table_text_prints_every_value_at_its_precision(capsys, precision):
+    # 1 x 2000 and 40 x 64: NumPy's summary (past 1000 numbers) used to print "..."
+    for length, width in ((1, 2000), (40, 64)):
+        argv = ["table", "-L", str(length), "-d", str(width), "--precision", str(precision)]
+        status, out, _ = run(capsys, *argv)
+        assert status == 0
+        assert "..." not in out
+        printed = np.array([float(v) for v in out.replace("[", " ").replace("]", " ").split()])
+        table = posenc.sinusoidal(length, width, dtype="float64")
+        rounded = np.array([float(f"{v:.{precision}f}") for v in table.ravel()])
+        np.testing.assert_array_equal(printed, rounded)
+
+
+def test_table_to_a_terminal_needs_full_past_1000_numbers(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    for fmt in ("text", "csv", "json"):
+        status, out, err = run(capsys, "table", "-L", "1", "-d", "2000", "--format", fmt)
+        assert (status, out) == (2, "")
+        assert err.splitlines() == [
+            "posenc table: error: the table has 2000 numbers, more than the 1000 printed to a "
+            "terminal; pass --full to print them all, or --output FILE"
+        ]
+    status, out, _ = run(capsys, "table", "-L", "1", "-d", "2000", "--format", "csv", "--full")
+    assert status == 0
+    np.testing.assert_array_equal(
+        np.array([[float(v) for v in out.split(",")]]), posenc.sinusoidal(1, 2000, dtype="float64")
+    )
+    status, out, _ = run(capsys, "table", "-L", "1", "-d", "1000", "--format", "csv")
+    assert (status, len(out.split(","))) == (0, 1000)
+
+
+@pytest.mark.parametrize("precision", ["-1", "18"])
+def test_table_precision_is_0_to_17(capsys, precision):
+    status, _, err = run(capsys, "table", "--precision", precision)
+    assert status == 2
+    assert err.splitlines() == [
+        f"posenc table: error: --precision must be 0 to 17 decimals, got {precision}"
+    ]
+
+
+# Memory limits are said with the command's options.
+
+
+@pytest.mark.parametrize(
+    ("argv", "needs", "fix"),
+    [
+        (["-L", "100000000", "-d", "512"], "this positional-encoding table would need about "
+         "381.5 GiB", "pass --max-bytes 382GiB (none: no limit) if you have it, or lower "
+         "--length or --d-model"),
+        (["--scheme", "alibi", "-L", "100000", "--heads", "2"], "this ALiBi bias would need "
+         "about 149.0 GiB", "pass --max-bytes 150GiB (none: no limit) if you have it, or lower "
+         "--length or --heads"),
+        (["--scheme", "t5", "-L", "100000"], "this T5 bucket matrix would need about 149.0 GiB",
+         "pass --max-bytes 150GiB (none: no limit) if you have it, or lower --length"),
+    ],
+)  # fmt: skip
+def test_table_memory_limit_names_max_bytes_and_the_options(capsys, argv, needs, fix):
+    status, out, err = run(capsys, "table", *argv)
+    assert (status, out) == (2, "")
+    assert err.splitlines() == [
+        f"posenc table: error: {needs}, more than the limit of 4.0 GiB; {fix}"
+    ]
+    assert "max_bytes" not in err
+
+
+def test_table_max_bytes_raises_and_lowers_the_limit(capsys):
+    expected = posenc.sinusoidal(300, 64, dtype="float64")  # 150 KiB
+    status, _, err = run(capsys, "table", "-L", "300", "-d", "64", "--max-bytes", "100KiB")
+    assert status == 2
+    assert "more than the limit of 100.0 KiB; pass --max-bytes 1MiB" in err
+    for limit in ("1MiB", "none", "1e9", "2097152"):
+        status, out, _ = run(capsys, "table", "-L", "300", "-d", "64", "--max-bytes", limit,
+                             "--format", "json")  # fmt: skip
+        assert status == 0
+        np.testing.assert_array_equal(json.loads(out)["values"], expected)
+
+
+@pytest.mark.parametrize("size", ["0", "-1", "5x", "nan", "1e400", "", "GiB"])
+def test_bad_max_bytes(capsys, size):
+    status, _, err = run(capsys, "table", "--max-bytes", size)
+    assert status == 2
+    assert err.splitlines() == [
+        "posenc table: error: argument --max-bytes: must be a size such as 8GiB, 512MiB or "
+        f"1000000 (bytes), or none for no limit; got {size!r}"
+    ]
+
+
+def test_parse_size():
+    from posenc.cli.base import parse_size
+
+    assert [parse_size(t) for t in ("1", "2k", "3MiB", "1.5 GiB", "1T", "1e3", "NONE")] == [
+        1, 2048, 3 * 2**20, 3 * 2**29, 2**40, 1000, None,
+    ]  # fmt: skip
+
+
+def test_every_command_says_a_memory_limit_the_command_line_way(capsys, monkeypatch):
+    from posenc._checks import check_memory
+
+    def refuse(args):
+        check_memory(2**40, "this picture's table", 4 * 2**30)  # the library's own advice
+
+    monkeypatch.setattr("posenc.cli.plot.run", refuse)
+    status, _, err = run(capsys, "plot", "heatmap", "-o", "x.png")
+    assert status == 2
+    assert err.splitlines() == [
+        "posenc plot: error: this picture's table would need about 1.0 TiB, more than the "
+        "limit of 4.0 GiB; ask for less (--length, --d-model, --head-dim, --heads)"
+    ]
+
+
+def test_out_of_memory_is_one_line(capsys, monkeypatch):
+    def allocate(args):
+        raise MemoryError("Unable to allocate 38.1 GiB for an array")
+
+    monkeypatch.setattr("posenc.cli.table.SCHEME_TABLES", {"sinusoidal": allocate})
+    status, _, err = run(capsys, "table", "--max-bytes", "none")
+    assert status == 2
+    assert err.splitlines() == [
+        "posenc table: error: this machine has not the memory for it (Unable to allocate "
+        "38.1 GiB for an array); lower --length or --d-model"
+    ]
+
+
+# Unknown options: said by the command, with the option meant; never abbreviated.
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["table", "--dmodel", "8"], "posenc table: error: unrecognized arguments: --dmodel 8; "
+         "did you mean --d-model?"),
+        (["table", "--d-mod", "8"], "posenc table: error: unrecognized arguments: --d-mod 8; "
+         "did you mean --d-model?"),
+        (["table", "--len=3"], "posenc table: error: unrecognized arguments: --len=3; "
+         "did you mean --length?"),
+        (["table", "--zzzz"], "posenc table: error: unrecognized arguments: --zzzz"),
+        (["plot", "heatmap", "-o", "x.png", "--lenght", "3"], "posenc plot: error: "
+         "unrecognized arguments: --lenght 3; did you mean --length?"),
+        (["embed", "a b", "--sede", "1"], "posenc embed: error: unrecognized arguments: "
+         "--sede 1; did you mean --seed?"),
+    ],
+)  # fmt: skip
+def test_unknown_options_are_said_by_the_command(capsys, argv, line):
+    status, out, err = run(capsys, *argv)
+    assert (status, out, err.splitlines()) == (2, "", [line])
+
+
+# One style for every error: `posenc COMMAND: error: message`.
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        ([], "posenc: error: the following arguments are required: COMMAND"),
+        (["table", "--length", "2.5"], "posenc table: error: argument --length/-L: invalid int "
+         "value: '2.5'"),
+        (["table", "--format", "npy"], "posenc table: error: --format npy needs --output FILE "
+         "(- : standard output)"),
+        (["table", "--d-model", "0"], "posenc table: error: d_model must be an int >= 1, got 0"),
+        (["plot", "t5", "-o", "x.png", "--head-dim", "8"], "posenc plot t5: error: --head-dim "
+         "does not apply to this picture"),
+    ],
+)  # fmt: skip
+def test_one_error_style(capsys, argv, line):
+    status, out, err = run(capsys, *argv)
+    assert (status, out, err.splitlines()) == (2, "", [line])
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "line"),
+    [
+        (OSError(2, "No such file or directory", "in.csv"), 2,
+         "posenc table: error: in.csv: No such file or directory"),
+        (ImportError("No module named 'matplotlib'", name="matplotlib"), 1,
+         "posenc table: error: No module named 'matplotlib': pip install \"posenc[plot]\""),
+        (ImportError("posenc.torch needs PyTorch: pip install 'posenc[torch]'"), 1,
+         "posenc table: error: posenc.torch needs PyTorch: pip install 'posenc[torch]'"),
+        (TypeError("a\nb"), 2, "posenc table: error: a b"),
+    ],
+)  # fmt: skip
+def test_one_error_style_for_every_error(capsys, monkeypatch, error, status, line):
+    def fail(args):
+        raise error
+
+    monkeypatch.setattr("posenc.cli.table.run", fail)
+    assert run(capsys, "table") == (status, "", line + "\n")

@@ -3,7 +3,10 @@
 Permutes the query/key projections of every layer (Meta's interleaved pairs ↔ Hugging
 Face's halves, grouped-query attention and partial rotary included) with
 :func:`posenc.integrations.checkpoints.convert_rope_checkpoint`; the input is never
-written and the output is written atomically. Needs PyTorch and safetensors
+written and the output is written atomically (through a symbolic link to the file it
+names), a new one as private as the input (its permission mode, less the umask). As
+for every command, OUT's folder must exist: posenc creates the file it is given, never
+the folders above it. Needs PyTorch and safetensors
 (``pip install "posenc[transformers]"``).
 """
 

@@ -1,6 +1,7 @@
 """The numbers of each scheme for ``posenc table``: one builder per scheme.
 
-A builder takes the parsed, resolved options (:mod:`.table`) and returns a
+A builder takes the parsed, resolved options (:mod:`.table`; ``max_bytes`` from
+``--max-bytes`` bounds every table it builds) and returns a
 :class:`Table`: the JSON record, the CSV matrix, the ``.npy`` payload and the text
 blocks of one scheme. The numbers come from the scheme's spec (:mod:`posenc.specs`) or
 the core; RoPE's scaling options become a spec through the registry's one parser,
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import DEFAULT_MAX_BYTES, check_memory
+from .._checks import check_memory
 from ..core.nope import nope
 from ..core.rope import as_rope_scaling, rope_scaling_spec
 from ..core.t5 import relative_position_bucket, relative_positions
@@ -50,7 +51,7 @@ def sinusoidal_table(args: argparse.Namespace) -> Table:
     spec = SinusoidalSpec(
         d_model=args.d_model, base=args.base, layout=args.layout, formula=args.formula
     )
-    values = spec.table(args.length, fmt=args.dtype, start=args.start)
+    values = spec.table(args.length, fmt=args.dtype, start=args.start, max_bytes=args.max_bytes)
     record = {
         "scheme": "sinusoidal",
         "positions": _positions(args),
@@ -77,7 +78,7 @@ def rope_table(args: argparse.Namespace) -> Table:
     )
     inv_freq, attention = spec.frequencies(seq_len)
     cos, sin = spec.tables(
-        args.length, fmt=args.dtype, start=args.start, seq_len=seq_len
+        args.length, fmt=args.dtype, start=args.start, seq_len=seq_len, max_bytes=args.max_bytes
     )  # (L, rotary_dim) each
     rotary_dim = spec.rotary_dim
     record = {
@@ -185,7 +186,7 @@ def _parse_value(text: str, item: str) -> Any:
 def alibi_table(args: argparse.Namespace) -> Table:
     """ALiBi's slopes and its ``(heads, length, length)`` bias."""
     spec = AlibiSpec(num_heads=args.heads, mode=args.mode)
-    bias = spec.bias(args.length, fmt=args.dtype)  # (H, L, L)
+    bias = spec.bias(args.length, fmt=args.dtype, max_bytes=args.max_bytes)  # (H, L, L)
     slopes = spec.slopes()
     record = {
         "scheme": "alibi",
@@ -211,7 +212,7 @@ def alibi_table(args: argparse.Namespace) -> Table:
 
 def t5_table(args: argparse.Namespace) -> Table:
     """T5's ``(length, length)`` buckets of key - query (no heads: no spec needed)."""
-    check_memory(16 * args.length**2, "this T5 bucket matrix", DEFAULT_MAX_BYTES)
+    check_memory(16 * args.length**2, "this T5 bucket matrix", args.max_bytes)
     buckets = relative_position_bucket(
         relative_positions(args.length),
         bidirectional=args.bidirectional,
@@ -240,7 +241,8 @@ def nope_table(args: argparse.Namespace) -> Table:
     """NoPE's zeros, of the sinusoidal table's shape."""
     # Zeros are exact in every format; bfloat16 travels as float32, as the other tables.
     container = "float32" if args.dtype == "bfloat16" else args.dtype
-    values = nope(args.length, NopeSpec(d_model=args.d_model).d_model, dtype=container)
+    width = NopeSpec(d_model=args.d_model).d_model
+    values = nope(args.length, width, dtype=container, max_bytes=args.max_bytes)
     record = {
         "scheme": "nope",
         "positions": _positions(args),

@@ -5,11 +5,19 @@ The schemes offered are the registry's (:func:`posenc.schemes.scheme_names` with
 (:data:`posenc.core.rope.ROPE_SCALING_SPECS`), both read when the parser is built, so a
 scaling registered at run time is offered. Options of another scheme are an error that
 names the option to use instead; the numbers are built in :mod:`.scheme_tables`.
+
+Every number is printed, never NumPy's ``...`` summary. A terminal is not where a big
+table is read, so more than :data:`TERMINAL_NUMBERS` numbers to a terminal need
+``--full``; to a file, a pipe or ``-o -`` redirected, any size that the memory limit
+(``--max-bytes``) allows is written. ``-o -`` is standard output (``--format npy``: the
+binary ``.npy`` or ``.npz`` bytes).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
 from pathlib import Path
@@ -17,17 +25,22 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import DEFAULT_MAX_BYTES, FORMULAS, LAYOUTS, check_memory
-from .._files import atomic_write, check_output_path
+from .._checks import DEFAULT_MAX_BYTES, FORMULAS, LAYOUTS, MemoryLimitError, check_memory
+from .._files import atomic_write, check_output_path, is_standard_output, write_stdout
 from ..core.alibi import MODES as ALIBI_MODES
 from ..core.precision import FORMATS
 from ..core.rope import ROPE_LAYOUTS, ROPE_SCALING_SPECS
 from ..core.t5 import COMPATS
 from ..schemes import scheme_names
-from .base import UsageError
+from .base import UsageError, add_max_bytes
 from .scheme_tables import SCHEME_TABLES, Table
 
-__all__ = ["SCHEMES", "add_parser", "run"]
+__all__ = ["SCHEMES", "TERMINAL_NUMBERS", "add_parser", "run"]
+
+#: The most numbers printed to a terminal without ``--full`` (NumPy's summary threshold).
+TERMINAL_NUMBERS = 1000
+#: The most decimals ``--precision`` gives (float64 holds 17 significant digits).
+MAX_PRECISION = 17
 
 #: The schemes ``posenc table --scheme`` offers (the registry's ``table=True`` ones).
 SCHEMES: tuple[str, ...] = scheme_names(table=True)
@@ -83,15 +96,20 @@ def add_parser(commands: Any) -> None:
             "with cos, sin, inv_freq and attention_factor, at the path given)."
         ),
     )
-    table.set_defaults(handler=run)
+    table.set_defaults(handler=run, memory_fix=_memory_fix)
     table.add_argument("--scheme", choices=scheme_names(table=True), default="sinusoidal")
     table.add_argument("--length", "-L", type=int, default=4, help="number of positions (4)")
     table.add_argument("--start", type=int, help="first position (0); sinusoidal, rope, nope")
     table.add_argument("--dtype", choices=list(FORMATS), help="float64 (default) ...; not t5")
     table.add_argument("--format", choices=("text", "csv", "json", "npy"), default="text")
-    table.add_argument("--output", "-o", type=Path, help="write to this file (npy needs one)")
-    table.add_argument("--precision", type=int, default=8, help="decimals in text output")
-    table.add_argument("--full", action="store_true", help="print every row in text output")
+    table.add_argument("--output", "-o", type=Path, help="write to this file (- : standard output)")
+    table.add_argument("--precision", type=int, default=8, help="decimals in text output (8)")
+    table.add_argument(
+        "--full",
+        action="store_true",
+        help=f"print to a terminal a table of more than {TERMINAL_NUMBERS} numbers",
+    )
+    add_max_bytes(table, DEFAULT_MAX_BYTES)
     sinusoidal = table.add_argument_group("sinusoidal (and nope: --d-model)")
     sinusoidal.add_argument("--d-model", "-d", type=int, help="encoding width (4)")
     sinusoidal.add_argument("--base", "-n", type=float, help="n of k/n^(2i/d); rope's base (1e4)")
@@ -137,56 +155,105 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace) -> None:
     """Print or write the table that ``args`` asks for."""
     _resolve_scheme_options(args)
+    to_stdout = args.output is None or str(args.output) == "-"
     if args.format == "npy" and args.output is None:
-        raise UsageError("posenc table: --format npy needs --output FILE")
-    if args.precision < 0:
-        raise UsageError(f"posenc table: --precision must be >= 0, got {args.precision}")
+        raise UsageError("posenc table: --format npy needs --output FILE (- : standard output)")
+    if args.format == "npy" and to_stdout and _is_terminal():
+        raise UsageError(
+            "posenc table: --format npy -o - writes binary; redirect the standard output "
+            "to a file or a pipe, or give --output FILE"
+        )
+    if not 0 <= args.precision <= MAX_PRECISION:
+        raise UsageError(
+            f"posenc table: --precision must be 0 to {MAX_PRECISION} decimals, got {args.precision}"
+        )
     if args.length < 0:
         raise ValueError(f"--length must be >= 0, got {args.length}")
-    if args.output is not None:
+    if not to_stdout:
         check_output_path(args.output)  # before the work, not after it
     table = SCHEME_TABLES[args.scheme](args)
     if args.format == "npy":
-        _write_npy(args.output, table)
+        _write_npy(None if to_stdout else args.output, table)
         return
-    # text takes about 26 bytes a number, more than the table
-    check_memory(
-        table.csv.size * 26,
-        f"the {args.format} text of {table.csv.size} numbers",
-        DEFAULT_MAX_BYTES,
-        fix="write --format npy --output FILE, or ask for fewer positions",
-    )
-    if args.format == "csv":
-        text = _format_csv(table.csv, args)
-    elif args.format == "json":
-        text = json.dumps(_jsonable(table.record)) + "\n"
-    else:
-        text = "".join(
-            (f"{heading}\n" if heading else "")
-            + ("" if values is None else _format_text(values, args, vector=values.ndim == 1))
-            for heading, values in table.text
+    # text takes about 26 bytes a number, more than the table; a refusal from here on
+    # also suggests --format npy (_memory_fix)
+    args.writing_text = True
+    check_memory(table.csv.size * 26, f"the {args.format} text of {table.csv.size} numbers",
+                 args.max_bytes)  # fmt: skip
+    if to_stdout and table.csv.size > TERMINAL_NUMBERS and not args.full and _is_terminal():
+        raise UsageError(
+            f"posenc table: the table has {table.csv.size} numbers, more than the "
+            f"{TERMINAL_NUMBERS} printed to a terminal; pass --full to print them all, or "
+            "--output FILE"
         )
-    if args.output is None:
-        sys.stdout.write(text)
+    text = _text(table, args)
+    if to_stdout:
+        write_stdout(text)
     else:
         with atomic_write(args.output) as file:
             file.write(text)
-        print(f"wrote {args.output}")
+        if not is_standard_output(args.output):
+            print(f"wrote {args.output}")
 
 
-def _write_npy(output: Path, table: Table) -> None:
-    """The table as ``.npy`` (or an ``.npz`` archive of several arrays) at ``output``."""
-    if isinstance(table.npy, dict):  # several arrays: an .npz archive at the given path
-        arrays: dict[str, Any] = table.npy  # Any: or mypy fits **arrays to allow_pickle: bool
-        with atomic_write(output, "wb") as file:
+def _text(table: Table, args: argparse.Namespace) -> str:
+    """The table in ``args.format`` (text, csv or json), every number of it."""
+    if args.format == "csv":
+        return _format_csv(table.csv, args)
+    if args.format == "json":
+        return json.dumps(_jsonable(table.record)) + "\n"
+    return "".join(
+        (f"{heading}\n" if heading else "")
+        + ("" if values is None else _format_text(values, args, vector=values.ndim == 1))
+        for heading, values in table.text
+    )
+
+
+def _is_terminal() -> bool:
+    isatty = getattr(sys.stdout, "isatty", None)
+    return bool(isatty and isatty())
+
+
+# The options that size each scheme's table, said when it outgrows the memory limit.
+_SIZE_OPTIONS = {"sinusoidal": "--length or --d-model", "nope": "--length or --d-model",
+                 "rope": "--length or --rotary-dim", "alibi": "--length or --heads",
+                 "t5": "--length"}  # fmt: skip
+
+
+def _memory_fix(args: argparse.Namespace, exc: MemoryLimitError | None) -> str:
+    """What to do on the command line when the table outgrows ``--max-bytes`` (``exc``)
+    or the machine's memory (``None``)."""
+    lower = _SIZE_OPTIONS.get(getattr(args, "scheme", ""), "--length")
+    if exc is None:
+        fix = f"lower {lower}"
+    else:
+        unit, name = (2**30, "GiB") if (exc.nbytes or 0) >= 2**30 else (2**20, "MiB")
+        enough = f"{max(-(-(exc.nbytes or 0) // unit), 1)}{name}"  # rounded up
+        fix = f"pass --max-bytes {enough} (none: no limit) if you have it, or lower {lower}"
+    if getattr(args, "writing_text", False):
+        fix += ", or write --format npy --output FILE"
+    return fix
+
+
+def _write_npy(output: Path | None, table: Table) -> None:
+    """The table as ``.npy`` (or an ``.npz`` archive of several arrays) at ``output``
+    (``None``: standard output's binary buffer)."""
+    buffer = io.BytesIO() if output is None else None
+    target: contextlib.AbstractContextManager[Any] = (
+        contextlib.nullcontext(buffer) if output is None else atomic_write(output, "wb")
+    )
+    with target as file:
+        if isinstance(table.npy, dict):  # several arrays: an .npz archive at the given path
+            arrays: dict[str, Any] = table.npy  # Any: or mypy fits **arrays to allow_pickle
             np.savez(file, **arrays)
-        print(f"wrote {output} (npz: {', '.join(table.npy)})")
-        return
-    # bfloat16 is stored as float32 holding exact bfloat16 values (portable .npy).
-    with atomic_write(output, "wb") as file:
-        np.save(file, table.npy)
-    shape = "x".join(str(n) for n in table.npy.shape)
-    print(f"wrote {output} ({shape} {table.npy.dtype})")
+            what = f"npz: {', '.join(table.npy)}"
+        else:  # bfloat16 is stored as float32 holding exact bfloat16 values (portable .npy)
+            np.save(file, table.npy)
+            what = f"{'x'.join(str(n) for n in table.npy.shape)} {table.npy.dtype}"
+    if buffer is not None:
+        write_stdout(buffer.getvalue())
+    elif output is not None and not is_standard_output(output):
+        print(f"wrote {output} ({what})")
 
 
 def _resolve_scheme_options(args: argparse.Namespace) -> None:
@@ -231,7 +298,7 @@ def _format_csv(values: np.ndarray, args: argparse.Namespace) -> str:
 
 def _format_text(values: np.ndarray, args: argparse.Namespace, *, vector: bool = False) -> str:
     """A table as text; ``vector`` (frequencies, slopes) keeps significant digits instead."""
-    threshold = sys.maxsize if args.full else 1000
+    threshold = sys.maxsize  # every number, never NumPy's "..." summary
     digits: int | None = None  # significant digits, for a float vector
     if values.dtype.kind not in "iu":
         values = values.astype(np.float64)
