@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ._files import atomic_write
+from ._files import atomic_write, output_folder
 from .analysis import min_pairwise_distance, offset_distances, relative_map
 from .core.alibi import alibi_slopes
 from .core.frequencies import frequencies
@@ -179,10 +179,29 @@ def other_schemes() -> str:
 def run_demo(
     output: Path | str = "posenc-demo", *, plots: bool = True, out: TextIO
 ) -> dict[str, Any]:
-    """Reproduce the tutorials' walk-through into ``output``; returns the property report."""
+    """Reproduce the tutorials' walk-through into ``output``; returns the property report.
+
+    ``output`` is created if missing, but not the folders above it
+    (:func:`posenc._files.output_folder`). ``plots=True`` needs matplotlib, checked
+    before anything is written.
+
+    Raises:
+        ImportError: ``plots`` and matplotlib is not installed (the message says to
+            install ``posenc[plot]`` or pass ``--no-plots``).
+        posenc._files.OutputPathError: ``output`` is a file, or its parent is missing.
+    """
     start = time.perf_counter()
-    output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
+    if plots:
+        try:
+            from .plot._figure import figure_class
+
+            figure_class()
+        except ImportError:
+            raise ImportError(
+                "posenc demo draws its pictures with matplotlib, which is not installed: "
+                "install posenc[plot] or pass --no-plots (plots=False)"
+            ) from None
+    output = output_folder(output)
     say = out.write
 
     say("posenc demo: the sinusoidal encoding of 'Attention Is All You Need' (§3.5)\n")
@@ -208,17 +227,14 @@ def run_demo(
 
     written = []
     if plots:
-        try:
-            from . import plot
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            say(f"pictures skipped: {exc}\n\n")
-        else:
-            for kind, function in plot.PLOTS.items():
-                written.append(plot.save(function(), output / f"{kind}.png"))
-            say(f"pictures ({len(written)}):\n")
-            for path in written:
-                say(f"  {path}\n")
-            say("\n")
+        from . import plot
+
+        for kind, function in plot.PLOTS.items():
+            written.append(plot.save(function(), output / f"{kind}.png"))
+        say(f"pictures ({len(written)}):\n")
+        for path in written:
+            say(f"  {path}\n")
+        say("\n")
 
     report = property_report()
     report["seconds"] = round(time.perf_counter() - start, 2)
@@ -243,5 +259,7 @@ def run_demo(
         f"{report['posenc_float32_max_ulp_error']:.3f} ulp of exact; float32 angles (every "
         f"peer) off by {report['float32_angle_max_abs_error']:.3f}\n"
     )
-    say(f"\nwrote {output}/ (tables, pictures, report.json) in {report['seconds']:.1f} s\n")
+    files = [f"{len(tables)} tables", *([f"{len(written)} pictures"] if written else []),
+             "report.json"]  # fmt: skip
+    say(f"\nwrote {output}/ ({', '.join(files)}) in {report['seconds']:.1f} s\n")
     return report

@@ -170,7 +170,7 @@ def test_the_command_refuses_a_folder_in_use_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2
     assert err == [
-        f"error: posenc bench: {tmp_path} is in use by another posenc bench "
+        f"posenc bench: error: {tmp_path} is in use by another posenc bench "
         f"(pid {os.getpid()}); wait for it to finish or choose another --out folder"
     ]
     assert not (tmp_path / "results.jsonl").exists()

@@ -49,6 +49,7 @@ _EXPORTS = {
     "run": "train",
     "expand": "runner",
     "execute": "runner",
+    "RunsFailedError": "runner",
     "QUICK": "runner",
     "FULL": "runner",
     "register_task": "plugins",

@@ -22,8 +22,9 @@ from typing import Any
 from .._checks import check_choice
 from .._extras import require
 from ..cli.base import UsageError
+from . import preflight
 from .plugins import load_plugin, scheme_names, task_names
-from .records import RESULTS_FILE, FolderInUseError, load_records
+from .records import RESULTS_FILE, FolderInUseError, RunsFailedError, load_records
 from .spec import SCHEMES, TASKS, RunSpec, check_rope_eval_scaling
 
 __all__ = ["add_parser", "run"]
@@ -211,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise UsageError(f"posenc bench: {flag} must be >= 1, got {value}")
     specs = runner.expand(config)
+    if args.text is not None:  # before any run: every lm run would fail on it
+        preflight.check_text(args.text, specs, "--text")
     out = Path("posenc-bench") if args.out is None else args.out
     if args.dry_run:
         todo = runner.pending(specs, out) if args.resume else specs
@@ -279,9 +282,14 @@ def _run_spec_json(args: argparse.Namespace, given: list[str], runner: ModuleTyp
         fields = json.loads(args.spec_json)
     except json.JSONDecodeError as exc:
         raise UsageError(f"posenc bench: --spec-json is not JSON ({exc})") from None
+    if args.device is not None:
+        preflight.check_device(args.device, "--device")
     spec = RunSpec.from_dict(fields)
     if args.device is not None:
         spec = RunSpec.from_dict({**spec.to_dict(), "device": args.device})
+    preflight.check_device(spec.device, "--device" if args.device is not None else "device")
+    if spec.text is not None:
+        preflight.check_text(spec.text, [spec])
     import torch
 
     before = torch.get_num_threads()
@@ -310,6 +318,7 @@ def _config(args: argparse.Namespace, preset: Mapping[str, Any]) -> dict[str, An
     _check_task_options(args, config)
     if args.device is not None:
         config["device"] = args.device
+        preflight.check_device(args.device, "--device", here=False)  # its name only
     return config
 
 
@@ -338,6 +347,9 @@ def _execute(
 ) -> int:
     """Run ``specs`` into ``out``, print the summary and the reports; the exit status."""
     require("torch", "posenc bench", extra="posenc[bench]")  # before any worker starts
+    if (args.executor or "local") == "local":  # Ray's nodes have devices of their own
+        for device in sorted({spec.device for spec in specs}):
+            preflight.check_device(device, "--device")
     try:
         outcome = runner.execute(
             specs,
@@ -351,6 +363,9 @@ def _execute(
         )
     except (FileExistsError, FolderInUseError) as exc:
         raise UsageError(f"posenc bench: {exc}") from None
+    except RunsFailedError as exc:  # nothing ran: no summary, no tables, one line
+        print(f"posenc bench: error: {exc}; --resume runs them again", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         results = out / runner.RESULTS_FILE
         kept = f"the finished runs are in {results}" if results.exists() else "no run finished"

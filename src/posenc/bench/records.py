@@ -13,6 +13,7 @@ in use. The runner writes these files and the reports read them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -22,12 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from .._checks import describe
+from .._files import output_folder
+from .spec import RunSpec
 
 __all__ = [
     "FAILURES_FILE",
     "LOCK_FILE",
     "RESULTS_FILE",
+    "Failure",
     "FolderInUseError",
+    "Outcome",
+    "RunsFailedError",
     "append_line",
     "finite",
     "json_line",
@@ -45,9 +51,72 @@ class FolderInUseError(RuntimeError):
     """Another process holds the lock of a bench output folder."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """A run that raised: its spec, the error in one line and the traceback."""
+
+    spec: RunSpec
+    error: str
+    traceback: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What :func:`execute` did.
+
+    Attributes:
+        out_dir: The output folder.
+        records: The records of the given specs that the results file holds now (run
+            now or earlier), in the order of the specs.
+        ran: Number of runs finished now.
+        skipped: Number of specs skipped because the results file already held them.
+        failures: The runs that raised, in the order they failed.
+        reports: The report files written, by name (``"markdown"``, ``"summary"``,
+            ``"plot"``; no ``"plot"`` without matplotlib).
+    """
+
+    out_dir: Path
+    records: list[dict[str, Any]]
+    ran: int
+    skipped: int
+    failures: list[Failure]
+    reports: dict[str, Path]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every run succeeded."""
+        return not self.failures
+
+
+class RunsFailedError(RuntimeError):
+    """Every run that a bench started failed; ``outcome`` says what it did, the message
+    how many failed and where their errors are logged.
+
+    Example:
+        >>> import tempfile
+        >>> from posenc.bench import RunsFailedError, execute, expand
+        >>> def broken(spec, *, progress=None):
+        ...     raise RuntimeError("no GPU today")
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     try:
+        ...         execute(expand({"tasks": ["copy"], "schemes": ["nope"]}), tmp,
+        ...                 progress=False, run_fn=broken)
+        ...     except RunsFailedError as error:
+        ...         print(len(error.outcome.failures), str(error).split(";")[0][:18])
+        1 all 1 runs failed
+    """
+
+    def __init__(self, message: str, outcome: Outcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
 @contextlib.contextmanager
 def lock_folder(folder: Path) -> Iterator[None]:
-    """Hold the lock of the output folder ``folder`` (created if needed) while inside.
+    """Hold the lock of the output folder ``folder`` while inside.
+
+    The folder is created if missing, but not the folders above it
+    (:func:`posenc._files.output_folder`: a missing parent is refused).
 
     The lock is an advisory ``flock`` on ``folder/.posenc-bench.lock``, which holds the
     holder's pid and is removed when the holder leaves. The system drops the lock when
@@ -57,8 +126,10 @@ def lock_folder(folder: Path) -> Iterator[None]:
 
     Raises:
         FolderInUseError: Another process holds it (the message gives its pid).
+        posenc._files.OutputPathError: ``folder`` is a file, or its parent is missing or
+            not writable.
     """
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = output_folder(folder)
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX

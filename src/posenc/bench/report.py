@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .._checks import check_choice, describe
-from .._files import atomic_write
+from .._files import atomic_write, output_folder
 from .aggregate import _NAMES, METRICS, _tables, aggregate, headline_metric, resolved
 from .figure import plot
 from .records import RESULTS_FILE, finite, load_records
@@ -214,7 +214,7 @@ def write_reports(
     (and an old one is removed, so that it never shows other results than the tables).
 
     Args:
-        out_dir: The output folder (created if needed).
+        out_dir: The output folder (created if missing; its parent must exist).
         records: The records; default those of ``out_dir/results.jsonl``.
 
     Returns:
@@ -229,8 +229,7 @@ def write_reports(
     """
     if not isinstance(out_dir, (str, os.PathLike)):
         raise TypeError(f"out_dir must be a str or os.PathLike, got {describe(out_dir)}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(out_dir)
     records = load_records(out / RESULTS_FILE) if records is None else list(records)
     text = "# Bench results\n\n" + markdown(records)
     if records:

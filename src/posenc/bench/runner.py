@@ -35,9 +35,13 @@ from typing import Any
 from .._checks import check_choice, check_int, describe
 from .executors import dispatch
 from .plugins import register_task, scheme_names, task_names
+from .preflight import check_specs
 from .records import (
     FAILURES_FILE,
     RESULTS_FILE,
+    Failure,
+    Outcome,
+    RunsFailedError,
     append_line,
     json_line,
     load_records,
@@ -47,6 +51,7 @@ from .report import write_reports
 from .spec import SCHEMES, TASKS, RunSpec
 from .workers import (
     RunFn,
+    check_not_bootstrapping,
     checked,
     default_run,
     label,
@@ -65,6 +70,7 @@ __all__ = [
     "RESULTS_FILE",
     "Failure",
     "Outcome",
+    "RunsFailedError",
     "execute",
     "expand",
     "load_records",
@@ -271,43 +277,6 @@ def _check_specs(specs: Any) -> list[RunSpec]:
 # Running
 
 
-@dataclasses.dataclass(frozen=True)
-class Failure:
-    """A run that raised: its spec, the error in one line and the traceback."""
-
-    spec: RunSpec
-    error: str
-    traceback: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What :func:`execute` did.
-
-    Attributes:
-        out_dir: The output folder.
-        records: The records of the given specs that the results file holds now (run
-            now or earlier), in the order of the specs.
-        ran: Number of runs finished now.
-        skipped: Number of specs skipped because the results file already held them.
-        failures: The runs that raised, in the order they failed.
-        reports: The report files written, by name (``"markdown"``, ``"summary"``,
-            ``"plot"``; no ``"plot"`` without matplotlib).
-    """
-
-    out_dir: Path
-    records: list[dict[str, Any]]
-    ran: int
-    skipped: int
-    failures: list[Failure]
-    reports: dict[str, Path]
-
-    @property
-    def ok(self) -> bool:
-        """Whether every run succeeded."""
-        return not self.failures
-
-
 def run_one(
     spec: RunSpec, *, run_fn: RunFn | None = None, progress: bool = False
 ) -> dict[str, Any]:
@@ -400,15 +369,19 @@ def execute(
             process started or starts a local one.
 
     Returns:
-        An :class:`Outcome`.
+        An :class:`Outcome` (some runs may have failed: see ``failures``).
 
     Raises:
+        RunsFailedError: Every run started failed (its ``outcome`` is the Outcome).
+        RuntimeError: Called in a spawned worker importing the main module: a script
+            that calls ``execute`` must do it under ``if __name__ == "__main__":``.
         FileExistsError: The results file exists, is not empty and ``resume`` is False.
         posenc.bench.records.FolderInUseError: Another bench is writing into ``out_dir``
             (each bench holds a lock on its output folder while it runs).
         TypeError: A spec is not a :class:`RunSpec`, or an argument has the wrong type.
-        ValueError: ``jobs < 1``, a run given twice, or a results file with a line that
-            is not a record.
+        ValueError: ``jobs < 1``, a run given twice, a results file with a line that is
+            not a record, an lm ``text`` file too short or not UTF-8, a ``device`` this
+            machine lacks (local executor), or an ``out_dir`` whose parent is missing.
 
     Example:
         >>> import tempfile
@@ -422,6 +395,7 @@ def execute(
         >>> first.ran, again.ran, again.skipped, len(lines), again.ok
         (1, 1, 1, 2, True)
     """
+    check_not_bootstrapping()
     specs = _check_specs(specs)
     jobs = None if jobs is None else check_int(jobs, "jobs", minimum=1)
     threads = 1 if threads is None else check_int(threads, "threads", minimum=1, maximum=4096)
@@ -432,6 +406,8 @@ def execute(
     check_choice(executor, "executor", EXECUTORS)
     if address is not None and (executor != "ray" or not isinstance(address, str)):
         raise ValueError(f"address={address!r} applies to executor='ray' only, as a str")
+    if executor == "local":  # before any run: a bad text or device would fail every one
+        check_specs(specs)
     out = Path(out_dir)
     with lock_folder(out):
         where = (executor, address)
@@ -489,4 +465,11 @@ def _execute_locked(
     keys = {spec.key() for spec in specs}
     by_key = {r["key"]: r for r in load_records(results) if r["key"] in keys}
     records = [by_key[spec.key()] for spec in specs if spec.key() in by_key]
-    return Outcome(out, records, ran, len(specs) - len(todo), failures, reports)
+    outcome = Outcome(out, records, ran, len(specs) - len(todo), failures, reports)
+    if todo and not ran:
+        raise RunsFailedError(
+            f"all {len(todo)} runs failed (errors in {failures_path}); the first: "
+            f"{failures[0].error}",
+            outcome,
+        )
+    return outcome

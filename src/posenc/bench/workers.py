@@ -29,6 +29,7 @@ from .spec import RunSpec
 
 __all__ = [
     "RunFn",
+    "check_not_bootstrapping",
     "checked",
     "default_run",
     "label",
@@ -42,6 +43,27 @@ __all__ = [
 ]
 
 RunFn = Callable[..., dict[str, Any]]
+
+_GUARD = (
+    "spawned worker processes import the main module again, so a script that starts a bench "
+    'must do it under `if __name__ == "__main__":`'
+)
+
+
+def check_not_bootstrapping() -> None:
+    """Refuse to start a bench in a worker process that is importing the main module.
+
+    A spawned worker imports the script that started the bench before it runs anything;
+    without the ``__main__`` guard that script would start the bench again there (and
+    find the output folder locked). This says so, in the worker's output, and ends it.
+
+    Example:
+        >>> check_not_bootstrapping()  # the main process: nothing to refuse
+    """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            f"a bench worker process re-ran the script that started the bench: {_GUARD}"
+        )
 
 
 def run_here(
@@ -122,7 +144,7 @@ def run_pool(
                 try:
                     outcome = future.result()
                 except BrokenProcessPool as exc:
-                    outcome = (False, f"the worker process died ({_one_line(exc)})", "")
+                    outcome = (False, _died(exc), "")
                 except Exception as exc:  # the record or the error could not be pickled
                     outcome = (False, _one_line(exc), traceback.format_exc())
                 record_outcome(spec, outcome, finished, failed, write)
@@ -244,6 +266,15 @@ def usable_cores() -> int:
 def label(spec: RunSpec) -> str:
     """A run in a few words, for progress bars and messages: ``copy/rope seed 0``."""
     return f"{spec.task}/{spec.scheme} seed {spec.seed}"
+
+
+def _died(exc: BaseException) -> str:
+    """The failure of a run whose worker process died, with what to check."""
+    return (
+        f"the worker process died ({_one_line(exc)}): it was killed or ran out of memory, or "
+        f"the script that started the bench re-ran in it ({_GUARD}; the worker's output above "
+        "says which)"
+    )
 
 
 def _one_line(exc: BaseException) -> str:

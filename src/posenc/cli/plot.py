@@ -2,6 +2,8 @@
 
 The kinds are :data:`posenc.plot.PLOTS`' names; an option that the chosen picture's
 function does not take is an error. matplotlib is imported when the picture is drawn.
+The sizes are bounded (:data:`posenc.plot.MAX_VALUES`, :data:`posenc.plot.MAX_PIXELS`):
+a ``--length`` or ``--dpi`` past them is refused in one line, within seconds.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..plot import PLOTS, save
+from ..plot._figure import check_pixels
 from .base import UsageError
 
 __all__ = ["PLOT_KINDS", "add_parser", "run"]
@@ -68,5 +71,11 @@ def run(args: argparse.Namespace) -> None:
         kwargs[parameter] = value
     if args.dpi <= 0:
         raise UsageError(f"posenc plot: --dpi must be > 0, got {args.dpi}")
-    path = save(function(**kwargs), args.output, dpi=args.dpi)
+    fig = function(**kwargs)
+    width, height = fig.get_size_inches()
+    try:  # before anything is drawn, said of the option
+        check_pixels((float(width), float(height)), args.dpi)
+    except ValueError as exc:
+        raise ValueError(f"--{exc}") from None
+    path = save(fig, args.output, dpi=args.dpi)
     print(f"wrote {path}")

@@ -41,6 +41,12 @@ The pictures, by the name the ``posenc plot`` command knows them by (:data:`PLOT
 ``t5``
     T5's bucket matrix and the bucket against the relative distance.
 
+Limits: a picture computes at most :data:`MAX_VALUES` (2**24) numbers and its lines join
+at most :data:`MAX_POINTS` (2**20) points, so a ``length`` or width that would need more
+is refused at once (each function's docstring says which product counts), and
+:func:`save` writes at most :data:`MAX_PIXELS` (2**26) pixels, 1 to ``2**16 - 1`` on
+each side.
+
 The families live in submodules: :mod:`.sinusoidal` (the table as images),
 :mod:`.frequencies` (the sinusoids' frequencies), :mod:`.rope` (RoPE and its scalings)
 and :mod:`.bias` (ALiBi and T5); every picture is importable from here.
@@ -68,7 +74,7 @@ import numpy as np
 
 from .._checks import describe
 from .._files import atomic_write
-from ._figure import figure_class
+from ._figure import MAX_PIXELS, MAX_POINTS, MAX_VALUES, check_pixels, figure_class
 from .bias import alibi, t5
 from .frequencies import dimensions, similarity, sinusoids, wavelength_spectrum
 from .rope import rope_score, rope_spectrum, scaling_examples
@@ -78,6 +84,9 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "MAX_PIXELS",
+    "MAX_POINTS",
+    "MAX_VALUES",
     "PLOTS",
     "alibi",
     "dimensions",
@@ -115,12 +124,14 @@ PLOTS: dict[str, Callable[..., Figure]] = {
 def save(fig: Figure, path: str | os.PathLike[str], dpi: float = 100) -> Path:
     """Write ``fig`` to ``path``; the format follows the extension (png, svg, pdf, ...).
 
-    The image is ``fig.get_size_inches() * dpi`` pixels (no tight bounding box).
+    The image is ``fig.get_size_inches() * dpi`` pixels (no tight bounding box): 1 to
+    ``2**16 - 1`` on each side and at most :data:`MAX_PIXELS` (2**26) in all, checked
+    before anything is drawn.
 
     Args:
         fig: A figure from this module (any ``matplotlib.figure.Figure``).
         path: Where to write; its extension picks the format.
-        dpi: Resolution in dots per inch, a finite number > 0.
+        dpi: Resolution in dots per inch, a finite number > 0 within the pixel limits.
 
     Returns:
         ``path`` as a :class:`pathlib.Path`.
@@ -140,6 +151,8 @@ def save(fig: Figure, path: str | os.PathLike[str], dpi: float = 100) -> Path:
         raise TypeError(f"dpi must be a finite number > 0, got {describe(dpi)}")
     if not math.isfinite(dpi) or dpi <= 0:
         raise ValueError(f"dpi must be a finite number > 0, got {dpi!r}")
+    width, height = fig.get_size_inches()
+    check_pixels((float(width), float(height)), float(dpi))
     path = Path(path)
     suffix = path.suffix.lower().lstrip(".")
     supported = fig.canvas.get_supported_filetypes()

@@ -6,6 +6,7 @@ importing :mod:`posenc.plot` never imports it.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -21,6 +22,86 @@ if TYPE_CHECKING:
 DIVERGING = "RdBu"  # red = -1, white = 0, blue = +1
 SEQUENTIAL = "viridis"
 MAX_PANELS = 12
+
+MAX_VALUES = 1 << 24
+"""The most numbers one picture computes (16,777,216: a 128 MiB float64 table, drawn in
+a few seconds): past it a picture holds far more values than it has pixels, so a larger
+``length`` or width is refused at once instead of filling memory or running for
+minutes."""
+
+MAX_POINTS = 1 << 20
+"""The most points the lines of one picture join (1,048,576), for the same reason."""
+
+MAX_PIXELS = 1 << 26
+"""The most pixels a saved picture may have (67,108,864, e.g. 8192 × 8192; the
+renderer's buffer is then 256 MiB): ``figure size in inches × dpi`` on each side."""
+
+MAX_SIDE = (1 << 16) - 1  # matplotlib's renderer draws fewer than 2**16 pixels a side
+
+
+def count_text(count: int) -> str:
+    """A large count in a few digits, also past the range of a float: 5e+10, 1e+400."""
+    digits = str(count)
+    return f"{count:.3g}" if len(digits) < 300 else f"{digits[0]}e+{len(digits) - 1}"
+
+
+def check_values(count: int, what: str, fix: str) -> None:
+    """Refuse a picture that would compute more than :data:`MAX_VALUES` numbers.
+
+    ``what`` names the arguments and their values (``"length=10**9 × d_model=50"``),
+    ``fix`` says what to give instead.
+
+    Example:
+        >>> check_values(10**9 * 50, "length=1000000000 × d_model=50", "give a smaller length")
+        Traceback (most recent call last):
+        ...
+        ValueError: length=1000000000 × d_model=50 would make 5e+10 values, more than a \
+picture computes (2**24 = 16,777,216); give a smaller length
+    """
+    if count > MAX_VALUES:
+        raise ValueError(
+            f"{what} would make {count_text(count)} values, more than a picture computes "
+            f"(2**24 = {MAX_VALUES:,}); {fix}"
+        )
+
+
+def check_points(count: int, what: str, fix: str) -> None:
+    """Refuse lines of more than :data:`MAX_POINTS` points in all (as :func:`check_values`)."""
+    if count > MAX_POINTS:
+        raise ValueError(
+            f"{what} would draw {count_text(count)} points, more than a picture draws "
+            f"(2**20 = {MAX_POINTS:,}); {fix}"
+        )
+
+
+def check_pixels(size_inches: tuple[float, float], dpi: float) -> tuple[int, int]:
+    """The picture's ``(width, height)`` in pixels at ``dpi``, refused past the limits.
+
+    Each side must be 1 to ``2**16 - 1`` pixels and the whole at most :data:`MAX_PIXELS`.
+
+    Example:
+        >>> check_pixels((9.0, 5.0), 100)
+        (900, 500)
+        >>> check_pixels((9.0, 5.0), 100000)
+        Traceback (most recent call last):
+        ...
+        ValueError: dpi=100000 makes a picture of 900000 × 500000 pixels; at this size \
+(9 × 5 inches) dpi must be at most 1221 (each side 1 to 65535 pixels, 2**26 = 67,108,864 \
+pixels in all)
+    """
+    w, h = size_inches
+    width, height = w * dpi, h * dpi
+    if min(width, height) >= 1 and max(width, height) <= MAX_SIDE and width * height <= MAX_PIXELS:
+        return round(width), round(height)
+    if min(width, height) < 1:
+        bound = f"at least {1 / min(w, h):.3g}"
+    else:
+        bound = f"at most {math.floor(min(MAX_SIDE / max(w, h), math.sqrt(MAX_PIXELS / (w * h))))}"
+    raise ValueError(
+        f"dpi={dpi:g} makes a picture of {width:.6g} × {height:.6g} pixels; at this size "
+        f"({w:g} × {h:g} inches) dpi must be {bound}"
+        + f" (each side 1 to {MAX_SIDE} pixels, 2**26 = {MAX_PIXELS:,} pixels in all)"
+    )
 
 
 def figure_class() -> type[Figure]:
@@ -56,6 +137,8 @@ def int_sequence(value: Any, name: str, *, minimum: int, max_items: int) -> tupl
     """A non-empty sequence (or a lone int) of ints >= ``minimum``, at most ``max_items``."""
     if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
         value = (value,)
+    if isinstance(value, np.ndarray) and value.ndim == 0:  # a 0-d array stands for one item
+        value = value.reshape(1)
     if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
         raise TypeError(f"{name} must be a sequence of ints >= {minimum}, got {describe(value)}")
     items = tuple(

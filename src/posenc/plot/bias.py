@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .._checks import check_choice, check_int
-from ..core.alibi import alibi_bias, alibi_slopes
+from ..core.alibi import alibi_bias, alibi_slopes, check_heads
 from ..core.t5 import check_bucket_options, relative_position_bucket, relative_positions
-from ._figure import SEQUENTIAL, colormap, int_sequence, new_figure
+from ._figure import SEQUENTIAL, check_points, check_values, colormap, int_sequence, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -40,6 +40,7 @@ def alibi(
     Args:
         length: Number of positions (queries and keys), an int >= 1.
         num_heads: Number of heads, an int >= 1; slopes from :func:`posenc.alibi_slopes`.
+            ``num_heads × length²`` at most :data:`posenc.plot.MAX_VALUES` (2**24).
         show: Which heads to draw (1 to 8 indices); ``None`` draws 4 spread evenly from
             the first (steepest) to the last (flattest) head, or all of them when there
             are at most 4.
@@ -55,13 +56,18 @@ def alibi(
         ['head 0: m = 0.5', 'head 2: m = 0.125', 'head 5: m = 0.015625', 'head 7: m = 0.00390625']
     """
     length = check_int(length, "length", minimum=1)
-    num_heads = check_int(num_heads, "num_heads", minimum=1)
+    num_heads = check_heads(num_heads)
     mode = check_choice(mode, "mode", ("causal", "symmetric"))
     if show is None:
         show = sorted({round(h) for h in np.linspace(0, num_heads - 1, min(4, num_heads))})
     heads = int_sequence(show, "show", minimum=0, max_items=8)
     if max(heads) >= num_heads:
         raise ValueError(f"show must hold head indices below num_heads={num_heads}, got {heads}")
+    check_values(
+        num_heads * length * length,
+        f"num_heads={num_heads} × length={length}²",
+        "give a smaller length or fewer heads",
+    )
     bias = alibi_bias(length, num_heads=num_heads, mode=mode, dtype="float64")  # (H, L, L)
     slopes = alibi_slopes(num_heads)
     future = np.triu(np.ones((length, length), dtype=bool), k=1)
@@ -98,9 +104,11 @@ def t5(
     steps, shaded) up to ``max_distance``, and one shared bucket beyond it (saturation).
 
     Args:
-        length: Number of positions, an int >= 1.
+        length: Number of positions, an int >= 1; ``length²`` at most
+            :data:`posenc.plot.MAX_VALUES` (2**24).
         num_buckets: Number of buckets (T5: 32); >= 4 when bidirectional, else >= 2.
-        max_distance: Where the buckets saturate (T5: 128); > ``max_exact``.
+        max_distance: Where the buckets saturate (T5: 128); > ``max_exact``, and
+            ``3 · max_distance + 1`` (the curve's points) at most ``MAX_POINTS``.
         bidirectional: ``True`` (encoder: the later keys get the upper half of the
             buckets) or ``False`` (decoder: every ``d >= 0`` is bucket 0).
 
@@ -117,6 +125,9 @@ def t5(
     bidirectional, num_buckets, max_distance, _ = check_bucket_options(
         bidirectional, num_buckets, max_distance, "hf"
     )
+    check_values(length * length, f"length={length}²", "give a smaller length")
+    check_points(3 * max_distance + 1, f"max_distance={max_distance} (the curve spans ±1.5 "
+                 "max_distance)", "give a smaller max_distance")  # fmt: skip
     bucket = partial(
         relative_position_bucket,
         bidirectional=bidirectional,

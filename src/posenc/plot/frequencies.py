@@ -15,23 +15,42 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._checks import FORMULAS, check_base, check_choice, check_d_model, check_int, check_positions
+from .._checks import (
+    FORMULAS,
+    check_base,
+    check_choice,
+    check_d_model,
+    check_int,
+    check_positions,
+    check_width,
+)
 from ..analysis import offset_similarity
 from ..core.frequencies import wavelengths
 from ..core.sinusoidal import sinusoidal
-from ._figure import MAX_PANELS, SEQUENTIAL, fmt, int_sequence, new_figure
+from ._figure import (
+    MAX_PANELS,
+    SEQUENTIAL,
+    check_points,
+    check_values,
+    fmt,
+    int_sequence,
+    new_figure,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["dimensions", "similarity", "sinusoids", "wavelength_spectrum"]
 
+_MAX_LINE_POSITIONS = 10_000  # dimensions: positions on each of its thick lines
+_MAX_GRAM_LENGTH = 2048  # similarity: the (length, length) matrix drawn
+
 
 def sinusoids(
     positions: Sequence[float] = (0, 4, 8, 12),
     d_model: int = 512,
     base: float = 10000.0,
-    columns: int = 100,
+    columns: int | None = None,
 ) -> Figure:
     """``sin(k / n^(2i/d))`` against the pair index ``i``: [1]'s ``plotSinusoid``.
 
@@ -47,7 +66,10 @@ def sinusoids(
         d_model: Width of the encoding, an int >= 1.
         base: The ``n`` of ``sin(k / n^(2i/d))``: finite, > 0 and not 1.
         columns: How many pair indices ``i = 0 .. columns-1`` to draw; at least 1 and
-            at most ``(d_model + 1) // 2``, the number of sine columns.
+            at most ``(d_model + 1) // 2``, the number of sine columns. ``None``: 100,
+            or every sine column of a narrower encoding.
+
+    ``len(positions) × d_model`` must be at most :data:`posenc.plot.MAX_VALUES`.
 
     Returns:
         A new ``Figure`` with one axes per position (up to 4 per row).
@@ -56,6 +78,8 @@ def sinusoids(
         >>> fig = sinusoids((0, 4, 8, 12))
         >>> [ax.get_title() for ax in fig.axes]
         ['k = 0', 'k = 4', 'k = 8', 'k = 12']
+        >>> [len(ax.lines[0].get_xdata()) for ax in sinusoids((0, 4), d_model=64).axes]
+        [32, 32]
     """
     points = check_positions(positions, "positions")
     if points.ndim != 1 or not 1 <= points.size <= MAX_PANELS:
@@ -66,11 +90,18 @@ def sinusoids(
     d_model = check_d_model(d_model)
     base = check_base(base)
     sines = (d_model + 1) // 2
-    columns = check_int(columns, "columns", minimum=1)
+    check_values(
+        points.size * d_model,
+        f"{points.size} positions × d_model={d_model}",
+        "give a smaller d_model",
+    )
+    columns = min(100, sines) if columns is None else check_int(columns, "columns", minimum=1)
+    check_points(points.size * columns, f"{points.size} positions × columns={columns}",
+                 "give fewer columns")  # fmt: skip
     if columns > sines:
         raise ValueError(
-            f"columns must be at most {sines} (the number of sine columns of a "
-            f"{d_model}-wide encoding), got {columns}"
+            f"columns must be at most {sines} (the number of sine columns of d_model="
+            f"{d_model}), got {columns}"
         )
     # Sine columns 0, 2, 4, ...: P(k, 2i) = sin(k ω_i), correctly rounded float64.
     values = sinusoidal(points, d_model, base=base, dtype="float64")[:, 0::2][:, :columns]
@@ -109,7 +140,10 @@ def dimensions(
 
     Args:
         d_models: 1 to 8 encoding widths to compare (ints >= 1).
-        positions: Number of positions ``0 .. positions-1`` on the x axis, an int >= 2.
+        positions: Number of positions ``0 .. positions-1`` on the x axis, an int >= 2;
+            at most 10,000 (past it each line is a solid band and thick lines draw
+            slowly); ``positions × sum(d_models)`` at most
+            :data:`posenc.plot.MAX_VALUES` (2**24).
         base: The ``n`` of ``sin(k / n^(2i/d))``: finite, > 0 and not 1.
         columns: 1 to 12 column indices, each smaller than every ``d_model``.
 
@@ -122,7 +156,7 @@ def dimensions(
         [3, 3]
     """
     widths = int_sequence(d_models, "d_models", minimum=1, max_items=8)
-    positions = check_int(positions, "positions", minimum=2)
+    positions = check_int(positions, "positions", minimum=2, maximum=_MAX_LINE_POSITIONS)
     base = check_base(base)
     picked = int_sequence(columns, "columns", minimum=0, max_items=MAX_PANELS)
     narrowest = min(widths)
@@ -130,6 +164,11 @@ def dimensions(
         raise ValueError(
             f"columns must be smaller than every d_model (< {narrowest}), got column {max(picked)}"
         )
+    check_values(
+        positions * sum(widths),
+        f"positions={positions} × the sum of d_models={list(widths)}",
+        "give fewer positions",
+    )
     k = np.arange(positions)
     tables = {d: sinusoidal(positions, d, base=base, dtype="float64") for d in widths}
     lambdas = {d: wavelengths(d, base) for d in widths}
@@ -144,7 +183,7 @@ def dimensions(
             ax.plot(
                 k,
                 tables[d][:, j],
-                marker=".",
+                marker="." if positions <= 500 else None,
                 markersize=3,
                 linewidth=1.0 + 1.5 * (len(widths) - 1 - rank),
                 label=f"d = {d}: λ = {lambdas[d][i]:.4g}",
@@ -187,7 +226,8 @@ def wavelength_spectrum(
     as labelled horizontal lines.
 
     Args:
-        d_model: Width of the encoding, an int >= 2 (at least two points).
+        d_model: Width of the encoding, an int >= 2 (at least two points);
+            ``d_model/2`` points per line, at most :data:`posenc.plot.MAX_POINTS` in all.
         base: The ``n`` of ``sin(k / n^(2i/d))``: finite, > 0 and not 1.
         formula: ``"paper"``, ``"tensor2tensor"`` or ``"both"`` (one line each).
 
@@ -199,10 +239,12 @@ def wavelength_spectrum(
         >>> [line.get_label() for line in fig.axes[0].lines[:2]]
         ['paper: 2π·n^(2i/d)', 'tensor2tensor: 2π·n^(i/(d/2-1))']
     """
-    d_model = check_int(d_model, "d_model", minimum=2)
+    d_model = check_width(d_model, "d_model", minimum=2)
     base = check_base(base)
     formula = check_choice(formula, "formula", (*FORMULAS, "both"))
     chosen = FORMULAS if formula == "both" else (formula,)
+    check_points((d_model // 2) * len(chosen), f"d_model={d_model}/2 × {len(chosen)} formulas",
+                 "give a smaller d_model")  # fmt: skip
     labels = {"paper": "paper: 2π·n^(2i/d)", "tensor2tensor": "tensor2tensor: 2π·n^(i/(d/2-1))"}
     styles = {"paper": "-", "tensor2tensor": "--"}
     fig = new_figure((8.0, 5.0))
@@ -242,9 +284,11 @@ def similarity(length: int = 100, d_model: int = 512, base: float = 10000.0) -> 
     every diagonal of the matrix is constant.
 
     Args:
-        length: Number of positions, an int >= 1.
+        length: Number of positions, an int in ``[1, 2048]`` (the matrix is
+            ``length × length``).
         d_model: Width of the encoding, an even int >= 2 (with odd widths the lone
-            sine column makes the dot product depend on ``p``).
+            sine column makes the dot product depend on ``p``); ``length × d_model`` at
+            most :data:`posenc.plot.MAX_VALUES` (2**24).
         base: The ``n`` of ``sin(k / n^(2i/d))``: finite, > 0 and not 1.
 
     Returns:
@@ -255,7 +299,7 @@ def similarity(length: int = 100, d_model: int = 512, base: float = 10000.0) -> 
         >>> float(fig.axes[0].images[0].get_array()[0, 0])
         256.0
     """
-    length = check_int(length, "length", minimum=1)
+    length = check_int(length, "length", minimum=1, maximum=_MAX_GRAM_LENGTH)
     d_model = check_int(d_model, "d_model", minimum=2)
     if d_model % 2:
         raise ValueError(
@@ -263,6 +307,9 @@ def similarity(length: int = 100, d_model: int = 512, base: float = 10000.0) -> 
             "sine column makes PE(p)·PE(p+k) depend on p"
         )
     base = check_base(base)
+    check_values(
+        length * d_model, f"length={length} × d_model={d_model}", "give a smaller length or d_model"
+    )
     table = sinusoidal(length, d_model, base=base, dtype="float64")
     gram = table @ table.T  # (L, L)
     offsets = np.arange(-(length - 1), length)

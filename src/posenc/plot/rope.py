@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._checks import check_base, check_choice, check_int, describe
+from .._checks import MAX_POSITIONS, check_base, check_choice, check_int, check_width, describe
 from ..core.rope import (
     ROPE_SCALING_SPECS,
     apply_rope,
@@ -25,7 +25,7 @@ from ..core.rope import (
     rope_scaling_spec,
     rope_tables,
 )
-from ._figure import fmt, new_figure
+from ._figure import MAX_POINTS, check_points, check_values, count_text, fmt, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -35,6 +35,7 @@ __all__ = ["rope_score", "rope_spectrum", "scaling_examples"]
 
 _CHUNK_ELEMENTS = 1 << 20  # float64 angles per chunk in the score's closed form (8 MiB)
 _MAX_SCORE_LENGTH = 1 << 24  # rope_score sums every distance below length for its means
+_MAX_SCORE_COSINES = 1 << 27  # cos(Δ θ_i) over every distance, pair and method: a few seconds
 
 # The methods drawn by default; any registered name may be asked for.
 _SPECTRUM_METHODS = ("default", "linear", "ntk", "yarn", "llama3", "longrope")
@@ -121,12 +122,19 @@ def _check_extension(
     head_dim: Any, base: Any, factor: Any, original: Any
 ) -> tuple[int, float, float, int]:
     """The pictures' settings, checked: ``(head_dim, base, factor, L₀)``."""
-    head_dim = check_int(head_dim, "head_dim", minimum=4)
+    head_dim = check_width(head_dim, "head_dim", minimum=4)
     if head_dim % 2:
         raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {head_dim}")
     base = check_base(base)
     factor = _check_factor(factor)
-    original = check_int(original, "original_max_position_embeddings", minimum=1)
+    original = check_int(
+        original, "original_max_position_embeddings", minimum=1, maximum=MAX_POSITIONS
+    )
+    if factor * original > MAX_POSITIONS:  # the extended context, a number of positions
+        raise ValueError(
+            f"factor × original_max_position_embeddings must be at most 2**53 positions, got "
+            f"{fmt(factor)} × {original} = {factor * original:.6g}"
+        )
     return head_dim, base, factor, original
 
 
@@ -145,9 +153,14 @@ def _example(name: str, head_dim: int, factor: float, original: int) -> dict[str
 def _check_factor(value: Any) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"factor must be a finite number >= 1, got {describe(value)}")
-    if not math.isfinite(value) or value < 1:
-        raise ValueError(f"factor must be a finite number >= 1, got {value!r}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past the floats
+        number = math.inf
+    if not math.isfinite(number) or number < 1:
+        shown = count_text(int(value)) if isinstance(value, numbers.Integral) else repr(value)
+        raise ValueError(f"factor must be a finite number >= 1, got {shown}")
+    return number
 
 
 def _check_methods(methods: Any) -> tuple[str, ...]:
@@ -248,6 +261,8 @@ def rope_spectrum(
     head_dim, base, factor, original, examples = _examples(
         head_dim, base, factor, original_max_position_embeddings, methods
     )
+    check_points(head_dim * len(examples), f"head_dim={head_dim}/2 × {len(examples)} methods "
+                 "× 2 panels", "give a smaller head_dim")  # fmt: skip
     reference = rope_frequencies(head_dim, base)
     fig = new_figure((14.0, 5.5))
     left, right = fig.subplots(1, 2)
@@ -313,15 +328,20 @@ def rope_score(
     moves the decay of the slow pairs out by up to ``factor``.
 
     Args:
-        length: One more than the largest distance drawn, an int in ``[2, 2**24]``.
+        length: One more than the largest distance drawn, an int in ``[2, 2**24]``;
+            ``length × head_dim/2 × len(methods)`` (the cosines averaged) at most
+            2**27.
         head_dim: Rotary width, an even int >= 4.
         base: The RoPE base: finite, > 0 and not 1.
         factor: The context extension, a finite number >= 1.
         original_max_position_embeddings: ``L₀``, an int >= 1.
         methods: Registered method names (:data:`posenc.ROPE_SCALING_SPECS`); by
             default ``default``, ``linear``, ``yarn`` and ``llama3``.
-        points: About how many distances to sample for the thin lines, an int >= 2.
-        bins: About how many bins to average over for the thick lines, an int >= 1.
+        points: About how many distances to sample for the thin lines, an int in
+            ``[2, 2**20]``;
+            ``points × head_dim × len(methods)`` at most :data:`posenc.plot.MAX_VALUES`.
+        bins: About how many bins to average over for the thick lines, an int in
+            ``[1, 2**20]``.
 
     Returns:
         A new ``Figure`` with one axes: ``lines[2k]`` is the sampled score of
@@ -340,11 +360,26 @@ def rope_score(
             f"length must be at most 2**24 = {_MAX_SCORE_LENGTH} (every distance below it "
             f"is summed), got {length}"
         )
-    points = check_int(points, "points", minimum=2)
-    bins = check_int(bins, "bins", minimum=1)
+    points = check_int(points, "points", minimum=2, maximum=MAX_POINTS)
+    bins = check_int(bins, "bins", minimum=1, maximum=MAX_POINTS)
     head_dim, base, factor, original, examples = _examples(
         head_dim, base, factor, original_max_position_embeddings, methods
     )
+    cosines = length * (head_dim // 2) * len(examples)
+    if cosines > _MAX_SCORE_COSINES:
+        raise ValueError(
+            f"length={length} × head_dim={head_dim}/2 × {len(examples)} methods would make "
+            f"{count_text(cosines)} cosines to average, more than rope_score computes (2**27 = "
+            f"{_MAX_SCORE_COSINES:,}); give a smaller length, head_dim or fewer methods"
+        )
+    check_values(
+        min(points + 64, length) * head_dim * len(examples),
+        f"points={points} × head_dim={head_dim} × {len(examples)} methods",
+        "give fewer points",
+    )
+    check_points((min(points, length) + 64 + bins) * len(examples),
+                 f"points={points} + bins={bins} × {len(examples)} methods",
+                 "give fewer points or bins")  # fmt: skip
     samples = _score_distances(length, points)  # (n,) from 1 to length - 1
     # First distance of each bin: geometric from 1, the last bin ending at length - 1.
     starts = np.unique(np.floor(np.geomspace(1, length, bins + 1)[:-1]).astype(np.int64))

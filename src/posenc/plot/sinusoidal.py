@@ -15,7 +15,7 @@ import numpy as np
 from .._checks import LAYOUTS, check_base, check_choice, check_d_model, check_int
 from ..core.frequencies import wavelengths
 from ..core.sinusoidal import sinusoidal
-from ._figure import DIVERGING, SEQUENTIAL, fmt, new_figure, table_image
+from ._figure import DIVERGING, SEQUENTIAL, check_values, count_text, fmt, new_figure, table_image
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 __all__ = ["first_positions", "grid", "heatmap", "long_range"]
 
 _CHUNK_ELEMENTS = 1 << 20  # float64 table elements per chunk in long_range (8 MiB)
+
+MAX_REDUCED = 1 << 28
+"""The most table values :func:`long_range` reduces (``length × d_model``, 268,435,456:
+a second or two): 5 million positions of a 50-wide table."""
 
 
 def heatmap(
@@ -39,7 +43,8 @@ def heatmap(
 
     Args:
         length: Number of positions (rows), an int >= 1.
-        d_model: Width of the encoding (columns), an int >= 1.
+        d_model: Width of the encoding (columns), an int >= 1; ``length × d_model`` at
+            most :data:`posenc.plot.MAX_VALUES` (2**24).
         base: The ``n`` of ``sin(k / n^(2i/d))``: finite, > 0 and not 1.
         layout: ``"interleaved"`` (sin, cos, sin, ... as in the paper) or ``"split"``
             (all sines, then all cosines); see :func:`posenc.sinusoidal`.
@@ -56,6 +61,9 @@ def heatmap(
     d_model = check_d_model(d_model)
     base = check_base(base)
     layout = check_choice(layout, "layout", LAYOUTS)
+    check_values(
+        length * d_model, f"length={length} × d_model={d_model}", "give a smaller length or d_model"
+    )
     table = sinusoidal(length, d_model, base=base, layout=layout, dtype="float64")
     fig = new_figure((9.0, 5.0))
     ax = fig.add_subplot()
@@ -82,7 +90,8 @@ def first_positions(length: int = 20, d_model: int = 50, base: float = 10000.0) 
 
     Args:
         length: Number of positions (rows), an int >= 1.
-        d_model: Width of the encoding (columns), an int >= 1.
+        d_model: Width of the encoding (columns), an int >= 1; ``length × d_model`` at
+            most :data:`posenc.plot.MAX_VALUES` (2**24).
         base: The ``n`` of ``sin(k / n^(2i/d))``: finite, > 0 and not 1.
 
     Returns:
@@ -96,6 +105,9 @@ def first_positions(length: int = 20, d_model: int = 50, base: float = 10000.0) 
     length = check_int(length, "length", minimum=1)
     d_model = check_d_model(d_model)
     base = check_base(base)
+    check_values(
+        length * d_model, f"length={length} × d_model={d_model}", "give a smaller length or d_model"
+    )
     table = sinusoidal(length, d_model, base=base, dtype="float64")
     fig = new_figure((8.0, 5.0))
     from matplotlib.ticker import MaxNLocator
@@ -179,7 +191,9 @@ def long_range(
     memory does not grow with ``length``.
 
     Args:
-        length: Number of positions ``0 .. length-1``, an int >= 1 (1e6 is fine).
+        length: Number of positions ``0 .. length-1``, an int >= 1; ``length ×
+            d_model`` at most :data:`MAX_REDUCED` (2**28: 5 million positions of a
+            50-wide table, reduced in a second or two).
         d_model: Width of the encoding, an int >= 1.
         base: The ``n`` of ``sin(k / n^(2i/d))``: finite, > 0 and not 1.
         pixels: Number of bins (image rows), an int >= 1; keep it at or below the
@@ -197,7 +211,14 @@ def long_range(
     d_model = check_d_model(d_model)
     base = check_base(base)
     pixels = check_int(pixels, "pixels", minimum=1)
+    if length * d_model > MAX_REDUCED:
+        raise ValueError(
+            f"length={length} × d_model={d_model} would make {count_text(length * d_model)} "
+            f"values to reduce, more than long_range reduces (2**28 = {MAX_REDUCED:,}, e.g. "
+            f"{MAX_REDUCED // d_model:,} positions at this d_model); give a smaller length"
+        )
     bins = min(pixels, length)
+    check_values(bins * d_model, f"pixels={pixels} × d_model={d_model}", "give fewer pixels")
     edges, mean, low, high = _binned_table(length, d_model, base, bins)
     sizes = np.diff(edges)
     smallest, largest = int(sizes.min()), int(sizes.max())
@@ -263,7 +284,8 @@ def grid(length: int = 16, d_model: int = 64, base: float = 10000.0) -> Figure:
 
     Args:
         length: Number of tokens (rows), an int >= 1.
-        d_model: Width of the embedding (columns), an int >= 1.
+        d_model: Width of the embedding (columns), an int >= 1; ``length × d_model`` at
+            most :data:`posenc.plot.MAX_VALUES` (2**24).
         base: The ``n`` of ``sin(k / n^(2i/d))``: finite, > 0 and not 1.
 
     Returns:
@@ -277,6 +299,9 @@ def grid(length: int = 16, d_model: int = 64, base: float = 10000.0) -> Figure:
     length = check_int(length, "length", minimum=1)
     d_model = check_d_model(d_model)
     base = check_base(base)
+    check_values(
+        length * d_model, f"length={length} × d_model={d_model}", "give a smaller length or d_model"
+    )
     table = sinusoidal(length, d_model, base=base, dtype="float64")
     # Square cells: about 10 inches of image width, height to match (within limits).
     fig = new_figure((12.0, min(10.0, max(2.5, 10.0 * length / d_model + 1.2))))
