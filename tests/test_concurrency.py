@@ -10,7 +10,7 @@ interleaving that used to shrink them).
 
 from __future__ import annotations
 
-import multiprocessing
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -40,21 +40,34 @@ def test_threads_calling_the_core_at_once_get_the_bits_of_one_call_at_a_time():
             np.testing.assert_array_equal(got, expected)
 
 
-def _table_in_child(queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    queue.put(posenc.sinusoidal(2**13, 64, dtype="float32"))
+# Run in a fresh interpreter: the test process may hold other frameworks' threads (JAX),
+# which a fork does not copy either.
+FORK_AFTER_POOL = """
+import multiprocessing, sys
+import numpy as np
+import posenc
+
+expected = posenc.sinusoidal(2**13, 64, dtype="float32")  # starts the pool here
+context = multiprocessing.get_context("fork")
+queue = context.Queue()
+child = context.Process(
+    target=lambda: queue.put(posenc.sinusoidal(2**13, 64, dtype="float32"))
+)
+child.start()
+got = queue.get(timeout=60)
+child.join(timeout=60)
+assert child.exitcode == 0, child.exitcode
+np.testing.assert_array_equal(got, expected)
+print("same")
+"""
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork is the default start method on Linux")
 def test_a_process_forked_after_the_pool_started_builds_the_same_table():
-    expected = posenc.sinusoidal(2**13, 64, dtype="float32")  # starts the pool here
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_table_in_child, args=(queue,))
-    child.start()
-    got = queue.get(timeout=60)
-    child.join(timeout=60)
-    assert child.exitcode == 0
-    np.testing.assert_array_equal(got, expected)
+    result = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_POOL], capture_output=True, text=True, timeout=120
+    )
+    assert (result.returncode, result.stdout.strip()) == (0, "same"), result.stderr
 
 
 def test_threads_sharing_a_torch_module_get_their_rows_while_it_grows():

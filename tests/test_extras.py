@@ -66,7 +66,7 @@ def test_bench_command_without_torch_exits_with_the_hint(tmp_path):
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "posenc: error: posenc bench needs PyTorch: pip install 'posenc[bench]'"
+        "posenc bench: error: posenc bench needs PyTorch: pip install 'posenc[bench]'"
     ]
     assert not (tmp_path / "out").exists()
 

@@ -191,7 +191,8 @@ def test_scaling_dicts_keep_only_what_differs_from_the_defaults():
     with pytest.raises(ValueError, match="needs 'rope_type'"):
         posenc.core.rope.as_rope_scaling({"factor": 2.0})
     with pytest.raises(
-        ValueError, match=r"mscale must be a finite real number > -10 at factor=2\.71828 .* got -11\.0"
+        ValueError,
+        match=r"mscale must be a finite real number > -10 at factor=2\.71828 .* got -11\.0",
     ):
         posenc.YarnScaling(factor=np.e, original_max_position_embeddings=64, mscale=-11.0, mscale_all_dim=1.0)  # fmt: skip
 
