@@ -27,7 +27,7 @@ from posenc._files import (
 )
 from posenc.cli import main
 
-RULE = "posenc creates the file it is given, never the folders above it"
+RULE = "posenc creates the output it is given, never the folders above it"
 
 
 def dev_full() -> Path:

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 # The rule, said where a missing folder is refused.
-_RULE = "posenc creates the file it is given, never the folders above it"
+_RULE = "posenc creates the output it is given, never the folders above it"
 # Links followed before a path is called a loop (Linux's own limit is 40).
 _MAX_LINKS = 40
 # Errors of the write itself, as opposed to errors of the code producing the bytes.
