@@ -134,3 +134,52 @@ def same(a: Any, b: Any) -> bool:
     if hasattr(a, "__array__") or hasattr(b, "__array__"):  # NumPy and JAX arrays
         return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
     return bool(a == b)
+
+
+def check_module_options(
+    name: str,
+    cls: Callable[..., Any],
+    options: dict[str, Any],
+    use: Callable[[Any], Any],
+    argument: str,
+    value: Any,
+) -> None:
+    """A PyTorch module built with ``argument=value`` (the other ``options`` valid) is
+    refused in one line naming the argument, or built as with the plain value: ``use``
+    of it (its call on a fixed input) gives the same tensors, finite, or the same
+    refusal; in time."""
+    import torch
+
+    start = time.perf_counter()
+    try:
+        torch.manual_seed(0)
+        module = cls(**{**options, argument: value})
+    except (ValueError, TypeError) as error:
+        message = str(error)
+        assert "\n" not in message.strip(), message
+        assert (
+            argument in message
+            or argument.rstrip("s") in message
+            or (argument.startswith("scaling") and message.startswith("RoPE scaling"))
+        ), f"{name}({argument}={value!r}): {message}"
+        return
+    torch.manual_seed(0)  # the same initial weights
+    reference = cls(**{**options, argument: plain(value)})
+    outcomes = []  # the call's result or error, with the value and with its plain value
+    for built in (module.eval(), reference.eval()):  # eval: no dropout draws
+        try:
+            with torch.no_grad():
+                outcomes.append(use(built))
+        except (ValueError, TypeError) as exc:  # the fixed input no longer fits
+            outcomes.append(f"{type(exc).__name__}: {exc}")
+    mine, theirs = outcomes
+    if isinstance(mine, str):
+        assert mine == theirs, f"{name}({argument}={value!r}): {mine}"
+        assert "\n" not in mine.strip(), mine
+    else:
+        for a, b in zip(mine if isinstance(mine, tuple) else (mine,),
+                        theirs if isinstance(theirs, tuple) else (theirs,),
+                        strict=True):  # fmt: skip
+            assert torch.isfinite(a).all(), f"{name}({argument}={value!r})"
+            assert torch.equal(a, b), f"{name}({argument}={value!r})"
+    assert time.perf_counter() - start < LIMIT_SECONDS, f"{name}({argument}={value!r}) was slow"

@@ -33,6 +33,7 @@ from contract import (
     Calls,
     arguments,
     check_contract,
+    check_module_options,
     hostile_values,
     plain,
 )
@@ -560,48 +561,12 @@ def torch_constructors() -> dict[str, tuple[type, dict[str, Any], Callable[[Any]
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_torch_module_takes_its_options_right_or_refuses_clearly(data):
-    import torch
-
     modules = torch_constructors()
     name = data.draw(st.sampled_from(sorted(modules)), label="module")
     cls, options, use = modules[name]
     argument = data.draw(st.sampled_from(sorted(options)), label="argument")
     value = data.draw(hostile_values(), label="value")
-    start = time.perf_counter()
-    error: Exception | None = None
-    try:
-        torch.manual_seed(0)
-        module = cls(**{**options, argument: value})
-    except (ValueError, TypeError) as exc:
-        error = exc
-    if error is not None:
-        message = str(error)
-        assert "\n" not in message.strip(), message
-        assert (
-            argument in message
-            or argument.rstrip("s") in message
-            or (argument.startswith("scaling") and message.startswith("RoPE scaling"))
-        ), f"{name}({argument}={value!r}): {message}"
-        return
-    torch.manual_seed(0)  # the same initial weights
-    reference = cls(**{**options, argument: plain(value)})
-    outcomes = []  # the call's result or error, with the value and with its plain value
-    for built in (module.eval(), reference.eval()):  # eval: no dropout draws
-        try:
-            outcomes.append(use(built))
-        except (ValueError, TypeError) as exc:  # the fixed input no longer fits
-            outcomes.append(f"{type(exc).__name__}: {exc}")
-    mine, theirs = outcomes
-    if isinstance(mine, str):
-        assert mine == theirs, f"{name}({argument}={value!r}): {mine}"
-        assert "\n" not in mine.strip(), mine
-    else:
-        for a, b in zip(mine if isinstance(mine, tuple) else (mine,),
-                        theirs if isinstance(theirs, tuple) else (theirs,),
-                        strict=True):  # fmt: skip
-            assert torch.isfinite(a).all(), f"{name}({argument}={value!r})"
-            assert torch.equal(a, b), f"{name}({argument}={value!r})"
-    assert time.perf_counter() - start < LIMIT_SECONDS, f"{name}({argument}={value!r}) was slow"
+    check_module_options(name, cls, options, use, argument, value)
 
 
 def keras_message(error: Exception) -> str:

@@ -36,16 +36,13 @@ from ._checks import (
     describe,
 )
 from .core.frequencies import frequency_turns
+from .core.phasors import check_turns
 from .core.precision import TWO_PI, reduced_turns
 from .core.sinusoidal import sinusoidal
 
 _CHUNK = 1 << 16
 """(offset, frequency) pairs, or candidate-pair entries, handled at once: bounds the
 temporaries of the offset functions and of the exact distances of closest pairs."""
-
-_LARGEST_TURNS = 2.0**890
-"""The largest frequency (turns per position) whose angles are reduced exactly for
-positions up to 2**53 (Dekker's product splits without overflow below 2**996)."""
 
 _OVERHEAD = 1 << 17
 """Bytes of a call's fixed cost (frequency decimals, Python objects) in each estimate."""
@@ -56,15 +53,14 @@ def _frequency_bytes(d_model: int) -> int:
     return 24 * 8 * ((d_model + 1) // 2) + _OVERHEAD
 
 
-def _turns(d_model: int, base: float, formula: str) -> tuple[np.ndarray, np.ndarray]:
-    """``ω / 2π`` as a double-double, refusing a ``base`` whose frequencies overflow."""
+def _turns(
+    d_model: int, base: float, formula: str, largest: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``ω / 2π`` as a double-double, refusing a ``base`` whose frequencies overflow
+    (:func:`~posenc.core.frequencies.frequency_turns`) or whose angles at the ``largest``
+    position leave the exact range of the tables (:func:`~posenc.core.phasors.check_turns`)."""
     hi, lo = frequency_turns(d_model, base, formula)
-    if not (np.all(np.isfinite(hi)) and np.all(np.isfinite(lo)) and hi.max() < _LARGEST_TURNS):
-        raise ValueError(
-            f"base={base!r} with formula={formula!r} and d_model={d_model} gives frequencies "
-            "n^(-2i/d) beyond 2**890 turns per position, where angles cannot be reduced "
-            "exactly; use a base >= 1 or a larger one"
-        )
+    check_turns(largest, hi, "base")
     return hi, lo
 
 
@@ -127,7 +123,7 @@ def relative_map(
         f"this {d_model} x {d_model} relative map",
         max_bytes,
     )
-    hi, lo = _turns(d_model, base, formula)
+    hi, lo = _turns(d_model, base, formula, abs(float(offset)))
     theta = reduced_turns(np.float64(offset)[None], hi, lo) * TWO_PI
     sin, cos = np.sin(theta), np.cos(theta)
     # Column of the sine and of the cosine of each frequency in the chosen layout.
@@ -216,8 +212,8 @@ def _offset_sums(
         f"{name} of {count} offsets at d_model={d_model}",
         max_bytes,
     )
-    hi, lo = _turns(d_model, base, formula)
     flat = given.astype(np.float64).reshape(-1)
+    hi, lo = _turns(d_model, base, formula, float(np.abs(flat).max(initial=0.0)))
     out = np.empty(count)
     for start in range(0, count, rows):
         k = flat[start : start + rows, None]  # (rows, 1) against (d/2,) frequencies
@@ -445,7 +441,7 @@ def precision_report(
     positions = check_positions(positions).reshape(-1)
     nbytes = 512 * positions.size + 256 * d_model + 64 * digits + 2 * _frequency_bytes(d_model)
     check_memory(nbytes, f"precision_report of {positions.size} positions", max_bytes)
-    _turns(d_model, base, "paper")
+    _turns(d_model, base, "paper", float(np.abs(positions.astype(np.float64)).max(initial=0.0)))
     with np.errstate(over="ignore"):
         omega32 = np.power(np.float64(base), -2 * np.arange((d_model + 1) // 2) / d_model)
         omega32 = omega32.astype(np.float32)

@@ -21,6 +21,7 @@ from ._backend import is_traced
 __all__ = [
     "apply_dropout",
     "check_attn_mask",
+    "check_device",
     "check_offset",
     "check_offset_or_positions",
     "check_position_tensor",
@@ -56,6 +57,41 @@ def check_offset_or_positions(offset: Any, positions: Any, name: str, count: int
             "positions); positions are absolute: add the offset to them"
         )
     return number
+
+
+def check_device(device: Any, name: str) -> torch.device | None:
+    """``None``, or a device that tensors can be placed on here, as a ``torch.device``
+    (a ``ValueError``/``TypeError`` naming ``device`` for anything else, rather than
+    PyTorch's own error when the bias is moved)."""
+    if device is None:
+        return None
+    if isinstance(device, (bool, np.bool_)) or not isinstance(
+        device, (str, torch.device, numbers.Integral)
+    ):
+        raise TypeError(
+            f"{name}: device must be a torch.device or a string such as 'cpu' or 'cuda:0', "
+            f"got {describe(device)}"
+        )
+    try:
+        parsed = torch.device(device if not isinstance(device, numbers.Integral) else int(device))
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(
+            f"{name}: device must be a torch.device or a string such as 'cpu' or 'cuda:0', "
+            f"got {device!r}"
+        ) from None
+    if parsed.type in ("cpu", "meta"):
+        return parsed
+    backend = getattr(torch, parsed.type, None)
+    available = getattr(backend, "is_available", None)
+    count = getattr(backend, "device_count", None)
+    if not callable(available) or not available():
+        raise ValueError(f"{name}: device {str(parsed)!r} is not available in this PyTorch")
+    if parsed.index is not None and callable(count) and parsed.index >= count():
+        raise ValueError(
+            f"{name}: device {str(parsed)!r} does not exist: this machine has {count()} "
+            f"{parsed.type} device(s)"
+        )
+    return parsed
 
 
 def check_position_tensor(

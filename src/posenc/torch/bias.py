@@ -14,17 +14,15 @@ explicitly (``positions=``, ``key_positions=``) for packed sequences.
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._checks import DEFAULT_MAX_BYTES, check_int, check_memory, describe
+from .._checks import DEFAULT_MAX_BYTES, check_int, check_memory, check_span, describe
 from ..core.plan import align_queries, traced_offset
 from ..specs import AlibiSpec, FromSpec, T5Spec
-from ._arguments import check_offset, check_offset_or_positions
+from ._arguments import check_device, check_offset, check_offset_or_positions
 from ._backend import format_of, is_traced
 from ._tables import DerivedBuffers
 from .protocols import BiasesScores
@@ -33,46 +31,6 @@ from .protocols import BiasesScores
 def _length(value: Any, name: str) -> Any:
     """An int >= 0, or a symbolic size under torch.export / torch.compile (unchecked)."""
     return value if isinstance(value, torch.SymInt) else check_int(value, name, minimum=0)
-
-
-# The largest position magnitude a call takes: integers up to it are exact in float64, and
-# their differences cannot overflow int64.
-_MAX_POSITION = 2**53
-
-
-def _check_device(device: Any, name: str) -> torch.device | None:
-    """``None``, or a device that tensors can be placed on here, as a ``torch.device``
-    (a ``ValueError``/``TypeError`` naming ``device`` for anything else, rather than
-    PyTorch's own error when the bias is moved)."""
-    if device is None:
-        return None
-    if isinstance(device, (bool, np.bool_)) or not isinstance(
-        device, (str, torch.device, numbers.Integral)
-    ):
-        raise TypeError(
-            f"{name}: device must be a torch.device or a string such as 'cpu' or 'cuda:0', "
-            f"got {describe(device)}"
-        )
-    try:
-        parsed = torch.device(device if not isinstance(device, numbers.Integral) else int(device))
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(
-            f"{name}: device must be a torch.device or a string such as 'cpu' or 'cuda:0', "
-            f"got {device!r}"
-        ) from None
-    if parsed.type in ("cpu", "meta"):
-        return parsed
-    backend = getattr(torch, parsed.type, None)
-    available = getattr(backend, "is_available", None)
-    count = getattr(backend, "device_count", None)
-    if not callable(available) or not available():
-        raise ValueError(f"{name}: device {str(parsed)!r} is not available in this PyTorch")
-    if parsed.index is not None and callable(count) and parsed.index >= count():
-        raise ValueError(
-            f"{name}: device {str(parsed)!r} does not exist: this machine has {count()} "
-            f"{parsed.type} device(s)"
-        )
-    return parsed
 
 
 def _relative_positions(
@@ -172,11 +130,7 @@ def _check_values(value: Tensor, what: str, name: str, device: Any) -> None:
     if is_traced() or not value.numel():
         return
     low, high = (int(v) for v in torch.aminmax(value))
-    if max(-low, high) > _MAX_POSITION:
-        raise ValueError(
-            f"{name}: {what} must lie within ±2**53 (where their distances are exact), got "
-            f"{high if high > _MAX_POSITION else low}"
-        )
+    check_span(low, high, f"{name}: {what}")
 
 
 def _symbolic(*values: Any) -> bool:
@@ -243,7 +197,7 @@ class ALiBiBias(DerivedBuffers, BiasesScores, FromSpec):
         device: torch.device | None = None,
     ) -> Tensor:
         format_of(dtype)  # a float dtype: an integer one would truncate the bias
-        device = _check_device(device, "ALiBiBias") or self.slopes.device
+        device = check_device(device, "ALiBiBias") or self.slopes.device
         # per entry: the float64 product and the result, for every head
         per_entry = self.num_heads * (8 + torch.empty((), dtype=dtype).element_size())
         rel, _ = _relative_positions(
@@ -333,7 +287,7 @@ class T5RelativeBias(DerivedBuffers, BiasesScores, FromSpec):
         if dtype is not None:
             format_of(dtype)  # a float dtype: an integer one would truncate the weights
         weight = self.relative_attention_bias.weight  # (num_buckets, H)
-        device = _check_device(device, "T5RelativeBias") or weight.device
+        device = check_device(device, "T5RelativeBias") or weight.device
         # per entry: the bucket index and the bias of every head (and a cast)
         per_entry = 8 + self.num_heads * weight.element_size() * 2
         rel, _ = _relative_positions(

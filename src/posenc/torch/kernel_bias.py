@@ -38,9 +38,10 @@ from .._checks import (
 from ..core.plan import plan_index, plan_rows
 from ..core.positions import grow
 from ..specs import FireSpec, FromSpec, KerpleSpec, SandwichSpec
+from ._arguments import check_device
 from ._backend import dtype_name, format_of, gather_rows, is_traced, wide_index
 from ._tables import DerivedBuffers
-from .bias import _check_device, _relative_positions
+from .bias import _relative_positions
 from .protocols import BiasesScores
 
 __all__ = ["FIREBias", "KERPLEBias", "SandwichBias"]
@@ -69,7 +70,7 @@ def _check_cast(module: nn.Module, dtype: torch.dtype | None, device: Any) -> An
     the device as a ``torch.device`` (or None)."""
     if dtype is not None:
         format_of(dtype)  # a float dtype: an integer one would truncate the bias
-    return _check_device(device, type(module).__name__)
+    return check_device(device, type(module).__name__)
 
 
 def _cast(bias: Tensor, dtype: torch.dtype | None, device: Any) -> Tensor:
