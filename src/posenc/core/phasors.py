@@ -39,6 +39,8 @@ __all__ = [
     "check_turns",
     "contiguous_range",
     "leaf_phasors",
+    "phasor_factors",
+    "phasor_rows",
     "phasors",
     "run_parallel",
     "workers_for",
@@ -158,14 +160,62 @@ def phasors(start: float, n: int, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """
     if n <= _LEAF:
         return leaf_phasors(start, n, hi, lo)
+    fine, coarse, _ = phasor_factors(start, n, hi, lo)
+    product: np.ndarray = (coarse[:, None, :] * fine[None, :, :]).reshape(-1, hi.size)
+    return product[:n]
+
+
+def phasor_factors(
+    start: float, n: int, hi: np.ndarray, lo: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The top level of :func:`phasors`: ``(fine, coarse, B)`` with
+    ``e^{i(start + aB + b)ω} = coarse[a] · fine[b]`` for ``0 <= b < B``.
+
+    ``fine`` is ``(B, m)``, ``coarse`` ``(ceil(n / B), m)``; ``B`` is a power of two
+    (``n`` itself for a run of at most 32, with ``coarse`` a row of ones). A caller that
+    multiplies the two a chunk at a time (:func:`phasor_rows`) gets the values of
+    :func:`phasors` without holding the whole product.
+
+    Example:
+        >>> from posenc.core.precision import turns_of
+        >>> fine, coarse, block = phasor_factors(5.0, 100, *turns_of([1.0, 0.5]))
+        >>> fine.shape, coarse.shape, block
+        ((16, 2), (7, 2), 16)
+    """
+    if n <= _LEAF:
+        return leaf_phasors(start, n, hi, lo), np.ones((1, hi.size), np.complex128), max(n, 1)
     block = 1 << math.ceil(math.log2(math.sqrt(n)))
     n_blocks = -(-n // block)
     fine = phasors(0.0, block, hi, lo)  # (B, m)
     coarse = phasors(0.0, n_blocks, hi * block, lo * block)  # (A, m), e^{iaBω}
     if start:
         coarse *= leaf_phasors(start, 1, hi, lo)
-    product: np.ndarray = (coarse[:, None, :] * fine[None, :, :]).reshape(-1, hi.size)
-    return product[:n]
+    return fine, coarse, block
+
+
+def phasor_rows(
+    fine: np.ndarray, coarse: np.ndarray, block: int, first: int, rows: int, buffer: np.ndarray
+) -> np.ndarray:
+    """Rows ``first .. first+rows-1`` of the run of :func:`phasor_factors`, written into
+    ``buffer`` (complex128, C-contiguous, at least ``(rows, m)``) and returned as a view
+    of it.
+
+    ``rows`` is a power of two and ``first`` a multiple of it, as a loop over
+    ``range(0, n, rows)`` gives, so that a chunk lies inside one block or is made of
+    whole blocks. Near the end of the run the view may be shorter than ``rows`` or
+    reach past the run's last row (to the end of its block): slice what you need.
+    """
+    m = fine.shape[1]
+    a, b0 = divmod(first, block)
+    if b0 or rows < block:  # part of one block
+        b1 = min(b0 + rows, block)
+        z = buffer[: b1 - b0]
+        np.multiply(fine[b0:b1], coarse[a], out=z)
+        return z
+    a1 = min(a + -(-rows // block), coarse.shape[0])
+    z = buffer[: (a1 - a) * block]
+    np.multiply(fine, coarse[a:a1, None], out=z.reshape(a1 - a, block, m))
+    return z
 
 
 # ---------------------------------------------------------------------------------------

@@ -224,3 +224,35 @@ def turns_of(omega: Any) -> tuple[np.ndarray, np.ndarray]:
     hi.flags.writeable = False
     lo.flags.writeable = False
     return hi, lo
+
+
+def check_out(out: Any, name: str, shape: tuple[int, ...], fmt: str) -> np.ndarray:
+    """``out``, a table to write in place: a writeable, C-contiguous NumPy array of
+    ``shape`` in the container of ``fmt`` (:data:`CONTAINERS`), or an error naming ``name``.
+
+    Example:
+        >>> check_out(np.empty((2, 4), np.float32), "out", (2, 4), "bfloat16").shape
+        (2, 4)
+        >>> check_out(np.empty((2, 4)), "out", (2, 4), "float32")
+        Traceback (most recent call last):
+        ...
+        TypeError: out must have dtype float32 (the container of float32 tables), got float64
+    """
+    container = CONTAINERS[fmt]
+    wanted = (
+        f"a writeable, C-contiguous NumPy array of shape {tuple(shape)} and dtype {container.name}"
+    )
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be {wanted}, got {describe(out)}")
+    if out.dtype != container:
+        raise TypeError(
+            f"{name} must have dtype {container.name} (the container of {fmt} tables), "
+            f"got {out.dtype}"
+        )
+    if out.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {out.shape}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous, got an array with strides {out.strides}")
+    if not out.flags.writeable:
+        raise ValueError(f"{name} must be writeable, got a read-only array")
+    return out

@@ -56,7 +56,7 @@ from .phasors import (
     run_parallel,
     workers_for,
 )
-from .precision import CONTAINERS, resolve_dtype, unit_phasors
+from .precision import CONTAINERS, check_out, resolve_dtype, unit_phasors
 from .rounding import round_pairs_into
 
 
@@ -146,13 +146,25 @@ def table_values(
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     start: int = 0,
     threads: int | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """:func:`sinusoidal` on validated options, in the container of ``fmt``.
 
     The framework adapters call this: for ``fmt="bfloat16"`` it returns float32 values
     that are exactly representable in bfloat16, so no bfloat16 NumPy type is needed.
     With an int ``positions`` (a length), ``start`` shifts the range to
-    ``start .. start+positions-1``.
+    ``start .. start+positions-1``. ``out``: the array to write, writeable and
+    C-contiguous, of the result's shape and the container dtype
+    (:data:`posenc.core.precision.CONTAINERS`), e.g. memory a framework allocated; it is
+    filled and returned (``max_bytes`` then does not apply: the memory is the caller's).
+
+    Example:
+        >>> table = np.empty((3, 4), np.float32)
+        >>> table_values(3, 4, base=100, layout="interleaved", formula="paper",
+        ...              fmt="float32", out=table) is table
+        True
+        >>> table[1].tolist() == np.float32(sinusoidal(2, 4, base=100, dtype="float64")[1]).tolist()
+        True
     """
     container = CONTAINERS[fmt]
     if start and not isinstance(positions, numbers.Integral):
@@ -166,29 +178,37 @@ def table_values(
         check_span(span[0], span[0] + span[1] - 1)
     shape = (span[1],) if span is not None else np.shape(positions)
     count = math.prod(shape)
-    check_memory(count * d_model * container.itemsize, "this positional-encoding table", max_bytes)
+    if out is not None:
+        out = check_out(out, "out", (*shape, d_model), fmt)
+    else:
+        check_memory(
+            count * d_model * container.itemsize, "this positional-encoding table", max_bytes
+        )
     turns_hi, turns_lo = frequency_turns(d_model, base, formula)
     check_turns(largest_position(positions, span), turns_hi, "base")
+    table = np.empty((*shape, d_model), container) if out is None else out
+    rows = table.reshape(count, d_model)  # a view: the table is C-contiguous
     if span is not None:
-        return _range_table(span[0], span[1], d_model, turns_hi, turns_lo, fmt, layout, threads)
-    positions = np.asarray(positions)  # validated by contiguous_range
-    return _array_table(positions, d_model, turns_hi, turns_lo, fmt, layout)
+        _range_table(rows, span[0], turns_hi, turns_lo, fmt, layout, threads)
+    else:
+        flat = np.asarray(positions).astype(np.float64).reshape(-1)  # validated
+        _array_table(rows, flat, turns_hi, turns_lo, fmt, layout)
+    return table
 
 
 def _range_table(
+    out: np.ndarray,
     start: int,
-    length: int,
-    d: int,
     hi: np.ndarray,
     lo: np.ndarray,
     fmt: str,
     layout: str,
     threads: int | None = None,
-) -> np.ndarray:
-    m = hi.size  # number of frequencies, ceil(d/2)
-    out = np.empty((length, d), CONTAINERS[fmt])
+) -> None:
+    """Fill ``out`` (L, d) with the rows of positions ``start .. start+L-1``."""
+    (length, d), m = out.shape, hi.size  # m: number of frequencies, ceil(d/2)
     if length == 0:
-        return out
+        return
     # Top level of the recursion in phasors(), written straight into the output:
     # sin θ + i cos θ = i·conj(e^{iθ}), so with e^{iθ} = coarse · fine the output is
     # (i·conj(coarse)) · conj(fine), already in (sin, cos) order.
@@ -227,24 +247,21 @@ def _range_table(
         _write(out[rows], product.view(np.float64), fmt, layout, positions, hi, lo)
 
     run_parallel(fill, range(0, n_blocks, blocks_per_chunk), workers)
-    return out
 
 
 _TESTED_CHUNK = 1 << 16  # complex values per chunk that goes through the rounding test
 
 
 def _array_table(
-    positions: np.ndarray, d: int, hi: np.ndarray, lo: np.ndarray, fmt: str, layout: str
-) -> np.ndarray:
-    flat = positions.astype(np.float64).reshape(-1)
-    out = np.empty((flat.size, d), CONTAINERS[fmt])
+    out: np.ndarray, flat: np.ndarray, hi: np.ndarray, lo: np.ndarray, fmt: str, layout: str
+) -> None:
+    """Fill ``out`` (N, d) with the rows of the float64 positions ``flat`` (N,)."""
     step = max(1, CHUNK_ELEMENTS // hi.size)
     for i in range(0, flat.size, step):
         sin, cos = unit_phasors(flat[i : i + step, None], hi, lo)
         pairs = np.empty((sin.shape[0], 2 * hi.size))
         pairs[:, 0::2], pairs[:, 1::2] = sin, cos
         _write(out[i : i + step], pairs, fmt, layout, flat[i : i + step], hi, lo)
-    return out.reshape((*positions.shape, d))
 
 
 def _write(
@@ -271,6 +288,9 @@ def _write(
     round_pairs_into(rounded, pairs, positions, hi, lo, ("sin", "cos"), fmt)
     if layout == "interleaved":
         out[...] = rounded[:, :d]
+    elif d % 2 == 0:  # [sin_0 .. sin_{m-1}, cos_0 .. cos_{m-1}] in one pass
+        rows = out.shape[0]
+        np.copyto(out.reshape(rows, 2, m), rounded.reshape(rows, m, 2).transpose(0, 2, 1))
     else:
         out[:, :m] = rounded[:, 0::2]
         out[:, m:] = rounded[:, 1 : 2 * h : 2]

@@ -63,8 +63,13 @@ class SinusoidalSpec(SchemeSpec):
         fmt: str = "float32",
         start: int = 0,
         max_bytes: int | None = DEFAULT_MAX_BYTES,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Rows at ``positions`` (an int ``L``: ``start .. start+L-1``), ``(..., d_model)``."""
+        """Rows at ``positions`` (an int ``L``: ``start .. start+L-1``), ``(..., d_model)``.
+
+        ``out``: the array to fill and return (see
+        :func:`posenc.core.sinusoidal.table_values`).
+        """
         return table_values(
             positions,
             self.d_model,
@@ -74,6 +79,7 @@ class SinusoidalSpec(SchemeSpec):
             fmt=fmt,
             start=start,
             max_bytes=max_bytes,
+            out=out,
         )
 
 

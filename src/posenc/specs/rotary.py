@@ -118,11 +118,14 @@ class RopeSpec(SchemeSpec):
         seq_len: int | None = None,
         inv_freq: np.ndarray | None = None,
         max_bytes: int | None = DEFAULT_MAX_BYTES,
+        out: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(cos, sin)`` at ``positions``, ``(..., rotary_dim)``, times the attention factor.
 
         ``seq_len`` selects a length-dependent scaling's frequencies; ``inv_freq``
-        overrides them (the attention factor stays the scaling's).
+        overrides them (the attention factor stays the scaling's). ``out``: the
+        ``(cos, sin)`` arrays to fill and return (see
+        :func:`posenc.core.rope.rope_table_values`).
         """
         frequencies, attention = self.frequencies(seq_len)
         return rope_table_values(
@@ -133,6 +136,7 @@ class RopeSpec(SchemeSpec):
             scale=attention,
             start=start,
             max_bytes=max_bytes,
+            out=out,
         )
 
 

@@ -24,6 +24,7 @@ from ..._checks import (
     check_position,
     check_real,
     check_span,
+    describe,
     real_array,
 )
 from ..phasors import (
@@ -31,9 +32,10 @@ from ..phasors import (
     check_turns,
     contiguous_range,
     largest_position,
-    phasors,
+    phasor_factors,
+    phasor_rows,
 )
-from ..precision import CONTAINERS, FORMATS, resolve_dtype, turns_of, unit_phasors
+from ..precision import CONTAINERS, FORMATS, check_out, resolve_dtype, turns_of, unit_phasors
 from ..rounding import round_pairs_into
 
 __all__ = [
@@ -127,16 +129,26 @@ def rope_table_values(
     scale: float = 1.0,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     start: int = 0,
+    out: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`rope_tables` in the container of ``fmt`` (bfloat16 values as exact float32).
 
     For the framework adapters. With an int ``positions`` (a length), ``start`` shifts
-    the range to ``start .. start+positions-1``.
+    the range to ``start .. start+positions-1``. ``out``: the ``(cos, sin)`` arrays to
+    write, two distinct writeable C-contiguous arrays of the result's shape and of the
+    container dtype (:data:`posenc.core.precision.CONTAINERS`), e.g. memory a framework
+    allocated; they are filled and returned (``max_bytes`` then does not apply: the
+    memory is the caller's, and the temporaries are a few chunks of rows).
 
     Example:
         >>> cos, _ = rope_table_values(2, [1.0], fmt="bfloat16", layout="half")
         >>> cos.dtype.name, cos[1].tolist()  # bfloat16's cos(1), held exactly in float32
         ('float32', [0.5390625, 0.5390625])
+        >>> tables = np.empty((2, 3, 2), np.float32), np.empty((2, 3, 2), np.float32)
+        >>> rope_table_values(3, [1.0], fmt="float32", layout="half", out=tables)[0] is tables[0]
+        Traceback (most recent call last):
+        ...
+        ValueError: out[0] (cos) must have shape (3, 2), got (2, 3, 2)
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
@@ -161,54 +173,84 @@ def rope_table_values(
         check_span(span[0], span[0] + span[1] - 1)
     shape = (span[1],) if span is not None else np.shape(positions)
     count, m = math.prod(shape), inv_freq.size
-    check_memory(2 * count * 2 * m * container.itemsize, "these RoPE tables", max_bytes)
+    if out is not None:
+        tables = _check_out_tables(out, (*shape, 2 * m), fmt)
+    else:
+        check_memory(2 * count * 2 * m * container.itemsize, "these RoPE tables", max_bytes)
     hi, lo = turns_of(inv_freq)
     check_turns(largest_position(positions, span), hi, "inv_freq")
-    cos = np.empty((count, 2 * m), container)
-    sin = np.empty((count, 2 * m), container)
-    rows = max(64, CHUNK_ELEMENTS // m)
+    if out is None:
+        tables = np.empty((*shape, 2 * m), container), np.empty((*shape, 2 * m), container)
+    cos, sin = (table.reshape(count, 2 * m) for table in tables)  # views: C-contiguous
     if span is not None:
-        first, length = span
-        for r0 in range(0, length, rows):
-            n = min(rows, length - r0)
-            z = phasors(float(first + r0), n, hi, lo)  # e^{ikθ} = cos + i sin, (n, m)
-            at = first + r0 + np.arange(n, dtype=np.float64)
-            _write(
-                cos[r0 : r0 + n],
-                sin[r0 : r0 + n],
-                z.view(np.float64),
-                fmt,
-                layout,
-                scale,
-                at,
-                hi,
-                lo,
-            )
+        _fill_range(cos, sin, span[0], hi, lo, fmt, layout, scale)
     else:
         flat = np.asarray(positions, dtype=np.float64).reshape(-1, 1)
+        rows = max(64, CHUNK_ELEMENTS // m)
         for r0 in range(0, count, rows):
             at = flat[r0 : r0 + rows]
             s, c = unit_phasors(at, hi, lo)
             pairs = np.empty((at.shape[0], 2 * m))
             pairs[:, 0::2], pairs[:, 1::2] = c, s
-            _write(
-                cos[r0 : r0 + rows],
-                sin[r0 : r0 + rows],
-                pairs,
-                fmt,
-                layout,
-                scale,
-                at[:, 0],
-                hi,
-                lo,
-            )
-    return cos.reshape((*shape, 2 * m)), sin.reshape((*shape, 2 * m))
+            rounded = None if fmt == "float64" else np.empty(pairs.shape, container)
+            part = slice(r0, r0 + rows)
+            _write(cos[part], sin[part], pairs, rounded, fmt, layout, scale, at[:, 0], hi, lo)
+    return tables
+
+
+def _check_out_tables(out: Any, shape: tuple[int, ...], fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """The ``out=`` of :func:`rope_table_values`: two distinct arrays to write in place."""
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise TypeError(
+            f"out must be a (cos, sin) tuple of two NumPy arrays of shape {shape} and dtype "
+            f"{CONTAINERS[fmt].name}, got {describe(out)}"
+        )
+    cos = check_out(out[0], "out[0] (cos)", shape, fmt)
+    sin = check_out(out[1], "out[1] (sin)", shape, fmt)
+    if np.shares_memory(cos, sin):
+        raise ValueError("out must be two separate arrays, got a cos and a sin that overlap")
+    return cos, sin
+
+
+_CHUNK = 1 << 14
+"""Complex values per chunk of a run: the chunk's phasors (256 KiB) and rounded values
+stay in cache from the product to the copies into the tables."""
+
+
+def _fill_range(
+    cos: np.ndarray,
+    sin: np.ndarray,
+    first: int,
+    hi: np.ndarray,
+    lo: np.ndarray,
+    fmt: str,
+    layout: str,
+    scale: float,
+) -> None:
+    """Fill the tables (rows, 2m) for positions ``first, first+1, ...``, a chunk of rows at
+    a time, from the two factors of :func:`posenc.core.phasors.phasor_factors`: the
+    product, the rounding and the copies of a chunk all work in two reused buffers."""
+    length, m = cos.shape[0], hi.size
+    if not length:
+        return
+    fine, coarse, block = phasor_factors(float(first), length, hi, lo)
+    step = 1 << max(0, (_CHUNK // m).bit_length() - 1)  # a power of two, for phasor_rows
+    buffer = np.empty((min(step, -(-length // block) * block), m), np.complex128)
+    rounded = None if fmt == "float64" else np.empty((buffer.shape[0], 2 * m), cos.dtype)
+    for r0 in range(0, length, step):
+        n = min(step, length - r0)
+        pairs = phasor_rows(fine, coarse, block, r0, step, buffer)[:n].view(np.float64)
+        positions = first + np.arange(r0, r0 + n, dtype=np.float64)  # exact: |p| <= 2**53
+        target = None if rounded is None else rounded[:n]
+        rows = slice(r0, r0 + n)
+        _write(cos[rows], sin[rows], pairs, target, fmt, layout, scale, positions, hi, lo)
 
 
 def _write(
     cos: np.ndarray,
     sin: np.ndarray,
     pairs: np.ndarray,
+    rounded: np.ndarray | None,
     fmt: str,
     layout: str,
     scale: float,
@@ -219,22 +261,29 @@ def _write(
     """Correctly round ``scale ·`` the float64 ``(cos, sin)`` pairs (rows, 2m) into the
     tables ``cos`` and ``sin`` (rows, 2m) in ``layout``.
 
-    The pairs are the phasors of ``positions`` (rows,) at the turns ``hi + lo`` (m,);
-    entries their float64 value cannot round are computed again
-    (:func:`posenc.core.rounding.round_phasor_pairs`).
+    The pairs (C-contiguous, a temporary: scaled in place) are the phasors of
+    ``positions`` (rows,) at the turns ``hi + lo`` (m,); they are rounded into
+    ``rounded`` (rows, 2m, the container of ``fmt``; ``None`` for float64, which is not
+    rounded), where entries their float64 value cannot round are computed again
+    (:func:`posenc.core.rounding.round_pairs_into`), and copied from there into both
+    columns of their frequency, one pass per table.
     """
     if scale != 1.0:
-        pairs = pairs * scale
-    rounded = np.empty(pairs.shape, cos.dtype)
-    round_pairs_into(rounded, pairs, positions, hi, lo, ("cos", "sin"), fmt, scale)
-    m = hi.size
-    for out, values in ((cos, rounded[:, 0::2]), (sin, rounded[:, 1::2])):
-        if layout == "half":
-            out[:, :m] = values
-            out[:, m:] = values
-        else:
-            out[:, 0::2] = values
-            out[:, 1::2] = values
+        np.multiply(pairs, scale, out=pairs)
+    values = pairs
+    if rounded is not None:
+        round_pairs_into(rounded, pairs, positions, hi, lo, ("cos", "sin"), fmt, scale)
+        values = rounded
+    n, m = values.shape[0], hi.size
+    by_pair = values.reshape(n, m, 2)  # [..., 0]: cos, [..., 1]: sin
+    for table, part in ((cos, 0), (sin, 1)):
+        if layout == "half":  # [v_0 .. v_{m-1}, v_0 .. v_{m-1}]
+            np.copyto(table.reshape(n, 2, m), by_pair[:, None, :, part])
+        else:  # [v_0, v_0, v_1, v_1, ...]: two 1-D strided copies (a broadcast over
+            # the pair's 2 columns would run NumPy's inner loop 2 entries at a time)
+            columns, column = table.reshape(-1, 2), by_pair.reshape(-1, 2)[:, part]
+            columns[:, 0] = column
+            columns[:, 1] = column
 
 
 def pair_layout(values: np.ndarray, layout: str) -> np.ndarray:
