@@ -67,12 +67,19 @@ def format_of(dtype: Any, name: str = "dtype") -> str:
     return FORMATS[dtype]
 
 
-def to_tensor(values: np.ndarray, fmt: str, device: Any = None) -> Tensor:
-    """A tensor of format ``fmt`` on ``device`` holding the core's ``values`` exactly.
+_TENSOR_DTYPES: dict[str, torch.dtype] = {**DTYPES, "int64": torch.int64}
 
-    The core returns bfloat16 values in a float32 container, so the cast is exact.
+
+def to_tensor(values: np.ndarray, fmt: str, device: Any = None) -> Tensor:
+    """A tensor of format ``fmt`` (or ``"int64"``) on ``device`` (the default device when
+    ``None``) holding the core's ``values`` exactly, in memory PyTorch allocated.
+
+    Never a view of the NumPy buffer: PyTorch aligns its CPU tensors to 64 bytes, NumPy
+    its arrays to 16, and an add that reads a table at an odd alignment is measurably
+    slower. The core returns bfloat16 values in a float32 container, so the cast is exact.
     """
-    return torch.from_numpy(np.ascontiguousarray(values)).to(device=device, dtype=DTYPES[fmt])
+    tensor = torch.empty(np.shape(values), dtype=_TENSOR_DTYPES[fmt], device=device)
+    return tensor.copy_(torch.from_numpy(np.ascontiguousarray(values)))
 
 
 def is_traced(value: object = None) -> bool:

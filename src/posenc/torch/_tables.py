@@ -1,47 +1,77 @@
-"""The table lifecycle of the PyTorch modules: built by the core, grown, rebuilt.
+"""The table lifecycle of the PyTorch modules: built by the core, shared, grown, rebuilt.
 
-:class:`DerivedBuffers` is the base of the modules whose buffers the core derives;
-:class:`PositionTables` the one owner of a module's per-position tables. They follow the
-planner (:mod:`posenc.core.plan`) and move its rows with the primitives of
-:mod:`._backend`.
+:class:`PositionTables` is the one owner of a module's per-position tables. It follows
+the planner (:mod:`posenc.core.plan`) and moves its rows with the primitives of
+:mod:`._backend`; its base :class:`~._shared.DerivedBuffers` keeps the tables once for
+every module of one kind and spec, per dtype and device (the JAX front end shares one
+cache the same way, and the Keras layers one set of tables per spec).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
-import threading
-import warnings
-from collections.abc import Callable, Iterable, Iterator
+import math
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from .._checks import check_int
+from .._checks import DEFAULT_MAX_BYTES, check_int, check_memory
 from ..core.plan import Past, RowsPlan, TableKind, plan_index, plan_rows, table_format
 from ..core.positions import MemoryLimitError, grow
 from ._arguments import positions_range
 from ._backend import DTYPES, dtype_name, format_of, gather_rows, is_traced, wide_index
+from ._shared import GROWTH_LOCK, DerivedBuffers, SharedTables, shared_count
 
-__all__ = ["DerivedBuffers", "PositionTables", "eager_only", "table_dtype"]
+__all__ = [
+    "GROWTH_LOCK",
+    "DerivedBuffers",
+    "PositionTables",
+    "SharedTables",
+    "core_filled",
+    "eager_only",
+    "shared_count",
+    "table_dtype",
+]
 
 Function = TypeVar("Function", bound=Callable[..., Any])
-
-
-GROWTH_LOCK = threading.RLock()
-"""Held while a module's tables grow. Threads may share a module (a server answering
-requests with one model): two calls that grow its tables at once must not leave the
-shorter tables in place of the longer ones that a third call has planned to read. Module
-level, not per module: a lock cannot be deep-copied or pickled, and growth is rare."""
 
 
 def table_dtype(dtype: torch.dtype, kind: TableKind) -> torch.dtype:
     """The dtype a table is kept in for an input of ``dtype``: the planner's rule
     (:func:`posenc.core.plan.table_format`) in torch dtypes."""
     return DTYPES[table_format(format_of(dtype), kind)]
+
+
+def core_filled(
+    shapes: tuple[tuple[int, ...], ...],
+    fmt: str,
+    device: Any,
+    fill: Callable[[tuple[np.ndarray, ...]], object],
+    what: str,
+) -> tuple[Tensor, ...]:
+    """Tables the core writes straight into memory PyTorch allocated.
+
+    ``fill(out)`` is the core's table function called with ``out=``: NumPy views of CPU
+    tensors of ``shapes`` in the container of ``fmt`` (float32 for bfloat16), which it
+    fills in place. They are the tables on the CPU; on another device, or in bfloat16,
+    PyTorch copies them there. Aligned as every PyTorch tensor (64 bytes), never a view
+    of a NumPy buffer, and without the copy :func:`._backend.to_tensor` makes of an
+    array the core allocated. The memory limit is checked first, as the core checks it
+    (about twice the tables, its working memory included), since the tensors are
+    allocated before the core is called.
+    """
+    container = torch.float32 if fmt == "bfloat16" else DTYPES[fmt]
+    size = sum(math.prod(shape) for shape in shapes) * container.itemsize
+    check_memory(2 * size, what, DEFAULT_MAX_BYTES)
+    host = tuple(torch.empty(shape, dtype=container, device="cpu") for shape in shapes)
+    fill(tuple(tensor.numpy() for tensor in host))
+    device = torch.get_default_device() if device is None else torch.device(device)
+    if device.type == "cpu" and container == DTYPES[fmt]:
+        return host
+    return tuple(tensor.to(device=device, dtype=DTYPES[fmt]) for tensor in host)
 
 
 def eager_only(function: Function) -> Function:
@@ -52,111 +82,6 @@ def eager_only(function: Function) -> Function:
     """
     disabled: Function = torch.compiler.disable(function)
     return disabled
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside PyTorch and posenc: a warning from
-    a load-state-dict hook then points to the user's ``load_state_dict`` call."""
-    own = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(own):
-        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
-    return level
-
-
-class DerivedBuffers(nn.Module):
-    """Base of the modules whose buffers the core derives (tables, slopes, buckets).
-
-    The buffers are non-persistent: nothing derived goes into ``state_dict``, and the
-    entries other libraries write for such state (``drop=`` names) are dropped from a
-    loaded state dict. Casting or moving the module (``.half()``, ``.to()``,
-    ``to_empty``) rebuilds them from the core in the dtype :meth:`_table_dtype` chooses,
-    instead of casting rounded values again. A subclass implements
-    :meth:`_derive_buffers`; :meth:`_forget` clears any cache of its own.
-    """
-
-    def _register_derived(self, buffers: dict[str, Tensor], drop: Iterable[str] = ()) -> None:
-        """Register ``buffers`` (non-persistent) and the state-dict keys to drop on load."""
-        self._derived_names: tuple[str, ...] = tuple(buffers)
-        self._dropped_keys: tuple[str, ...] = (*buffers, *drop)
-        for key, tensor in buffers.items():
-            self.register_buffer(key, tensor, persistent=False)
-        # A bound method (not a closure), so that the module pickles. (The method is
-        # unannotated in PyTorch.)
-        self.register_load_state_dict_pre_hook(self._drop_derived_keys)  # type: ignore[no-untyped-call]
-
-    def _drop_derived_keys(
-        self,
-        module: nn.Module,
-        state_dict: dict[str, Any],
-        prefix: str,
-        *args: Any,
-    ) -> None:
-        for key in self._dropped_keys:
-            value = state_dict.pop(prefix + key, None)
-            if isinstance(value, Tensor):
-                self._compare_derived(prefix + key, value)
-
-    def _own_value(self, key: str) -> Any:
-        """This module's value of a derived key, to compare a checkpoint's with; ``None``
-        where it has none (state of another library's own design)."""
-        own = getattr(self, key, None)
-        return own if isinstance(own, (Tensor, np.ndarray)) else None
-
-    def _compare_derived(self, key: str, value: Tensor) -> None:
-        """Warn when a checkpoint's derived ``value`` is not this module's own: the module
-        keeps its own (derived from its options), so a difference means the checkpoint
-        was made with other options (base, scaling, width) or computed inexactly."""
-        own = self._own_value(key.rsplit(".", 1)[-1])
-        if own is None or value.is_complex() or value.device.type == "meta":
-            return
-        mine = own.detach().cpu().double().numpy() if isinstance(own, Tensor) else own
-        theirs = value.detach().cpu().double().numpy()
-        what = f"{type(self).__name__}: the checkpoint's {key!r}"
-        if mine.size != theirs.size:
-            warnings.warn(
-                f"{what} has shape {tuple(theirs.shape)}, this module's {tuple(mine.shape)}; "
-                "the module keeps its own, derived from its options (were they different "
-                "when the checkpoint was made?)",
-                stacklevel=_caller_level(),
-            )
-            return
-        difference = float(np.max(np.abs(mine.reshape(theirs.shape) - theirs), initial=0.0))
-        scale = float(np.max(np.abs(mine), initial=0.0)) or 1.0
-        if value.is_floating_point():  # a few units in its last place: rounding only
-            same = difference <= 8 * torch.finfo(value.dtype).eps * scale
-        else:
-            same = difference == 0
-        if not same:
-            warnings.warn(
-                f"{what} differs from this module's by up to {difference:.3g}; the module "
-                "keeps its own, derived from its options (were they different when the "
-                "checkpoint was made?)",
-                stacklevel=_caller_level(),
-            )
-
-    def _derive_buffers(self, dtype: torch.dtype, device: torch.device) -> dict[str, Tensor]:
-        """The buffers for a module now in ``dtype`` on ``device``, from the core."""
-        raise NotImplementedError
-
-    def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The dtype the buffers keep when the module is cast to ``dtype``."""
-        return dtype
-
-    def _forget(self) -> None:
-        """Clear caches derived from the buffers (after a rebuild)."""
-
-    def _apply(self, fn: Any, recurse: bool = True) -> DerivedBuffers:
-        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # unannotated in PyTorch
-        # fn has converted the buffers (e.g. float32 -> bfloat16, a rounding of rounded
-        # values); rebuild them exactly instead. Meta tensors have no values to rebuild.
-        first = getattr(self, self._derived_names[0]) if self._derived_names else None
-        if first is not None and first.device.type != "meta":
-            dtype = self._table_dtype(first.dtype)
-            for key, tensor in self._derive_buffers(dtype, first.device).items():
-                setattr(self, key, tensor)
-        self._forget()
-        return self
 
 
 @contextlib.contextmanager
@@ -192,14 +117,26 @@ class PositionTables(DerivedBuffers):
     def _init_tables(
         self, names: tuple[str, ...], length: int, dtype: torch.dtype, drop: Iterable[str] = ()
     ) -> None:
+        # Tables for inputs whose dtype or device differs from the buffers', by
+        # (dtype, device): shared as the buffers are.
+        self._other_tables: dict[tuple[torch.dtype, torch.device], SharedTables] = {}
         with _named_limit("max_length", length):
-            tables = self._derive(length, 0, dtype, None)
-        self._register_derived(dict(zip(names, tables, strict=True)), drop)
-        # Tables for inputs whose dtype or device differs from the buffers'.
-        self._other_tables: dict[tuple[torch.dtype, torch.device], tuple[Tensor, ...]] = {}
+            self._register_derived(names, dtype, drop, rows=length)
 
-    def _derive_buffers(self, dtype: torch.dtype, device: torch.device) -> dict[str, Tensor]:
-        tables = self._derive(self.table_length, 0, dtype, device)
+    def _share_key(self) -> Hashable | None:
+        # The tables are the spec's (a frozen, validated dataclass): the module's kind and
+        # spec say everything they hold.
+        return (type(self), self.spec)
+
+    def _derive_buffers(
+        self, dtype: torch.dtype, device: torch.device, rows: int | None = None
+    ) -> dict[str, Tensor]:
+        length = self.table_length if rows is None else rows
+        if device.type == "meta":  # shapes without values: one row of the core's, for widths
+            one = self._derive(1, 0, dtype, "cpu")
+            tables = tuple(t.new_empty((length, *t.shape[1:]), device=device) for t in one)
+        else:
+            tables = self._derive(length, 0, dtype, device)
         return dict(zip(self._derived_names, tables, strict=True))
 
     def _forget(self) -> None:
@@ -207,8 +144,9 @@ class PositionTables(DerivedBuffers):
 
     @property
     def table_length(self) -> int:
-        """Positions the tables hold now (they grow; they never shrink)."""
-        return int(getattr(self, self._derived_names[0]).shape[0])
+        """Positions the tables hold now (they grow, with every module sharing them; they
+        never shrink)."""
+        return int(self._buffer(self._derived_names[0]).shape[0])
 
     def _buffers_now(self) -> tuple[Tensor, ...]:
         return tuple(getattr(self, key) for key in self._derived_names)
@@ -216,30 +154,40 @@ class PositionTables(DerivedBuffers):
     def extend(self, length: int) -> None:
         """Make the tables hold at least ``length`` positions (they never shrink).
 
-        Call it before ``torch.compile``/``torch.export`` when compiled code will see
-        positions past the current tables (traced positions outside them give NaN).
+        The tables are shared: every module of this kind and spec sees them grow. Call it
+        before ``torch.compile``/``torch.export`` when compiled code will see positions
+        past the current tables (traced positions outside them give NaN).
         """
         length = check_int(length, "length", minimum=1)
         with GROWTH_LOCK:  # threads calling one module: the longest tables win, never shrink
             if length > self.table_length:
                 first = self._buffers_now()[0]
+                dtype, device = first.dtype, first.device
                 with _named_limit("length", length):
-                    tables = self._derive(length, 0, first.dtype, first.device)
-                for key, tensor in zip(self._derived_names, tables, strict=True):
-                    setattr(self, key, tensor)
-                self._forget()
+                    tables = self._derive_buffers(dtype, device, length)
+                if (
+                    self._holder is None
+                    or first is not self._holder.tensors[self._derived_names[0]]
+                ):
+                    self._attach(SharedTables(tables))  # buffers set by hand: its own
+                else:
+                    self._holder.replace(tables)
 
     def _tables_in(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
-        """The whole tables in ``dtype`` on ``device`` (the buffers, or a cached copy)."""
+        """The whole tables in ``dtype`` on ``device`` (the buffers, or shared ones of at
+        least as many rows)."""
         tables = self._buffers_now()
         if tables[0].dtype == dtype and tables[0].device == device:
             return tables
         key = (dtype, device)
-        other = self._other_tables.get(key)
-        if other is None or other[0].shape[0] < tables[0].shape[0]:
-            other = self._derive(tables[0].shape[0], 0, dtype, device)
-            self._other_tables[key] = other
-        return other
+        rows = tables[0].shape[0]
+        holder = self._other_tables.get(key)
+        if holder is None or holder.rows < rows:
+            holder = self._shared(
+                dtype, device, lambda: self._derive_buffers(dtype, device, rows), rows
+            )
+            self._other_tables[key] = holder
+        return tuple(holder.tensors[name] for name in self._derived_names)
 
     def _covering(
         self, end: int, dtype: torch.dtype, device: torch.device, name: str

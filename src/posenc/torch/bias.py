@@ -14,6 +14,7 @@ explicitly (``positions=``, ``key_positions=``) for packed sequences.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from .._checks import DEFAULT_MAX_BYTES, check_int, check_memory, check_span, de
 from ..core.plan import align_queries, traced_offset
 from ..specs import AlibiSpec, FromSpec, T5Spec
 from ._arguments import check_device, check_offset, check_offset_or_positions
-from ._backend import format_of, is_traced
+from ._backend import format_of, is_traced, to_tensor
 from ._tables import DerivedBuffers
 from .protocols import BiasesScores
 
@@ -177,10 +178,15 @@ class ALiBiBias(DerivedBuffers, BiasesScores, FromSpec):
         super().__init__()
         self.spec = AlibiSpec(num_heads=num_heads, mode=mode)
         self.num_heads, self.mode = self.spec.num_heads, self.spec.mode
-        self._register_derived(self._derive_buffers(torch.float64, None), drop=("alibi",))
+        self._register_derived(("slopes",), torch.float64, drop=("alibi",))
 
-    def _derive_buffers(self, dtype: torch.dtype, device: Any) -> dict[str, Tensor]:
-        return {"slopes": torch.from_numpy(self.spec.slopes()).to(device)}  # float64
+    def _share_key(self) -> Hashable:
+        return (type(self), self.spec)
+
+    def _derive_buffers(
+        self, dtype: torch.dtype, device: torch.device, rows: int | None = None
+    ) -> dict[str, Tensor]:
+        return {"slopes": to_tensor(self.spec.slopes(), "float64", device)}  # (H,), exact
 
     def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return torch.float64  # the slopes stay exact whatever the module's dtype
@@ -267,11 +273,16 @@ class T5RelativeBias(DerivedBuffers, BiasesScores, FromSpec):
         self.num_buckets, self.max_distance = self.spec.num_buckets, self.spec.max_distance
         self.compat = self.spec.compat
         self.relative_attention_bias = nn.Embedding(self.num_buckets, self.num_heads)
-        self._register_derived(self._derive_buffers(torch.int64, None))
+        self._register_derived(("buckets",), torch.int64)
 
-    def _derive_buffers(self, dtype: torch.dtype, device: Any) -> dict[str, Tensor]:
+    def _share_key(self) -> Hashable:
+        return (type(self), self.spec)
+
+    def _derive_buffers(
+        self, dtype: torch.dtype, device: torch.device, rows: int | None = None
+    ) -> dict[str, Tensor]:
         # The bucket of every distance within ±max_distance, int64 (2·max_distance + 1,).
-        return {"buckets": torch.from_numpy(self.spec.bucket_table()).to(device)}
+        return {"buckets": to_tensor(self.spec.bucket_table(), "int64", device)}
 
     def forward(
         self,

@@ -41,7 +41,7 @@ from ._arguments import (
     positions_range,
 )
 from ._backend import dtype_name, format_of, gather_rows, to_tensor, wide_index
-from ._tables import PositionTables, eager_only
+from ._tables import PositionTables, core_filled, eager_only
 from .protocols import EncodesInput
 
 
@@ -169,6 +169,14 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput, FromSpec):
         self, positions: int | np.ndarray, start: int, dtype: torch.dtype, device: Any
     ) -> tuple[Tensor, ...]:
         fmt = format_of(dtype)
+        if isinstance(positions, int):  # a run of rows: written into PyTorch's memory
+            return core_filled(
+                ((positions, self.d_model),),
+                fmt,
+                device,
+                lambda out: self.spec.table(positions, fmt=fmt, start=start, out=out[0]),
+                "this sinusoidal table",
+            )
         return (to_tensor(self.spec.table(positions, fmt=fmt, start=start), fmt, device),)
 
     def table(self, end: int, dtype: torch.dtype, device: torch.device) -> Tensor:

@@ -39,7 +39,7 @@ from ..core.plan import plan_index, plan_rows
 from ..core.positions import grow
 from ..specs import FireSpec, FromSpec, KerpleSpec, SandwichSpec
 from ._arguments import check_device
-from ._backend import dtype_name, format_of, gather_rows, is_traced, wide_index
+from ._backend import dtype_name, format_of, gather_rows, is_traced, to_tensor, wide_index
 from ._tables import DerivedBuffers
 from .bias import _relative_positions
 from .protocols import BiasesScores
@@ -336,9 +336,12 @@ class SandwichBias(DerivedBuffers, BiasesScores, FromSpec):
         check_width(self.spec.dim, "dim")  # its frequencies: one per pair of the width
         self.num_heads, self.dim, self.mode = self.spec.num_heads, self.spec.dim, self.spec.mode
         self._length = check_max_length(max_length)
-        self._register_derived(self._derive_buffers(torch.float64, None))
+        # Not shared: the table grows by itself (_install), a module's own state.
+        self._register_derived(("table",), torch.float64)
 
-    def _derive_buffers(self, dtype: torch.dtype, device: Any) -> dict[str, Tensor]:
+    def _derive_buffers(
+        self, dtype: torch.dtype, device: torch.device, rows: int | None = None
+    ) -> dict[str, Tensor]:
         try:
             return {"table": self._rows(_distances(self._length), device)}
         except MemoryLimitError as error:
@@ -370,7 +373,7 @@ class SandwichBias(DerivedBuffers, BiasesScores, FromSpec):
         )  # (..., q, k), key - query
         distance = (-rel).clamp(min=0) if self.mode == "causal" else rel.abs()
         table, index = self.table, None
-        if is_traced():  # distances unknown: NaN past the table
+        if is_traced() or distance.is_meta:  # distances unknown: NaN past the table
             index = plan_index(dtype_name(distance), self._length, wide=wide_index())
         elif distance.numel():
             longest = self._longest(distance, offset, positions is None and key_positions is None)
@@ -412,7 +415,7 @@ class SandwichBias(DerivedBuffers, BiasesScores, FromSpec):
                 f"SandwichBias: base={self.spec.base!r} with dim={self.dim} gives non-finite "
                 "biases (its frequencies overflow float64); use a base > 1"
             )
-        return torch.from_numpy(np.ascontiguousarray(values.T)).to(device)
+        return to_tensor(np.ascontiguousarray(values.T), "float64", device)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, dim={self.dim}, mode={self.mode!r}"

@@ -90,7 +90,7 @@ class SinusoidalPositionalEncodingND(DerivedBuffers, FromSpec):
         self.dropout = nn.Dropout(check_probability(dropout))
         self._tables: dict[tuple[tuple[int, ...], torch.dtype, torch.device], Tensor] = {}
         # No buffers; state dicts of the package's modules carry these derived entries.
-        self._register_derived({}, drop=("inv_freq", "cached_penc"))
+        self._register_derived((), torch.float32, drop=("inv_freq", "cached_penc"))
 
     def _forget(self) -> None:
         self._tables = {}  # a cast or move rebuilds exact tables on the next call

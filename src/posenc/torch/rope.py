@@ -31,7 +31,7 @@ from ..core.rope import RopeScaling, as_rope_scaling, rope_permutation
 from ..specs import FromHFConfig, RopeSpec
 from ._arguments import check_offset_or_positions, check_position_tensor, positions_range
 from ._backend import format_of, is_traced, to_tensor
-from ._tables import PositionTables, eager_only, table_dtype
+from ._tables import PositionTables, core_filled, eager_only, table_dtype
 from .protocols import RotatesQueriesKeys
 from .rotation import (
     SMALL,
@@ -243,14 +243,28 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         """``(cos, sin)`` from the core: with the construction frequencies, or (``seq_len``)
         with the frequencies and attention factor a length-dependent scaling has there."""
         fmt = format_of(dtype)
-        cos, sin = self.spec.tables(
-            positions,
-            fmt=fmt,
-            start=start,
-            seq_len=seq_len,
-            inv_freq=self._inv_freq if seq_len is None else None,
+        inv_freq = self._inv_freq if seq_len is None else None
+        if isinstance(positions, int):  # a run of rows: written into PyTorch's memory
+            shape = (positions, self.rotary_dim)
+            cos, sin = core_filled(
+                (shape, shape),
+                fmt,
+                device,
+                lambda out: self.spec.tables(
+                    positions,
+                    fmt=fmt,
+                    start=start,
+                    seq_len=seq_len,
+                    inv_freq=inv_freq,
+                    out=(out[0], out[1]),
+                ),
+                "these RoPE tables",
+            )
+            return cos, sin
+        values = self.spec.tables(
+            positions, fmt=fmt, start=start, seq_len=seq_len, inv_freq=inv_freq
         )
-        return to_tensor(cos, fmt, device), to_tensor(sin, fmt, device)
+        return to_tensor(values[0], fmt, device), to_tensor(values[1], fmt, device)
 
     def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
         # The tables stay float32 whatever the module's dtype, float64 after .double().
@@ -320,20 +334,19 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
     def _table(self, name: str) -> Tensor:
         return cast(Tensor, self._buffers[name])  # as self.cos, without Module.__getattr__
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.pop("_signed", None)  # derived from sin: made again by the next step
-        return state
-
     def _step(self, q: Tensor, k: Tensor, rows: slice | Tensor) -> tuple[Tensor, Tensor]:
         """q and k rotated together at ``rows`` (a slice of the tables, or positions to
         gather), the signed sin table kept from the last step. With one batch row (and
         for bshd one position) the rows broadcast over the heads as they are."""
         cos, sin = self._table("cos"), self._table("sin")
-        cached = self.__dict__.get("_signed")
-        if cached is None or cached[0] is not sin:  # new tables (grown, moved)
+        # Kept with the shared tables (one for every module of the spec), made again
+        # when the tables are new (grown, moved).
+        assert self._holder is not None  # every module with tables has one
+        extras = self._holder.extras
+        cached = extras.get("_signed")
+        if cached is None or cached[0] is not sin:
             cached = (sin, signed_sin(sin, self.layout, self.rotary_dim))
-            self.__dict__["_signed"] = cached
+            extras["_signed"] = cached
         if isinstance(rows, slice):
             cos, signed = cos[rows], cached[1][rows]
         else:
