@@ -15,8 +15,9 @@ Contenders, all under ``torch.no_grad()`` on float32 ``x`` of shape (8, 2048, 51
   48 bytes below the output's page offset (address mod 4096), so not 32-byte aligned
   relative to it. On the machine measured such a table slows the add by about 10 %
   (loads of the table 4K-alias the stores to the output). Where a table lands is up to
-  the allocator (posenc's is NumPy memory, the others torch's) and changes from process
-  to process; the page offsets are printed with the results.
+  the allocator and changes from process to process; the page offsets are printed
+  with the results, and each table's address mod 64 (PyTorch aligns its CPU tensors to
+  64 bytes, NumPy its arrays to 16).
 
 Timed interleaved at ``torch.set_num_threads(1)``, then at ``(2)``, in several fresh
 processes whose samples are pooled (the speed of a memory-bound add depends on where
@@ -105,6 +106,9 @@ def contenders(
         "posenc module": module.pe.data_ptr() % 4096,
         "seed 003 module": seed.pe.data_ptr() % 4096,
         "x + pe aliased": pe_off.data_ptr() % 4096,
+        # 64-byte alignment: PyTorch aligns its CPU tensors to 64 bytes, NumPy to 16
+        "posenc module (mod 64)": module.pe.data_ptr() % 64,
+        "bare x + pe (mod 64)": pe.data_ptr() % 64,
     }
     return phases, alignment
 
@@ -165,7 +169,8 @@ def run(shapes: dict[tuple[int, int, int], tuple[int, int, int, float]]) -> tupl
     each process runs one interleaved phase per torch thread count (a 2-thread call
     takes both cores, and on a shared machine the other jobs then catch up during
     whatever runs next, so 1- and 2-thread samples are not mixed). Samples are pooled
-    over processes; the per-process ratios are reported too.
+    over processes; the per-process ratios are reported too. The target is judged on
+    the pooled medians (and in each process), and on the best sample (min) of each.
     """
     parts = []
     summary = []
@@ -194,6 +199,7 @@ def run(shapes: dict[tuple[int, int, int], tuple[int, int, int, float]]) -> tupl
             seed = group["seed 003 module"]
             own = group["x + posenc buffer"]
             ratio = ours.median / bare.median
+            best = ours.min / bare.min
             per_process = [_ratio(r, t, "posenc module", "bare x + pe") for r in results]
             summary.append(
                 [
@@ -203,6 +209,7 @@ def run(shapes: dict[tuple[int, int, int], tuple[int, int, int, float]]) -> tupl
                     fmt_time(ours.median),
                     fmt_time(seed.median),
                     f"{ratio:.3f}",
+                    f"{best:.3f}",
                     f"{min(per_process):.3f} – {max(per_process):.3f}",
                     f"{ours.median / seed.median:.3f}",
                     f"{ours.median / own.median:.3f}",
@@ -212,6 +219,7 @@ def run(shapes: dict[tuple[int, int, int], tuple[int, int, int, float]]) -> tupl
                     )
                     if shape == (8, 2048, 512)
                     else "–",
+                    ("met" if best <= TARGET else "NOT met") if shape == (8, 2048, 512) else "–",
                 ]
             )
         table = markdown_table(
@@ -252,10 +260,12 @@ def run(shapes: dict[tuple[int, int, int], tuple[int, int, int, float]]) -> tupl
             "posenc module",
             "seed 003 module",
             "posenc / bare",
+            "best of posenc / best of bare",
             "posenc / bare, range over processes",
             "posenc / seed 003",
             "posenc / x + posenc buffer",
             f"target ≤ {TARGET} (processes meeting it)",
+            f"target ≤ {TARGET}, best of",
         ],
         summary,
     )
