@@ -433,3 +433,17 @@ def test_threads_building_and_growing_one_spec_end_with_one_exact_table():
     assert all(m.cos is cos for m in modules)
     assert cos.shape[0] >= 751
     np.testing.assert_array_equal(cos.numpy(), exact_rope(cos.shape[0], 8, 7913.5)[0])
+
+
+@pytest.mark.parametrize("fmt", ["float64", "float32", "float16", "bfloat16", "int64"])
+def test_values_enter_pytorch_as_its_own_aligned_memory(fmt):
+    from posenc.torch._backend import to_tensor
+
+    values = np.arange(1, 25, dtype=np.int64 if fmt == "int64" else np.float32)
+    values = values.astype(np.float64) if fmt == "float64" else values
+    view = np.zeros(len(values) + 1, values.dtype)[1:]  # a NumPy buffer off 64 bytes
+    view[...] = values
+    tensor = to_tensor(view, fmt)
+    assert tensor.data_ptr() % 64 == 0
+    assert tensor.data_ptr() != view.ctypes.data
+    np.testing.assert_array_equal(tensor.float().numpy(), values.astype(np.float32))
