@@ -68,12 +68,29 @@ def format_of(dtype: Any, name: str = "dtype") -> str:
 
 def to_tensor(values: np.ndarray, fmt: str, device: Any = None) -> jax.Array:
     """A JAX array of format ``fmt`` holding ``values`` (already rounded to ``fmt``)
-    exactly, on ``device`` (JAX's default device when ``None``)."""
+    exactly, on ``device`` (JAX's default device when ``None``), in memory XLA allocated.
+
+    Never a view of the NumPy buffer: on the CPU, JAX wraps a NumPy array whose buffer
+    happens to be 64-byte aligned instead of copying it, and such an array is copied
+    again by XLA (aligned to 64 bytes, as every array it allocates; NumPy aligns to 16).
+    """
     if fmt == "bfloat16":
         # The core returns bfloat16 values in a float32 container: the cast is exact.
         values = values.astype(jnp.bfloat16)
     array: jax.Array = jnp.asarray(values, device=device)
+    if _wraps(array, values):
+        array = jnp.copy(array)
     return array
+
+
+def _wraps(array: jax.Array, values: np.ndarray) -> bool:
+    """Whether ``array`` is a view of the NumPy buffer of ``values``."""
+    if is_traced(array) or not isinstance(values, np.ndarray) or values.size == 0:
+        return False
+    return any(
+        shard.data.unsafe_buffer_pointer() == values.ctypes.data
+        for shard in array.addressable_shards
+    )
 
 
 def is_traced(value: object = None) -> bool:

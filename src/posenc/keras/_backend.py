@@ -48,16 +48,47 @@ def format_of(dtype: Any, name: str = "dtype") -> str:
 
 
 def to_tensor(values: np.ndarray, fmt: str, device: Any = None) -> Any:
-    """A backend tensor of ``fmt`` holding ``values`` (already rounded to ``fmt``) exactly,
-    on ``device`` (a Keras device name such as ``"cpu:0"``; the backend's default when
-    ``None``)."""
+    """A backend tensor of ``fmt`` (or ``"int32"``) holding ``values`` (already rounded to
+    ``fmt``) exactly, on ``device`` (a Keras device name such as ``"cpu:0"``; the
+    backend's default when ``None``), in memory the backend allocated.
+
+    Never a view of a NumPy buffer: the backends align their own tensors to 64 bytes,
+    NumPy its arrays to 16, and reading a table at an odd alignment is measurably slower.
+    On torch, Keras's conversion would keep a NumPy copy (``torch.as_tensor``), so the
+    values are copied into a tensor PyTorch allocates; JAX may wrap a NumPy buffer that
+    happens to be aligned, so such an array is copied again by XLA; TensorFlow always
+    copies. The core returns bfloat16 values in a float32 container: the cast is exact.
+    """
     if device is not None:
         with keras.device(device):
             return to_tensor(values, fmt)
-    if fmt == "bfloat16":
-        # The core returns bfloat16 values in a float32 container: the cast is exact.
+    values = np.ascontiguousarray(values)
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        if not values.flags.writeable or any(stride < 0 for stride in values.strides):
+            values = values.copy()  # torch.from_numpy warns of the one, refuses the other
+        tensor = ops.empty(values.shape, dtype=fmt)  # PyTorch's memory, on Keras's device
+        return tensor.copy_(torch.from_numpy(values))
+    if fmt == "bfloat16":  # the cast writes new memory
         return ops.cast(ops.convert_to_tensor(values, dtype="float32"), "bfloat16")
-    return ops.convert_to_tensor(values, dtype=fmt)
+    tensor = ops.convert_to_tensor(values, dtype=fmt)
+    if backend == "jax" and _wraps(tensor, values):
+        tensor = ops.copy(tensor)  # XLA's own buffer
+    return tensor
+
+
+def _wraps(array: Any, values: np.ndarray) -> bool:
+    """Whether the JAX ``array`` is a view of the NumPy buffer of ``values``."""
+    import jax
+
+    if isinstance(array, jax.core.Tracer) or values.size == 0:
+        return False
+    return any(
+        shard.data.unsafe_buffer_pointer() == values.ctypes.data
+        for shard in array.addressable_shards
+    )
 
 
 def known_value(value: Any) -> np.ndarray | None:
