@@ -1,14 +1,31 @@
 """The tables of the Keras layers: built by the core outside any trace, kept per format,
-grown as the planner says (:mod:`posenc.core.plan`), and read with the primitives of
-:mod:`._backend`.
+shared by the layers of one kind and spec, grown as the planner says
+(:mod:`posenc.core.plan`), and read with the primitives of :mod:`._backend`.
+
+Layers of one kind whose tables come from equal specs share one set of tensors per
+format (a 32-layer model with a RoPE layer per block keeps one cos and one sin table per
+format, not 32): :func:`shared_tables` finds them in a registry that holds them weakly,
+so that tables no layer uses any more are freed (Keras layers are reference cycles: when
+the garbage collector frees them). Growing the tables for one layer (a call past their
+end, or ``extend``) grows them for all. Each layer reads its own number of rows
+(:attr:`PositionTables.length`): its ``max_length`` at first, even when the shared
+tensors hold more, so that a new layer gives what it would give alone (NaN past its
+``max_length`` in traced calls) until the layers grow together.
+
+``layer.unshare_tables()`` (:class:`SharesTables`) gives a layer tables of its own, which
+no other layer reads or grows, also after later rebuilds. A spec that cannot be hashed (a
+user's scaling with unhashable fields) is not shared. The derive function kept with
+shared tables is a function of the spec, never a layer's bound method: it must not keep
+the first layer alive.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
+import weakref
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, TypeVar
 
 import keras
 import numpy as np
@@ -18,11 +35,22 @@ from ..core.plan import RowsPlan, plan_index, plan_rows
 from ..core.positions import grow
 from ._backend import dtype_name, gather_rows, index_range, to_tensor, wide_index
 
-__all__ = ["PositionTables", "cacheable", "outside_traces", "span_rows", "table_rows"]
+__all__ = [
+    "GROWTH_LOCK",
+    "PositionTables",
+    "SharesTables",
+    "cacheable",
+    "outside_traces",
+    "shared_count",
+    "shared_tables",
+    "span_rows",
+    "table_rows",
+]
 
 GROWTH_LOCK = threading.RLock()
-"""Held while a layer's tables are built or grown: threads sharing a layer must not
-leave shorter tables in place of longer ones another call has planned to read."""
+"""Held while tables are looked up in the registry of shared tables, built or grown:
+threads sharing a layer (or layers sharing tables) must not leave shorter tables in
+place of longer ones another call has planned to read."""
 
 
 def outside_traces() -> contextlib.AbstractContextManager[Any]:
@@ -72,20 +100,67 @@ def table_rows(table: Any, start: Any, seq: Any, too_long: Callable[[int], str])
     return span_rows(table, start, seq)  # (seq, width)
 
 
-def span_rows(table: Any, start: Any, seq: Any) -> Any:
+def span_rows(table: Any, start: Any, seq: Any, rows: int | None = None) -> Any:
     """Rows ``start .. start + seq - 1`` of a table: sliced when both are ints (the table
-    covers them), gathered with NaN rows past the table otherwise."""
+    covers them), gathered otherwise with NaN rows past the table's first ``rows`` (all
+    of them when ``None``: a layer reading shared tables longer than its own)."""
     if isinstance(start, int) and isinstance(seq, int):
         begin = [start] + [0] * (len(table.shape) - 1)
         return ops.slice(table, begin, [seq, *(int(n) for n in table.shape[1:])])
-    plan = plan_index(dtype_name(start), int(table.shape[0]), wide=wide_index())
+    rows = int(table.shape[0]) if rows is None else rows
+    plan = plan_index(dtype_name(start), rows, wide=wide_index())
     return gather_rows(table, index_range(start, seq, plan), plan)  # (seq, width)
 
 
-class PositionTables:
-    """The tables of one Keras layer: the one owner of their lifecycle.
+class _Store:
+    """The tables of every layer of one kind and spec, per format, ``rows`` rows each.
 
-    ``derive(length, fmt)`` returns the layer's NumPy tables (from the core, one row per
+    Held by the layers' :class:`PositionTables` (strongly) and the registry (weakly); it
+    holds them weakly, to grow them all, and ``derive``, a function of the spec.
+    """
+
+    __slots__ = ("__weakref__", "derive", "rows", "tables", "views")
+
+    def __init__(self, derive: Callable[[int, str], tuple[np.ndarray, ...]], rows: int) -> None:
+        self.derive = derive
+        self.rows = rows
+        self.tables: dict[str, tuple[Any, ...]] = {}
+        self.views: weakref.WeakSet[PositionTables] = weakref.WeakSet()
+
+    def build(self, rows: int, fmt: str) -> tuple[Any, ...]:
+        values = self.derive(rows, fmt)
+        with outside_traces():
+            return tuple(to_tensor(np.ascontiguousarray(v), fmt) for v in values)
+
+    def get(self, fmt: str) -> tuple[Any, ...]:
+        tables = self.tables.get(fmt)
+        if tables is None:
+            with GROWTH_LOCK:  # not a shorter table cached beside a longer length
+                tables = self.tables.get(fmt)
+                if tables is None:
+                    tables = self.build(self.rows, fmt)
+                    if all(cacheable(t) for t in tables):
+                        self.tables = {**self.tables, fmt: tables}
+        return tables
+
+    def extend(self, rows: int, formats: Iterable[str]) -> None:
+        """At least ``rows`` rows in every format in use (and ``formats``), all built
+        before any is replaced: a refused size (``ValueError``) leaves the old ones."""
+        if rows <= self.rows:
+            return
+        wanted = list(dict.fromkeys([*self.tables, *formats]))
+        built = {fmt: self.build(rows, fmt) for fmt in wanted}
+        self.tables = {
+            fmt: tables for fmt, tables in built.items() if all(cacheable(t) for t in tables)
+        }
+        self.rows = rows
+
+
+class PositionTables:
+    """A Keras layer's tables: the one owner of their lifecycle, shared by the layers of
+    one kind and spec.
+
+    ``derive(length, fmt)`` returns the tables as NumPy arrays (from the core, one row per
     position, ``length`` rows) in the container of ``fmt``. This helper builds them as
     concrete backend constants outside any trace (``tf.function``, ``jax.jit``), keeps
     them per format (never a torch ``meta`` tensor), and grows all of them together
@@ -94,35 +169,43 @@ class PositionTables:
     ``MemoryLimitError`` of ``derive``) refuses, leaving them as they are so that the
     layer computes the call's rows directly.
 
+    Layers of one key hold one ``PositionTables`` each over one set of tensors
+    (:func:`shared_tables`): :meth:`get` gives the very same tensors to all of them, and
+    growth for one (:meth:`extend`, :meth:`holds`) grows them for all. The tensors may
+    hold more rows than :attr:`length` (a layer made with a smaller ``max_length`` than
+    the tables already shared): the layer reads its first ``length`` only, so that what
+    it gives never depends on the layers it shares with until they grow together.
+
     Args:
-        derive: ``(length, fmt) -> tuple of NumPy arrays``, each with ``length`` rows.
+        derive: ``(length, fmt) -> tuple of NumPy arrays``, each with ``length`` rows; a
+            function of the spec only (shared tables outlive the layer that made them).
         length: The initial number of rows (the layer's ``max_length``).
     """
 
-    def __init__(self, derive: Callable[[int, str], tuple[np.ndarray, ...]], length: int):
-        self._derive = derive
-        self.length = length
-        self._tables: dict[str, tuple[Any, ...]] = {}
+    __slots__ = ("__weakref__", "_store", "length")
 
-    def _build(self, length: int, fmt: str) -> tuple[Any, ...]:
-        values = self._derive(length, fmt)
-        with outside_traces():
-            return tuple(to_tensor(np.ascontiguousarray(v), fmt) for v in values)
+    def __init__(
+        self,
+        derive: Callable[[int, str], tuple[np.ndarray, ...]],
+        length: int,
+        store: _Store | None = None,
+    ) -> None:
+        self._store = _Store(derive, length) if store is None else store
+        self.length = length
+        """Rows the layer reads: its ``max_length``, grown with every layer sharing them."""
+        with GROWTH_LOCK:
+            self._store.views.add(self)
+            if length > self._store.rows:  # a longer max_length than the shared tables
+                self._store.extend(length, ())
 
     def get(self, fmt: str) -> tuple[Any, ...]:
-        """The tables in ``fmt``, built on first use (cached unless on torch's meta)."""
-        tables = self._tables.get(fmt)
-        if tables is None:
-            with GROWTH_LOCK:  # not a shorter table cached beside a longer length
-                tables = self._tables.get(fmt)
-                if tables is None:
-                    tables = self._build(self.length, fmt)
-                    if all(cacheable(t) for t in tables):
-                        self._tables[fmt] = tables
-        return tables
+        """The tables in ``fmt`` (at least :attr:`length` rows), built on first use
+        (cached unless on torch's meta)."""
+        return self._store.get(fmt)
 
     def extend(self, length: int, formats: Iterable[str] = ()) -> None:
-        """Hold at least ``length`` rows in every format in use (and ``formats``).
+        """Hold at least ``length`` rows in every format in use (and ``formats``), for
+        every layer sharing the tables.
 
         All new tables are built before any is replaced: a refused size (``ValueError``)
         leaves the old ones.
@@ -130,12 +213,9 @@ class PositionTables:
         with GROWTH_LOCK:  # threads calling one layer: the longest tables win
             if length <= self.length:
                 return
-            wanted = list(dict.fromkeys([*self._tables, *formats]))
-            built = {fmt: self._build(length, fmt) for fmt in wanted}
-            self._tables = {
-                fmt: tables for fmt, tables in built.items() if all(cacheable(t) for t in tables)
-            }
-            self.length = length
+            self._store.extend(length, formats)  # the tensors first: never fewer rows
+            for view in list(self._store.views):  # than a length says
+                view.length = max(view.length, length)
 
     def holds(self, plan: RowsPlan, fmt: str) -> bool:
         """Carry out a known call's ``plan`` (:func:`posenc.core.plan.plan_rows`): grow
@@ -145,3 +225,110 @@ class PositionTables:
         if plan.action == "grow":
             grow(lambda length: self.extend(length, (fmt,)), plan.end, self.length)
         return plan.action != "direct" and plan.start >= 0 and plan.end <= self.length
+
+    def shares_with(self, other: PositionTables) -> bool:
+        """Whether ``other`` reads the same tensors (and grows with these)."""
+        return self._store is other._store
+
+    def copy(self) -> PositionTables:
+        """Tables of the same rows in new memory, which no holder of these sees or grows."""
+        with GROWTH_LOCK:
+            old = self._store
+            store = _Store(old.derive, old.rows)
+            with outside_traces():
+                store.tables = {
+                    fmt: tuple(ops.copy(t) for t in tables) for fmt, tables in old.tables.items()
+                }
+            return PositionTables(old.derive, self.length, store)
+
+
+_SHARED: weakref.WeakValueDictionary[Hashable, _Store] = weakref.WeakValueDictionary()
+"""The shared tables in use, by ``(layer kind, spec)``; freed when no layer holds them."""
+
+
+def shared_count() -> int:
+    """How many sets of shared tables are alive (for tests and benchmarks)."""
+    return len(_SHARED)
+
+
+def _hashable(key: Hashable | None) -> Hashable | None:
+    """``key``, or ``None`` when it cannot be hashed (a spec with unhashable fields)."""
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def shared_tables(
+    key: Hashable | None, derive: Callable[[int, str], tuple[np.ndarray, ...]], length: int
+) -> PositionTables:
+    """A layer's tables of ``key`` (its kind and spec), reading ``length`` rows at first.
+
+    Over the tensors of the layers of ``key`` (made longer if they hold fewer rows), or
+    over new ones made from ``derive`` and shared from then on. ``key`` ``None`` or
+    unhashable: over tensors of the caller's own.
+    """
+    key = _hashable(key)
+    with GROWTH_LOCK:  # one lookup-or-create at a time: never two sets for one key
+        store = None if key is None else _SHARED.get(key)
+        tables = PositionTables(derive, length, store)
+        if key is not None and store is None:
+            _SHARED[key] = tables._store
+        return tables
+
+
+Layer = TypeVar("Layer", bound="SharesTables")
+
+
+class SharesTables:
+    """Mixin of the layers whose tables are shared by the layers of one kind and spec.
+
+    A layer sets its tables with :meth:`_share_tables` (in ``build()``, or ``__init__``
+    when they need no input shape); :meth:`unshare_tables` makes them its own.
+    """
+
+    _tables: PositionTables | None = None
+    _tables_key: Hashable | None = None
+    _private_tables = False
+
+    def _share_tables(
+        self,
+        key: Hashable,
+        derive: Callable[[int, str], tuple[np.ndarray, ...]],
+        length: int,
+    ) -> PositionTables:
+        """Hold the tables of ``key`` (the layer's kind and spec), reading ``length``
+        rows at first: shared with the layers of the same key, unless this layer's are
+        its own."""
+        self._tables_key = None if self._private_tables else _hashable(key)
+        self._tables = shared_tables(self._tables_key, derive, length)
+        return self._tables
+
+    def _held_tables(self) -> PositionTables:
+        """The tables this layer reads now (once :meth:`_share_tables` has set them)."""
+        assert self._tables is not None  # built, or made in __init__
+        return self._tables
+
+    def unshare_tables(self: Layer) -> Layer:
+        """Give this layer tables of its own: a copy that no other layer reads or grows,
+        also after the layer is built again. Returns the layer.
+
+        For code that must not see the tables grow with other layers' calls (or that
+        writes into them). Other layers keep the shared ones. Before ``build()``, the
+        layer builds tables of its own when it is built.
+        """
+        with GROWTH_LOCK:
+            self._private_tables = True
+            self._tables_key = None
+            if self._tables is not None:
+                self._tables = self._tables.copy()
+        return self
+
+    @property
+    def shares_tables(self) -> bool:
+        """Whether other layers of this kind and spec may share this layer's tables
+        (``False`` before they exist, after :meth:`unshare_tables`, and for a spec that
+        cannot be hashed)."""
+        key, tables = self._tables_key, self._tables
+        return key is not None and tables is not None and _SHARED.get(key) is tables._store

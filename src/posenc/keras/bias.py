@@ -26,6 +26,7 @@ bias for a position that does not exist.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import keras
@@ -37,12 +38,12 @@ from ..core.plan import align_queries, plan_index, plan_rows, traced_offset
 from ..specs import AlibiSpec, FromSpec, T5Spec
 from ._arguments import ChecksPlainArguments, check_float, get_initializer, start_position
 from ._backend import dtype_name, format_of, index_range, to_tensor, wide_index
-from ._tables import PositionTables, cacheable, outside_traces
+from ._tables import SharesTables
 
 __all__ = ["ALiBiBias", "T5RelativeBias"]
 
 
-class _ScoreBias(ChecksPlainArguments, keras.layers.Layer):
+class _ScoreBias(SharesTables, ChecksPlainArguments, keras.layers.Layer):
     """What the two bias layers share: checks, query/key/start resolution, the addition.
 
     Subclasses set ``num_heads`` and implement ``_bias(q, k, start, fmt)`` returning the
@@ -191,7 +192,8 @@ class ALiBiBias(_ScoreBias, FromSpec):
     format, ``(num_heads, 2·L - 1)``, indexed by ``key - query + L - 1`` for positions
     ``0 .. L-1``, and gathers it with integer arithmetic in ``keras.ops``: a tensor
     ``start_index`` works inside ``tf.function`` / ``jax.jit``. ``L`` starts at
-    ``max_length``. The tables are constants, not weights.
+    ``max_length``. The tables are constants, not weights, kept once for all the layers
+    of one spec (heads, mode) and grown for all of them.
 
     * Positions known when the call runs (the usual case: static shapes, and
       ``start_index`` an int, an eager tensor or left to its default): when some
@@ -230,6 +232,10 @@ class ALiBiBias(_ScoreBias, FromSpec):
         ``(batch, num_heads, q, k)`` → the same; :meth:`compute_bias`:
         ``(num_heads, q, k)``.
 
+    Methods:
+        unshare_tables(): Give this layer tables no other layer reads or grows (before or
+            after build); returns the layer. ``shares_tables`` says whether it shares.
+
     Example:
         >>> import numpy as np
         >>> layer = ALiBiBias(num_heads=2)
@@ -259,30 +265,16 @@ class ALiBiBias(_ScoreBias, FromSpec):
         self.spec = AlibiSpec(num_heads=num_heads, mode=mode)
         self.num_heads, self.mode = self.spec.num_heads, self.spec.mode
         self.max_length = check_max_length(max_length)
-        # One table per format, (num_heads, 2·L - 1), L positions (max_length at first).
-        self._tables = PositionTables(self._derive, self.max_length)
+        # One table per format, (num_heads, 2·L - 1), L positions (max_length at first),
+        # shared by the layers of one spec through a function that holds no layer.
+        derive = functools.partial(_alibi_table, self.spec, type(self).__name__)
+        self._share_tables((type(self), self.spec), derive, self.max_length)
 
     def build(self, input_shape: Any = None) -> None:
         if input_shape is not None:
             self._check_scores_shape(tuple(input_shape))
-        self._tables.get(format_of(self.compute_dtype, "the layer's compute dtype"))
+        self._held_tables().get(format_of(self.compute_dtype, "the layer's compute dtype"))
         self.built = True
-
-    def _derive(self, length: int, fmt: str) -> tuple[np.ndarray]:
-        """``(num_heads, 2·length - 1)``: column ``r + length - 1`` holds the bias of ``key -
-        query = r``; a MemoryLimitError of the layer's own past the memory limit."""
-        nbytes = self.num_heads * (2 * length - 1) * _ITEMSIZE[fmt]
-        if nbytes > DEFAULT_MAX_BYTES:
-            raise MemoryLimitError(
-                f"{type(self).__name__}: a table covering {length} positions for "
-                f"{self.num_heads} heads in {fmt} would need about {format_bytes(nbytes)}, "
-                f"more than the layer's limit of {format_bytes(DEFAULT_MAX_BYTES)}; build the "
-                "layer with a smaller max_length"
-            )
-        # One query at position length - 1 and keys 0 .. 2·length - 2 see every r in
-        # ±(length - 1); the size was checked above, with the layer's own message.
-        values = self.spec.bias(1, 2 * length - 1, offset=length - 1, fmt=fmt, max_bytes=None)
-        return (values[:, 0, :],)  # (H, 2·length - 1)
 
     def _direct(self, q: int, k: int, start: int, fmt: str) -> Any:
         """The ``(num_heads, q, k)`` bias of one call from the core, without any table."""
@@ -298,26 +290,28 @@ class ALiBiBias(_ScoreBias, FromSpec):
         return to_tensor(values, fmt)
 
     def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
+        tables = self._held_tables()
         if _all_ints(q, k, start):  # every position known: exact, no NaN possible
-            plan = plan_rows(self._tables.length, low=0, high=max(start + q, k) - 1)
-            if not self._tables.holds(plan, fmt):
+            plan = plan_rows(tables.length, low=0, high=max(start + q, k) - 1)
+            if not tables.holds(plan, fmt):
                 return self._direct(q, k, start, fmt)  # a table that long is refused
             try:
-                (table,) = self._tables.get(fmt)  # (H, 2L - 1)
+                (table,) = tables.get(fmt)  # (H, 2L - 1)
             except MemoryLimitError:  # a wider format than the tables grown so far: refused
                 return self._direct(q, k, start, fmt)
-            index = _relative_positions(q, k, start) + (self._tables.length - 1)  # (q, k)
+            # (q, k): the column of distance 0 is R - 1 in a (H, 2R - 1) table
+            index = _relative_positions(q, k, start) + (int(table.shape[1]) - 1) // 2
             return ops.take(table, index, axis=1)  # (H, q, k)
         if isinstance(k, int):  # static keys (a traced start): cover them if possible
-            self._tables.holds(plan_rows(self._tables.length, low=0, high=k - 1), fmt)
-        (table,) = self._tables.get(fmt)  # (H, 2L - 1)
-        length = self._tables.length
+            tables.holds(plan_rows(tables.length, low=0, high=k - 1), fmt)
+        length = tables.length  # before the table: never more than it holds
+        (table,) = tables.get(fmt)  # (H, 2R - 1), R >= length rows when shared
         keys = ops.arange(k, dtype="int32")  # (k,)
         valid = ops.logical_and(
             ops.expand_dims(_query_rows(q, start, length), 1),  # (q, 1)
             ops.expand_dims(ops.less(keys, length), 0),  # (1, k)
         )  # (q, k): both positions inside the table, so |key - query| <= L - 1
-        index = _relative_positions(q, k, start) + (length - 1)  # (q, k)
+        index = _relative_positions(q, k, start) + (int(table.shape[1]) - 1) // 2  # (q, k)
         index = ops.where(valid, index, ops.zeros_like(index))  # gather safely, then NaN
         bias = ops.take(table, index, axis=1)  # (H, q, k)
         return _nan_where_invalid(bias, ops.expand_dims(valid, 0))
@@ -328,6 +322,22 @@ class ALiBiBias(_ScoreBias, FromSpec):
             {"num_heads": self.num_heads, "mode": self.mode, "max_length": self.max_length}
         )
         return config
+
+
+def _alibi_table(spec: AlibiSpec, name: str, length: int, fmt: str) -> tuple[np.ndarray]:
+    """``(num_heads, 2·length - 1)``: column ``r + length - 1`` holds the bias of ``key -
+    query = r``; a MemoryLimitError of the layer's own past the memory limit."""
+    nbytes = spec.num_heads * (2 * length - 1) * _ITEMSIZE[fmt]
+    if nbytes > DEFAULT_MAX_BYTES:
+        raise MemoryLimitError(
+            f"{name}: a table covering {length} positions for {spec.num_heads} heads in "
+            f"{fmt} would need about {format_bytes(nbytes)}, more than the layer's limit of "
+            f"{format_bytes(DEFAULT_MAX_BYTES)}; build the layer with a smaller max_length"
+        )
+    # One query at position length - 1 and keys 0 .. 2·length - 2 see every r in
+    # ±(length - 1); the size was checked above, with the layer's own message.
+    values = spec.bias(1, 2 * length - 1, offset=length - 1, fmt=fmt, max_bytes=None)
+    return (values[:, 0, :],)  # (H, 2·length - 1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -385,6 +395,10 @@ class T5RelativeBias(_ScoreBias, FromSpec):
         ``(batch, num_heads, q, k)`` → the same; :meth:`compute_bias`:
         ``(num_heads, q, k)``; weight ``(num_buckets, num_heads)``.
 
+    Methods:
+        unshare_tables(): The bucket of each distance is a table kept once for all the
+            layers of one spec; this gives the layer its own. Returns the layer.
+
     Example:
         >>> import numpy as np
         >>> layer = T5RelativeBias(num_heads=2, bidirectional=False, num_buckets=16,
@@ -426,9 +440,9 @@ class T5RelativeBias(_ScoreBias, FromSpec):
         self.embeddings_initializer = get_initializer(
             embeddings_initializer, "embeddings_initializer"
         )
-        # The bucket of every distance -max_distance .. max_distance, in [0, num_buckets).
-        self._bucket_values = self.spec.bucket_table().astype(np.int32)
-        self._buckets: Any = None  # the same as a backend tensor, created on first use
+        # The bucket of every distance -max_distance .. max_distance, in [0, num_buckets):
+        # one table by distance (it never grows), shared by the layers of one spec.
+        self._share_tables((type(self), self.spec), functools.partial(_t5_buckets, self.spec), 1)
 
     def build(self, input_shape: Any = None) -> None:
         if input_shape is not None:
@@ -443,13 +457,7 @@ class T5RelativeBias(_ScoreBias, FromSpec):
 
     def _bucket_table(self) -> Any:
         """The bucket of each distance ``-max_distance .. max_distance``, int32 tensor."""
-        if self._buckets is not None:
-            return self._buckets
-        with outside_traces():
-            table = ops.convert_to_tensor(self._bucket_values, dtype="int32")
-        if cacheable(table):
-            self._buckets = table
-        return table
+        return self._held_tables().get("int32")[0]
 
     def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
         reach = self.max_distance
@@ -484,3 +492,8 @@ class T5RelativeBias(_ScoreBias, FromSpec):
             }
         )
         return config
+
+
+def _t5_buckets(spec: T5Spec, length: int, fmt: str) -> tuple[np.ndarray]:
+    """The bucket of every distance within ``±max_distance`` (int32; ``length`` unused)."""
+    return (spec.bucket_table().astype(np.int32),)

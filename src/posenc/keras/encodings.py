@@ -4,11 +4,13 @@
 The core decides the numbers. The sinusoidal layer asks it for the finished table
 (computed in float64 with exact angle reduction and rounded once to the layer's dtype)
 and only moves it onto the backend; no angle or position is ever formed in the layer's
-dtype. The learned table is an ordinary trainable weight.
+dtype. The layers of one spec share that table (:mod:`._tables`). The learned table is
+an ordinary trainable weight.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +23,7 @@ from ..core.plan import plan_rows
 from ..specs import FromSpec, SinusoidalSpec
 from ._arguments import ChecksPlainArguments, check_float, get_initializer, start_position
 from ._backend import format_of, to_tensor
-from ._tables import PositionTables, span_rows, table_rows
+from ._tables import SharesTables, span_rows, table_rows
 
 __all__ = [
     "LearnedPositionalEmbedding",
@@ -74,7 +76,9 @@ def generate_positional_encoding(
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class SinusoidalPositionalEncoding(ChecksPlainArguments, keras.layers.Layer, FromSpec):
+class SinusoidalPositionalEncoding(
+    SharesTables, ChecksPlainArguments, keras.layers.Layer, FromSpec
+):
     """Adds the sinusoidal positional encoding of "Attention Is All You Need" to its input.
 
     ``output = inputs + P[start_index : start_index + seq]`` with
@@ -88,6 +92,8 @@ class SinusoidalPositionalEncoding(ChecksPlainArguments, keras.layers.Layer, Fro
 
     The table is a constant tensor, not a weight: ``layer.weights`` is empty and nothing
     derived is written to checkpoints or ``.keras`` files; it is rebuilt from the config.
+    Layers of the same spec (width, base, layout, formula) share one table per format,
+    which grows for all of them; :meth:`unshare_tables` gives a layer its own.
 
     The layer uses only ``keras.ops`` and runs on the TensorFlow, JAX and torch backends.
 
@@ -133,6 +139,17 @@ class SinusoidalPositionalEncoding(ChecksPlainArguments, keras.layers.Layer, Fro
     Returns:
         A tensor of the input's shape and dtype.
 
+    Attributes:
+        d_model, spec: The width and the spec (``None`` until the layer is built).
+        table_length: Positions the table holds now.
+        shares_tables: Whether other layers of the same spec may share this layer's
+            table (``False`` after :meth:`unshare_tables`).
+
+    Methods:
+        extend(length): Make the table hold at least ``length`` positions.
+        unshare_tables(): Give this layer a table of its own, which no other layer reads
+            or grows (before or after build, and after any rebuild); returns the layer.
+
     Example:
         >>> import numpy as np
         >>> layer = SinusoidalPositionalEncoding(max_length=128)
@@ -176,7 +193,7 @@ class SinusoidalPositionalEncoding(ChecksPlainArguments, keras.layers.Layer, Fro
         )
         self.d_model: int | None = None
         self.spec: SinusoidalSpec | None = None
-        self._tables: PositionTables | None = None
+        self._tables = None  # shared by the layers of one spec
 
     def build(self, input_shape: Any) -> None:
         shape = tuple(input_shape)
@@ -196,11 +213,9 @@ class SinusoidalPositionalEncoding(ChecksPlainArguments, keras.layers.Layer, Fro
         self.spec = SinusoidalSpec(
             d_model=self.d_model, base=self.base, layout=self.layout, formula=self.formula
         )
-        spec = self.spec
-        self._tables = PositionTables(
-            lambda length, fmt: (spec.table(length, fmt=fmt),), self.max_length
-        )
-        self._tables.get(format_of(self.compute_dtype, "the layer's compute dtype"))
+        derive = functools.partial(_sinusoidal_table, self.spec)  # holds no layer
+        tables = self._share_tables((type(self), self.spec), derive, self.max_length)
+        tables.get(format_of(self.compute_dtype, "the layer's compute dtype"))
         if self._dropout_layer is not None:
             self._dropout_layer.build(shape)
         self.built = True
@@ -214,7 +229,8 @@ class SinusoidalPositionalEncoding(ChecksPlainArguments, keras.layers.Layer, Fro
         """Make the table hold at least ``length`` positions (it never shrinks).
 
         Call it before tracing when traced positions may reach past the table (inside a
-        trace they would give NaN); the config saves the extended length.
+        trace they would give NaN); the config saves the extended length. A table shared
+        with other layers of the same spec grows for all of them.
         """
         length = check_int(length, "length", minimum=1)
         if self._tables is None:
@@ -248,8 +264,9 @@ class SinusoidalPositionalEncoding(ChecksPlainArguments, keras.layers.Layer, Fro
         ):  # far past the table, or refused: the rows of this call, from the core
             rows = to_tensor(self.spec.table(seq, fmt=fmt, start=start), fmt)
         else:
-            (table,) = self._tables.get(fmt)  # (rows, d)
-            rows = span_rows(table, start, seq)  # (seq, d), NaN past the table if traced
+            length = self._tables.length  # before the table: never more than it holds
+            (table,) = self._tables.get(fmt)  # (rows >= length, d)
+            rows = span_rows(table, start, seq, length)  # (seq, d), NaN past length if traced
         outputs = ops.add(inputs, rows)  # (batch, seq, d), rows broadcast over batch
         if self._dropout_layer is not None:
             outputs = self._dropout_layer(outputs, training=training)
@@ -273,6 +290,11 @@ class SinusoidalPositionalEncoding(ChecksPlainArguments, keras.layers.Layer, Fro
             }
         )
         return config
+
+
+def _sinusoidal_table(spec: SinusoidalSpec, length: int, fmt: str) -> tuple[np.ndarray]:
+    """The ``(length, d_model)`` table the layers of ``spec`` share."""
+    return (spec.table(length, fmt=fmt),)
 
 
 def _sinusoidal_rank_message(shape: tuple[Any, ...]) -> str:

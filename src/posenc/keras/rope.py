@@ -2,11 +2,12 @@
 
 The layer parses no option and derives no number: :func:`posenc.core.rope.as_rope_scaling`
 makes the scaling's spec, a :class:`posenc.RopeSpec` the tables (exact, rounded once), and
-:class:`~posenc.keras._tables.PositionTables` keeps them; the layer gathers and multiplies.
+:mod:`~posenc.keras._tables` keeps them once per spec; the layer gathers and multiplies.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,13 +41,13 @@ from ._rope_inputs import (
     short,
     turn_index,
 )
-from ._tables import PositionTables, outside_traces, span_rows
+from ._tables import SharesTables, outside_traces, span_rows
 
 __all__ = ["RotaryEmbedding"]
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
+class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
     """Rotary position embedding: turns each feature pair of its input by ``position × θ_i``.
 
     One tensor per call, as keras-hub's ``RotaryEmbedding``: apply the layer to the
@@ -60,7 +61,8 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
       core: float64 with exact angle reduction, times the scaling's attention factor,
       rounded once to float32 (float64 when the layer computes in float64); peers form
       ``position × θ`` in float32, off by about ``position · 2^-24`` radians. They are
-      constants, not weights (``layer.weights`` is empty).
+      constants, not weights (``layer.weights`` is empty), kept once for all the layers
+      of one spec (width, base, layout, scaling), and grown for all of them.
     * Under ``"mixed_float16"``/``"mixed_bfloat16"`` the tables stay float32: the input
       is rotated in float32 and cast back, as in Hugging Face and
       :class:`posenc.torch.RotaryEmbedding`.
@@ -136,6 +138,12 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
             layer is built, unless ``rotary_dim`` was given).
         inv_freq: The construction-time inverse frequencies (float64 NumPy, after build).
         attention_factor: The scaling's factor on the tables (YaRN, LongRoPE; else 1).
+        shares_tables: Whether other layers may share this layer's tables (``False``
+            after :meth:`unshare_tables`, or for a scaling that cannot be hashed).
+
+    Methods:
+        unshare_tables(): Give this layer tables no other layer reads or grows (before or
+            after build, and after any rebuild); returns the layer.
 
     Example:
         >>> import numpy as np
@@ -217,7 +225,7 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
         self._rank: int | None = None
         self._axes: tuple[int, int] | None = None  # (sequence, feature), non-negative
         self._frequencies: dict[str, np.ndarray] = {}  # variant → inverse frequencies
-        self._tables: PositionTables | None = None  # (cos, sign·sin) per variant
+        self._tables = None  # (cos, sign·sin) per variant, shared by the layers of one spec
         self._turn: Any = None  # partner index of each rotated feature, int32 tensor
         self._sign: np.ndarray | None = None  # the partner's sign: turn(x) = sign·x[turn]
 
@@ -248,8 +256,10 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
         turn, self._sign = turn_index(self.rotary_dim, self.layout)
         with outside_traces():
             self._turn = ops.convert_to_tensor(turn, dtype="int32")
-        self._tables = PositionTables(self._derive, self.max_length)
-        self._tables.get(self._format(self.compute_dtype))
+        frequencies = tuple(self._frequencies.values())
+        derive = functools.partial(_rope_rows, self.spec, self._sign, frequencies)
+        tables = self._share_tables((type(self), self.spec), derive, self.max_length)
+        tables.get(self._format(self.compute_dtype))
         self.built = True
 
     def _scaled(self, length: int) -> np.ndarray:
@@ -262,28 +272,12 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
         """The tables' format for a compute or input dtype: float64 stays, else float32."""
         return table_format(format_of(dtype, "the compute dtype"), "rotation")
 
-    def _numpy_rows(
-        self, positions: Any, inv_freq: np.ndarray, fmt: str, start: int = 0
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``(cos, sign·sin)`` for ``positions`` (a length or an array), from the core."""
-        assert self.spec is not None and self._sign is not None  # noqa: PT018  (built)
-        cos, sin = self.spec.tables(positions, fmt=fmt, start=start, inv_freq=inv_freq)
-        # The sign of rotate_half's partner, folded in here: negation is exact.
-        return cos, sin * self._sign
-
-    def _derive(self, length: int, fmt: str) -> tuple[np.ndarray, ...]:
-        """Every variant's ``(cos, sign·sin)`` of ``length`` rows, flattened."""
-        return tuple(
-            table
-            for inv_freq in self._frequencies.values()
-            for table in self._numpy_rows(length, inv_freq, fmt)
-        )
-
     def _values(
         self, positions: Any, inv_freq: np.ndarray, fmt: str, start: int = 0
     ) -> tuple[Any, Any]:
         """Backend ``(cos, sign·sin)`` of one call's positions, computed by the core."""
-        cos, sin = self._numpy_rows(positions, inv_freq, fmt, start)
+        assert self.spec is not None and self._sign is not None  # noqa: PT018  (built)
+        cos, sin = _rope_rows(self.spec, self._sign, (inv_freq,), positions, fmt, start)
         return to_tensor(cos, fmt), to_tensor(sin, fmt)
 
     def _table_set(self, fmt: str) -> dict[str, tuple[Any, Any]]:
@@ -299,7 +293,7 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
         positions given as tensors may reach past the current tables (inside a trace
         they would give NaN). The config saves the current :attr:`table_length` as
         ``max_length``, so a layer restored from it (``.keras`` files included) holds at
-        least the extended tables.
+        least the extended tables (grown for every layer sharing them).
 
         Example:
             >>> rope = RotaryEmbedding(max_length=16, rotary_dim=8)
@@ -336,8 +330,9 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
     def _public_table(self, which: int) -> Any:
         if not self.built:
             raise ValueError("the tables are built with the layer: call it (or build) first")
-        tables = self._table_set(self._format(self.compute_dtype))
-        table = tables["short" if self._two_variants else "base"][which]
+        variant, length = "short" if self._two_variants else "base", self.table_length
+        table = self._table_set(self._format(self.compute_dtype))[variant][which]
+        table = span_rows(table, 0, length)  # the shared tensors may hold more rows
         if which == 1:  # undo the partner's sign folded into the stored table (exact)
             table = ops.multiply(table, ops.cast(self._sign, table.dtype))
         return table
@@ -357,11 +352,7 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
         if positions is None:
             cos, sin = self._contiguous_rows(start_index, seq, fmt)  # (seq, r)
         else:
-            if not is_default_start(start_index):
-                raise ValueError(
-                    f"pass either start_index or positions, not both (got start_index="
-                    f"{short(start_index)} with positions)"
-                )
+            _no_start_with(start_index)
             batch = shape[0]
             cos, sin = self._gathered_rows(positions, batch, shape[self._axes[0]], fmt)
         cos = place_rows(cos, self._rank, sequence)  # broadcasts over x[..., :r]
@@ -413,14 +404,15 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
             plan_rows(self._tables.length, low=known[0], high=known[1] - 1), fmt
         ):
             return self._values(exact[0], self._frequencies[variant], fmt, start=exact[1])
-        index = None  # traced positions: NaN rows outside the tables
+        length = self._tables.length  # read before the tables: never more than they hold
+        index = None  # traced positions: NaN rows outside the layer's length
         if where is not None and known is None:
-            index = plan_index(dtype_name(where), self._tables.length, wide=wide_index())
+            index = plan_index(dtype_name(where), length, wide=wide_index())
 
         def rows(name: str) -> tuple[Any, Any]:
             cos, sin = self._table_set(fmt)[name]
             if where is None:
-                return span_rows(cos, start, seq), span_rows(sin, start, seq)
+                return span_rows(cos, start, seq, length), span_rows(sin, start, seq, length)
             return gather_rows(cos, where, index), gather_rows(sin, where, index)
 
         if variant:
@@ -465,11 +457,7 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
             if not isinstance(start, int):  # a symbolic start: a traced length
                 plan_scaling(self._scaling, None, name="RotaryEmbedding: ")
         else:
-            if not is_default_start(start_index):
-                raise ValueError(
-                    f"pass either start_index or positions, not both (got start_index="
-                    f"{short(start_index)} with positions)"
-                )
+            _no_start_with(start_index)
             assert self._axes is not None  # built
             positions = check_positions(positions, shape[0], shape[self._axes[0]])
             if known_value(positions) is None:  # symbolic positions: a traced length
@@ -494,3 +482,19 @@ class RotaryEmbedding(ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
             }
         )
         return config
+
+
+def _no_start_with(start_index: Any) -> None:
+    if not is_default_start(start_index):
+        message = f"got start_index={short(start_index)} with positions"
+        raise ValueError(f"pass either start_index or positions, not both ({message})")
+
+
+def _rope_rows(
+    spec: RopeSpec, sign: np.ndarray, frequencies: Any, positions: Any, fmt: str, start: int = 0
+) -> tuple[np.ndarray, ...]:
+    """``(cos, sign·sin)`` of each of ``frequencies`` at ``positions`` (a length or an array),
+    flattened; ``partial(_rope_rows, spec, sign, frequencies)`` derives the shared tables."""
+    rows = (spec.tables(positions, fmt=fmt, start=start, inv_freq=f) for f in frequencies)
+    # The sign of rotate_half's partner, folded in here: negation is exact.
+    return tuple(table for cos, sin in rows for table in (cos, sin * sign))
