@@ -15,7 +15,6 @@ import doctest
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -27,6 +26,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 import posenc  # noqa: E402
 import posenc.keras.bias  # noqa: E402
 import posenc.keras.nd  # noqa: E402
+from keras_traced import traced  # noqa: E402
 from posenc.keras import SinusoidalPositionalEncoding  # noqa: E402
 from posenc.keras.bias import ALiBiBias, T5RelativeBias  # noqa: E402
 from posenc.keras.encodings import LearnedPositionalEmbedding  # noqa: E402
@@ -64,29 +64,6 @@ def normal(shape: tuple[int, ...]) -> np.ndarray:
 
 def int_tensor(value: int) -> Any:
     return ops.convert_to_tensor(value, dtype="int32")
-
-
-def traced(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` compiled by the backend so that tensor arguments have no known value inside:
-    ``tf.function`` on TensorFlow, ``jax.jit`` on JAX. On torch it runs eagerly with
-    ``torch.compiler.is_compiling()`` reporting True, which is how the layers learn that
-    they are inside ``torch.compile`` (tensor values unknown): the traced code path runs
-    with torch's own ops, without the compiler's cost."""
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        return tf.function(fn)
-    if BACKEND == "jax":
-        import jax
-
-        return jax.jit(fn)
-    import torch
-
-    def compiling(*args: Any) -> Any:
-        with mock.patch.object(torch.compiler, "is_compiling", return_value=True):
-            return fn(*args)
-
-    return compiling
 
 
 @contextlib.contextmanager

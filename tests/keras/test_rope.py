@@ -11,7 +11,6 @@ import contextlib
 import doctest
 import os
 import warnings
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ keras = pytest.importorskip("keras")
 from keras import ops  # noqa: E402
 
 import posenc.keras.rope  # noqa: E402
+from keras_traced import traced  # noqa: E402
 from posenc.core.rope import ROPE_SCALINGS, apply_rope, rope_scaling, rope_tables  # noqa: E402
 from posenc.keras.rope import RotaryEmbedding  # noqa: E402
 
@@ -115,28 +115,6 @@ def rotate_f32(x, cos, sin, layout, rotary_dim):
     out = x.copy()
     out[..., :rotary_dim] = xr * cos + turned * sin
     return out
-
-
-def traced(function):
-    """``function`` compiled by the backend's tracer: ``tf.function``, ``jax.jit``; on
-    torch run eagerly with ``torch.compiler.is_compiling()`` reporting True, which is how
-    the layer learns it is inside ``torch.compile`` (tensor values unknown), so the traced
-    code path runs with torch's ops without the compiler's cost."""
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        return tf.function(function)
-    if BACKEND == "jax":
-        import jax
-
-        return jax.jit(function)
-    import torch
-
-    def compiling(*args):
-        with mock.patch.object(torch.compiler, "is_compiling", return_value=True):
-            return function(*args)
-
-    return compiling
 
 
 def int_tensor(value):
