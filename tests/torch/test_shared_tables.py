@@ -447,3 +447,16 @@ def test_values_enter_pytorch_as_its_own_aligned_memory(fmt):
     assert tensor.data_ptr() % 64 == 0
     assert tensor.data_ptr() != view.ctypes.data
     np.testing.assert_array_equal(tensor.float().numpy(), values.astype(np.float32))
+
+
+def test_the_examples_of_docs_tables_md_run():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "tables.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+    assert len(blocks) == 2
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "docs/tables.md", "exec"), namespace)
+    assert namespace["rope"].cos[0, 0] == 2.0
+    assert RotaryEmbedding(128).cos[0, 0] == 1.0  # the shared table, untouched
