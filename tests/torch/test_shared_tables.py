@@ -30,6 +30,7 @@ from posenc.torch import (  # noqa: E402
     RotaryEmbedding,
     SandwichBias,
     SinusoidalPositionalEncoding,
+    SinusoidalPositionalEncodingND,
     T5RelativeBias,
     XPosRotaryEmbedding,
 )
@@ -142,6 +143,22 @@ def test_a_sandwich_table_is_its_own():
     assert not a.shares_tables
     a(3000)
     assert a.table.shape[0] > b.table.shape[0] == 1024
+
+
+def test_a_grown_sandwich_table_stays_whole_through_unshare_and_copies():
+    module, fresh = SandwichBias(2, dim=8, max_length=16), SandwichBias(2, dim=8)
+    module(40)  # grown past its 16 distances
+    rows = module.table.shape[0]
+    assert rows >= 40
+    expected = fresh(40)
+    for same in (
+        module.unshare_tables(),
+        copy.deepcopy(module),
+        pickle.loads(pickle.dumps(module)),
+    ):
+        assert same.table.shape[0] == rows
+        torch.testing.assert_close(same(40), expected, rtol=0, atol=0)
+    assert module._holder.tensors["table"] is module.table
 
 
 @pytest.mark.parametrize("kind", ["rope", "sinusoidal"])
@@ -289,6 +306,32 @@ def test_pickle_and_deepcopy_keep_no_values_and_rejoin_the_shared_tables(kind):
         assert all(tables(copied)[name] is t for name, t in tables(module).items())
 
 
+def test_pickles_after_calls_in_other_dtypes_keep_no_values():
+    # A float16 input makes a float32 module read shared float16 tables beside its own:
+    # neither their values nor the registry's objects go into a pickle.
+    sinusoidal = SinusoidalPositionalEncoding(64, 0.0, 4096, 2603.5)
+    rope = RotaryEmbedding(64, base=2603.5, max_length=4096)
+    half = torch.randn(1, 5, 64, dtype=torch.float16)
+    out = sinusoidal(half)
+    cos, sin = rope.cos_sin(torch.arange(5), dtype=torch.float16)
+    for module in (sinusoidal, rope):
+        data = pickle.dumps(module)
+        assert len(data) < 20_000  # no table of 4096 × 64 inside, in any dtype
+        for copied in (pickle.loads(data), copy.deepcopy(module)):
+            assert copied._other_tables == {}
+    torch.testing.assert_close(pickle.loads(pickle.dumps(sinusoidal))(half), out, rtol=0, atol=0)
+    again = pickle.loads(pickle.dumps(rope)).cos_sin(torch.arange(5), dtype=torch.float16)
+    assert all(torch.equal(x, y) for x, y in zip(again, (cos, sin), strict=True))
+
+
+def test_a_pickled_nd_module_keeps_no_cached_grid():
+    module = SinusoidalPositionalEncodingND(16, base=2603.5)
+    grid = module.encoding((64, 64))  # (64, 64, 16) float32: 256 KiB
+    data = pickle.dumps(module)
+    assert len(data) < 20_000
+    torch.testing.assert_close(pickle.loads(data).encoding((64, 64)), grid, rtol=0, atol=0)
+
+
 def test_torch_save_of_a_whole_module_loads_where_map_location_says():
     module = RotaryEmbedding(8, base=3579.5, max_length=100)
     buffer = io.BytesIO()
@@ -322,6 +365,51 @@ def test_a_private_module_stays_private_through_copies_and_casts():
     other = RotaryEmbedding(8, base=4680.5).double()
     assert private.cos is not other.cos
     torch.testing.assert_close(private.cos, other.cos[:32], rtol=0, atol=1e-15)
+
+
+def test_cpu_and_cpu_0_name_one_device_and_one_table():
+    module = RotaryEmbedding(8, base=6802.5, max_length=64)
+    before = shared_count()
+    cos, sin = module._tables_in(torch.float32, torch.device("cpu:0"))
+    assert cos is module.cos
+    assert sin is module.sin
+    assert shared_count() == before
+    moved = RotaryEmbedding(8, base=6802.5, max_length=64).to("cpu:0")
+    assert moved.cos is module.cos
+
+
+def test_the_memory_limit_of_a_modules_tables_is_the_cores(monkeypatch):
+    # The tables are allocated before the core fills them, so the module checks the
+    # limit first: the same bytes the core checks when it allocates them itself.
+    limit = 2 * 40 * 8 * 4  # cos and sin of 40 rows of 8 float32
+    monkeypatch.setattr(posenc.torch._tables, "DEFAULT_MAX_BYTES", limit)
+    inv_freq = posenc.rope_frequencies(8, base=7913.5)
+    rope = {"fmt": "float32", "layout": "half", "max_bytes": limit}
+    rope_table_values(40, inv_freq, **rope)  # the core accepts 40
+    with pytest.raises(posenc.MemoryLimitError):
+        rope_table_values(41, inv_freq, **rope)  # not 41
+    assert RotaryEmbedding(8, base=7913.5, max_length=40).table_length == 40
+    with pytest.raises(posenc.MemoryLimitError, match="max_length=41"):
+        RotaryEmbedding(8, base=7913.5, max_length=41)
+    table = 40 * 16 * 4  # the sinusoidal table of 40 rows of 16 float32
+    monkeypatch.setattr(posenc.torch._tables, "DEFAULT_MAX_BYTES", table)
+    sinusoidal = {"base": 7913.5, "layout": "interleaved", "formula": "paper", "fmt": "float32"}
+    table_values(40, 16, **sinusoidal, max_bytes=table)  # the core accepts 40
+    with pytest.raises(posenc.MemoryLimitError):
+        table_values(41, 16, **sinusoidal, max_bytes=table)  # not 41
+    assert SinusoidalPositionalEncoding(16, 0.0, 40, 7913.5).table_length == 40
+    with pytest.raises(posenc.MemoryLimitError, match="max_length=41"):
+        SinusoidalPositionalEncoding(16, 0.0, 41, 7913.5)
+
+
+def test_buffers_set_by_hand_are_the_modules_own_once_grown():
+    module, other = RotaryEmbedding(8, base=8024.5), RotaryEmbedding(8, base=8024.5)
+    module.cos = module.cos.clone()  # set by hand: no longer the shared tensor
+    module.extend(9000)
+    assert not module.shares_tables
+    assert other.shares_tables
+    assert other.table_length == 4096  # not grown with it
+    np.testing.assert_array_equal(module.cos.numpy(), exact_rope(9000, 8, 8024.5)[0])
 
 
 def test_an_unhashable_spec_is_simply_not_shared(monkeypatch):

@@ -18,7 +18,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -83,6 +83,8 @@ class SharedTables:
             module._forget()
 
 
+Module = TypeVar("Module", bound="DerivedBuffers")
+
 _SHARED: weakref.WeakValueDictionary[Hashable, SharedTables] = weakref.WeakValueDictionary()
 """The shared tables in use, by ``(module kind and spec, dtype, device)``."""
 
@@ -117,8 +119,8 @@ class DerivedBuffers(nn.Module):
     their dtype, device and rows, and the copy finds or rebuilds the shared tables.
     :meth:`unshare_tables` gives a module tables of its own.
 
-    A subclass implements :meth:`_derive_buffers` (and :meth:`_share_key` to share);
-    :meth:`_forget` clears any cache of its own.
+    A subclass implements :meth:`_derive_buffers` (and :meth:`_share_key` to share) and
+    names its caches of what it derives from the buffers in :meth:`_empty_caches`.
     """
 
     _private = False
@@ -151,8 +153,10 @@ class DerivedBuffers(nn.Module):
 
     def _share_key(self) -> Hashable | None:
         """What the derived buffers depend on, hashable (modules with equal keys share
-        them); ``None``: this module's are its own. The default: not shared."""
-        return None
+        them); ``None``: this module's are its own. The default: the module's kind and
+        spec (a frozen, validated dataclass: equal specs derive equal buffers)."""
+        spec: Hashable = self.spec  # every subclass has a spec
+        return (type(self), spec)
 
     def _full_key(self, dtype: torch.dtype, device: torch.device) -> Hashable | None:
         if self._private or device.type == "meta":  # meta tensors hold nothing to share
@@ -164,7 +168,9 @@ class DerivedBuffers(nn.Module):
             hash(key)
         except TypeError:  # a spec with unhashable fields (a user's scaling): not shared
             return None
-        if device.index is None and device.type != "cpu":  # "cuda" is "cuda:0" (or current)
+        if device.type == "cpu":  # "cpu:0" is "cpu"
+            device = torch.device("cpu")
+        elif device.index is None:  # "cuda" is "cuda:0" (or the current one)
             device = torch.empty(0, device=device).device
         return (key, dtype, device)
 
@@ -199,7 +205,7 @@ class DerivedBuffers(nn.Module):
             self._buffers.update(holder.tensors)
         self._forget()
 
-    def unshare_tables(self) -> DerivedBuffers:
+    def unshare_tables(self: Module) -> Module:
         """Give this module tables of its own: a copy that no other module reads or grows,
         rebuilt privately after any later cast or move. Returns the module.
 
@@ -217,9 +223,9 @@ class DerivedBuffers(nn.Module):
         """
         with GROWTH_LOCK:
             self._private = True
-            if self._holder is not None:
-                self._attach(SharedTables({k: t.clone() for k, t in self._holder.tensors.items()}))
-            self._forget()
+            if self._derived_names:  # a copy of the buffers as they are now
+                own = {key: self._buffer(key).clone() for key in self._derived_names}
+                self._attach(SharedTables(own))
         return self
 
     @property
@@ -296,8 +302,14 @@ class DerivedBuffers(nn.Module):
         """The dtype the buffers keep when the module is cast to ``dtype``."""
         return dtype
 
+    def _empty_caches(self) -> dict[str, Any]:
+        """The attributes that cache what is derived from the buffers, each emptied
+        (attribute name → empty value); a subclass with caches names them here."""
+        return {}
+
     def _forget(self) -> None:
-        """Clear caches derived from the buffers (after a rebuild)."""
+        """Clear the caches derived from the buffers (after a rebuild)."""
+        self.__dict__.update(self._empty_caches())
 
     def _move_to(self, dtype: torch.dtype, device: torch.device, rows: int | None) -> None:
         """Buffers in ``dtype`` on ``device``: the shared ones, or (``meta``) tensors of
@@ -319,24 +331,27 @@ class DerivedBuffers(nn.Module):
         # The derived buffers are left out of fn: converting them would round rounded
         # values again (float32 -> bfloat16) and make a copy per module. They are rebuilt
         # exactly, or taken from the shared tables, in the dtype and on the device fn
-        # gives an empty tensor of theirs.
-        first = self._derived_first()
-        order = list(self._buffers)
-        derived = {key: self._buffers.pop(key) for key in self._derived_names}
-        try:
-            super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # unannotated in PyTorch
-        finally:
-            others = dict(self._buffers)
-            self._buffers.clear()
-            for key in order:  # the buffers' order, as it was
-                self._buffers[key] = derived[key] if key in derived else others.pop(key)
-            self._buffers.update(others)
-        if first is not None:
-            probe = fn(torch.empty(0, dtype=first.dtype, device=first.device))
-            dtype, device = self._table_dtype(probe.dtype), probe.device
-            if (dtype, device) != (first.dtype, first.device):
-                rows = None if first.dim() == 0 else int(first.shape[0])
-                self._move_to(dtype, device, rows)
+        # gives an empty tensor of theirs. Under the lock: growth for another module of
+        # the spec writes into this module's buffers too, never while they are set aside.
+        with GROWTH_LOCK:
+            first = self._derived_first()
+            order = list(self._buffers)
+            derived = {key: self._buffers.pop(key) for key in self._derived_names}
+            try:
+                super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # unannotated in PyTorch
+            finally:
+                others = dict(self._buffers)
+                self._buffers.clear()
+                for key in order:  # the buffers' order, as it was
+                    self._buffers[key] = derived[key] if key in derived else others.pop(key)
+                self._buffers.update(others)
+            if first is not None:
+                probe = fn(torch.empty(0, dtype=first.dtype, device=first.device))
+                dtype, device = self._table_dtype(probe.dtype), probe.device
+                if (dtype, device) != (first.dtype, first.device):
+                    rows = None if first.dim() == 0 else int(first.shape[0])
+                    self._move_to(dtype, device, rows)
+                    return self  # _move_to forgot the caches
         self._forget()
         return self
 
@@ -353,7 +368,8 @@ class DerivedBuffers(nn.Module):
             state["_derived_shapes"][key] = tuple(tensor.shape)
             buffers[key] = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
         state["_buffers"] = buffers
-        state["_holder"] = None
+        state["_holder"] = None  # shared tables are found again, never copied
+        state.update(self._empty_caches())  # nor what is derived from them
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

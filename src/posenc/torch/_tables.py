@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -59,13 +59,13 @@ def core_filled(
     fills in place. They are the tables on the CPU; on another device, or in bfloat16,
     PyTorch copies them there. Aligned as every PyTorch tensor (64 bytes), never a view
     of a NumPy buffer, and without the copy :func:`._backend.to_tensor` makes of an
-    array the core allocated. The memory limit is checked first, as the core checks it
-    (about twice the tables, its working memory included), since the tensors are
-    allocated before the core is called.
+    array the core allocated. The tensors are allocated here, before the core is called,
+    so the memory limit is checked here: on the tables' size, the estimate the core
+    checks when it allocates them itself.
     """
     container = torch.float32 if fmt == "bfloat16" else DTYPES[fmt]
     size = sum(math.prod(shape) for shape in shapes) * container.itemsize
-    check_memory(2 * size, what, DEFAULT_MAX_BYTES)
+    check_memory(size, what, DEFAULT_MAX_BYTES)
     host = tuple(torch.empty(shape, dtype=container, device="cpu") for shape in shapes)
     fill(tuple(tensor.numpy() for tensor in host))
     device = torch.get_default_device() if device is None else torch.device(device)
@@ -123,11 +123,6 @@ class PositionTables(DerivedBuffers):
         with _named_limit("max_length", length):
             self._register_derived(names, dtype, drop, rows=length)
 
-    def _share_key(self) -> Hashable | None:
-        # The tables are the spec's (a frozen, validated dataclass): the module's kind and
-        # spec say everything they hold.
-        return (type(self), self.spec)
-
     def _derive_buffers(
         self, dtype: torch.dtype, device: torch.device, rows: int | None = None
     ) -> dict[str, Tensor]:
@@ -139,8 +134,8 @@ class PositionTables(DerivedBuffers):
             tables = self._derive(length, 0, dtype, device)
         return dict(zip(self._derived_names, tables, strict=True))
 
-    def _forget(self) -> None:
-        self._other_tables = {}
+    def _empty_caches(self) -> dict[str, Any]:
+        return {"_other_tables": {}}
 
     @property
     def table_length(self) -> int:
@@ -169,7 +164,8 @@ class PositionTables(DerivedBuffers):
                     self._holder is None
                     or first is not self._holder.tensors[self._derived_names[0]]
                 ):
-                    self._attach(SharedTables(tables))  # buffers set by hand: its own
+                    self._private = True  # buffers set by hand: its own from now on
+                    self._attach(SharedTables(tables))
                 else:
                     self._holder.replace(tables)
 

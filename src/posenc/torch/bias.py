@@ -14,7 +14,6 @@ explicitly (``positions=``, ``key_positions=``) for packed sequences.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -180,9 +179,6 @@ class ALiBiBias(DerivedBuffers, BiasesScores, FromSpec):
         self.num_heads, self.mode = self.spec.num_heads, self.spec.mode
         self._register_derived(("slopes",), torch.float64, drop=("alibi",))
 
-    def _share_key(self) -> Hashable:
-        return (type(self), self.spec)
-
     def _derive_buffers(
         self, dtype: torch.dtype, device: torch.device, rows: int | None = None
     ) -> dict[str, Tensor]:
@@ -274,9 +270,6 @@ class T5RelativeBias(DerivedBuffers, BiasesScores, FromSpec):
         self.compat = self.spec.compat
         self.relative_attention_bias = nn.Embedding(self.num_buckets, self.num_heads)
         self._register_derived(("buckets",), torch.int64)
-
-    def _share_key(self) -> Hashable:
-        return (type(self), self.spec)
 
     def _derive_buffers(
         self, dtype: torch.dtype, device: torch.device, rows: int | None = None

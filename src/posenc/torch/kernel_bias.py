@@ -40,7 +40,7 @@ from ..core.positions import grow
 from ..specs import FireSpec, FromSpec, KerpleSpec, SandwichSpec
 from ._arguments import check_device
 from ._backend import dtype_name, format_of, gather_rows, is_traced, to_tensor, wide_index
-from ._tables import DerivedBuffers
+from ._tables import DerivedBuffers, SharedTables
 from .bias import _relative_positions
 from .protocols import BiasesScores
 
@@ -336,8 +336,10 @@ class SandwichBias(DerivedBuffers, BiasesScores, FromSpec):
         check_width(self.spec.dim, "dim")  # its frequencies: one per pair of the width
         self.num_heads, self.dim, self.mode = self.spec.num_heads, self.spec.dim, self.spec.mode
         self._length = check_max_length(max_length)
-        # Not shared: the table grows by itself (_install), a module's own state.
         self._register_derived(("table",), torch.float64)
+
+    def _share_key(self) -> None:
+        return None  # not shared: the table grows by itself (_install), a module's own state
 
     def _derive_buffers(
         self, dtype: torch.dtype, device: torch.device, rows: int | None = None
@@ -392,9 +394,10 @@ class SandwichBias(DerivedBuffers, BiasesScores, FromSpec):
     def _install(self, length: int, device: Any) -> Tensor:
         """The table of ``length`` distances, made this module's (a ``MemoryLimitError``,
         and the table kept, when the limit refuses it)."""
-        self.table = self._rows(_distances(length), device)  # may be refused
+        table = self._rows(_distances(length), device)  # may be refused
+        self._attach(SharedTables({"table": table}))  # the module's own, as before
         self._length = length
-        return self.table
+        return table
 
     def _longest(self, distance: Tensor, offset: int, plain: bool) -> int:
         """One past the longest distance of a call; for queries at ``offset ..`` and keys at

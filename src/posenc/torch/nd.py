@@ -92,8 +92,9 @@ class SinusoidalPositionalEncodingND(DerivedBuffers, FromSpec):
         # No buffers; state dicts of the package's modules carry these derived entries.
         self._register_derived((), torch.float32, drop=("inv_freq", "cached_penc"))
 
-    def _forget(self) -> None:
-        self._tables = {}  # a cast or move rebuilds exact tables on the next call
+    def _empty_caches(self) -> dict[str, Any]:
+        # A cast or move rebuilds exact tables on the next call; a pickle keeps none.
+        return {"_tables": {}}
 
     def encoding(
         self,
