@@ -187,22 +187,24 @@ def test_growth_reaches_every_kind_and_the_other_layers_outputs_stay_right():
     np.testing.assert_array_equal(to_numpy(d(scores)), scores + core)
 
 
-def test_a_new_layer_reads_its_own_max_length_of_longer_shared_tables():
+def test_a_new_layer_reads_all_the_rows_of_longer_shared_tables():
+    # As the PyTorch modules: a layer reads every row the shared tables hold, its
+    # max_length only asks for at least as many.
     a = sinusoidal(base=2000.0)
     a.extend(32)
-    b = sinusoidal(base=2000.0)  # max_length 8: the same tensors, 8 rows of them read
+    b = sinusoidal(base=2000.0)  # max_length 8: the same tensors, all 32 rows of them read
     assert b._tables.shares_with(a._tables)
     assert tensors(b)[0] is tensors(a)[0]
-    assert b.table_length == 8
+    assert b.table_length == 32
+    assert b.get_config()["max_length"] == 32
     shift = traced(lambda x, start: b(x, start_index=start))
-    out = to_numpy(shift(E[:, :4], int_tensor(6)))  # positions 6 .. 9: two past its 8
-    np.testing.assert_array_equal(out[:, :2], encoded(E[:, :4], 6, base=2000.0)[:, :2])
-    assert np.isnan(out[:, 2:]).all()
-    a.extend(48)  # growth from now on: for both
-    assert b.table_length == 48
-    shift = traced(lambda x, start: b(x, start_index=start))  # traced again: 48 rows now
-    out = to_numpy(shift(E[:, :4], int_tensor(6)))
+    out = to_numpy(shift(E[:, :4], int_tensor(6)))  # positions 6 .. 9: past its 8, in the 32
     np.testing.assert_array_equal(out, encoded(E[:, :4], 6, base=2000.0))
+    out = to_numpy(shift(E[:, :4], int_tensor(30)))  # positions 30 .. 33: two past the 32
+    np.testing.assert_array_equal(out[:, :2], encoded(E[:, :4], 30, base=2000.0)[:, :2])
+    assert np.isnan(out[:, 2:]).all()
+    c = sinusoidal(base=2000.0, max_length=40)  # asks for more: grows them for all
+    assert a.table_length == b.table_length == c.table_length == 40
 
 
 def test_tables_no_layer_uses_are_freed():
@@ -276,7 +278,7 @@ def test_the_other_width_of_one_sinusoidal_spec_does_not_share():
 def test_max_length_is_not_part_of_the_spec():
     a, b = rope(base=777.5, max_length=16), rope(base=777.5, max_length=8)
     assert a._tables.shares_with(b._tables)
-    assert (a.table_length, b.table_length) == (16, 8)
+    assert (a.table_length, b.table_length) == (16, 16)  # the rows the tables hold
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -486,6 +488,46 @@ def test_a_layers_tables_are_not_views_of_the_cores_arrays():
     assert pointer % 64 == 0
 
 
+# -- devices --------------------------------------------------------------------------------
+
+
+def _two_devices() -> list[str]:
+    """Two Keras device names of this process (JAX: the child run forces two host
+    devices), or skip."""
+    if BACKEND != "jax":
+        pytest.skip(f"two devices of one kind are forced on the JAX backend only ({BACKEND})")
+    import jax
+
+    devices = jax.devices("cpu")
+    if len(devices) < 2:
+        pytest.skip("one host device (XLA_FLAGS forces two in the child run)")
+    return [f"cpu:{device.id}" for device in devices[:2]]
+
+
+def _devices_of(tensor: Any) -> set[str]:
+    return {f"{device.platform}:{device.id}" for device in tensor.devices()}
+
+
+def test_layers_on_two_devices_keep_a_set_of_tables_each():
+    first, second = _two_devices()
+    with keras.device(first):
+        a = sinusoidal(base=2121.5)
+    with keras.device(second):
+        b = sinusoidal(base=2121.5)
+        c = sinusoidal(base=2121.5)
+    assert not a._tables.shares_with(b._tables)
+    assert b._tables.shares_with(c._tables)
+    assert _devices_of(tensors(a)[0]) == {first}
+    assert _devices_of(tensors(b)[0]) == {second}
+    with keras.device(first):  # growth called under the other device's scope
+        b.extend(40)
+    assert _devices_of(tensors(c)[0]) == {second}  # grown where they were made
+    assert a.table_length == 8
+    assert c.table_length == 40
+    with keras.device(second):
+        np.testing.assert_array_equal(to_numpy(c(E, start_index=30)), encoded(E, 30, base=2121.5))
+
+
 # -- the other Keras backends ---------------------------------------------------------------
 
 
@@ -498,6 +540,9 @@ def test_this_file_on_the_other_backends(backend):
     if importlib.util.find_spec(backend) is None:
         pytest.skip(f"Keras on {backend}: {backend} not installed")
     env = dict(os.environ, KERAS_BACKEND=backend, POSENC_TABLES_CHILD="1")
+    if backend == "jax":  # two host devices, for the tables of layers on either
+        flags = env.get("XLA_FLAGS", "")
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=2".strip()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
         cwd=Path(__file__).parents[2],

@@ -67,8 +67,8 @@ def to_tensor(values: np.ndarray, fmt: str, device: Any = None) -> Any:
     if backend == "torch":
         import torch
 
-        if not values.flags.writeable or any(stride < 0 for stride in values.strides):
-            values = values.copy()  # torch.from_numpy warns of the one, refuses the other
+        if not values.flags.writeable:
+            values = values.copy()  # torch.from_numpy warns of a read-only array
         tensor = ops.empty(values.shape, dtype=fmt)  # PyTorch's memory, on Keras's device
         return tensor.copy_(torch.from_numpy(values))
     if fmt == "bfloat16":  # the cast writes new memory

@@ -3,14 +3,13 @@ shared by the layers of one kind and spec, grown as the planner says
 (:mod:`posenc.core.plan`), and read with the primitives of :mod:`._backend`.
 
 Layers of one kind whose tables come from equal specs share one set of tensors per
-format (a 32-layer model with a RoPE layer per block keeps one cos and one sin table per
-format, not 32): :func:`shared_tables` finds them in a registry that holds them weakly,
-so that tables no layer uses any more are freed (Keras layers are reference cycles: when
-the garbage collector frees them). Growing the tables for one layer (a call past their
-end, or ``extend``) grows them for all. Each layer reads its own number of rows
-(:attr:`PositionTables.length`): its ``max_length`` at first, even when the shared
-tensors hold more, so that a new layer gives what it would give alone (NaN past its
-``max_length`` in traced calls) until the layers grow together.
+format and device (a 32-layer model with a RoPE layer per block keeps one cos and one
+sin table per format, not 32): :func:`shared_tables` finds them in a registry that holds
+them weakly, so that tables no layer uses any more are freed (Keras layers are reference
+cycles: when the garbage collector frees them). Growing the tables for one layer (a call
+past their end, or ``extend``) grows them for all, on the device they were made on, and
+every layer reads all the rows they hold, as the PyTorch modules do: a layer made with a
+smaller ``max_length`` than the shared tables reads the longer tables.
 
 ``layer.unshare_tables()`` (:class:`SharesTables`) gives a layer tables of its own, which
 no other layer reads or grows, also after later rebuilds. A spec that cannot be hashed (a
@@ -100,37 +99,62 @@ def table_rows(table: Any, start: Any, seq: Any, too_long: Callable[[int], str])
     return span_rows(table, start, seq)  # (seq, width)
 
 
-def span_rows(table: Any, start: Any, seq: Any, rows: int | None = None) -> Any:
+def span_rows(table: Any, start: Any, seq: Any) -> Any:
     """Rows ``start .. start + seq - 1`` of a table: sliced when both are ints (the table
-    covers them), gathered otherwise with NaN rows past the table's first ``rows`` (all
-    of them when ``None``: a layer reading shared tables longer than its own)."""
+    covers them), gathered otherwise with NaN rows past the table."""
     if isinstance(start, int) and isinstance(seq, int):
         begin = [start] + [0] * (len(table.shape) - 1)
         return ops.slice(table, begin, [seq, *(int(n) for n in table.shape[1:])])
-    rows = int(table.shape[0]) if rows is None else rows
-    plan = plan_index(dtype_name(start), rows, wide=wide_index())
+    plan = plan_index(dtype_name(start), int(table.shape[0]), wide=wide_index())
     return gather_rows(table, index_range(start, seq, plan), plan)  # (seq, width)
 
 
-class _Store:
-    """The tables of every layer of one kind and spec, per format, ``rows`` rows each.
+def device_now() -> str | None:
+    """The Keras name (``"cpu:0"``, ``"gpu:1"``, ``"cuda:0"``) of the device that new
+    tensors go to now, ``keras.device`` scopes included; ``None`` on torch's ``meta``
+    device (Keras infers shapes there: the real device is not known)."""
+    with outside_traces():
+        probe = ops.zeros((), dtype="int32")
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
 
-    Held by the layers' :class:`PositionTables` (strongly) and the registry (weakly); it
-    holds them weakly, to grow them all, and ``derive``, a function of the spec.
+        spec = tf.DeviceSpec.from_string(probe.device)
+        return f"{spec.device_type.lower()}:{spec.device_index}"
+    if backend == "jax":
+        (device,) = probe.devices()
+        return f"{device.platform}:{device.id}"
+    return None if probe.is_meta else str(probe.device)
+
+
+class _Store:
+    """The tables of every layer of one kind, spec and device, per format, ``rows`` rows
+    each, and ``derive``, a function of the spec; held by the layers' :class:`PositionTables`
+    (strongly) and the registry (weakly).
+
+    Built on ``device`` (a Keras device name) whatever device scope a call that grows
+    them runs in; ``None``: in the scope of the call that builds them.
     """
 
-    __slots__ = ("__weakref__", "derive", "rows", "tables", "views")
+    __slots__ = ("__weakref__", "derive", "device", "key", "rows", "tables")
 
-    def __init__(self, derive: Callable[[int, str], tuple[np.ndarray, ...]], rows: int) -> None:
+    def __init__(
+        self,
+        derive: Callable[[int, str], tuple[np.ndarray, ...]],
+        rows: int,
+        device: str | None = None,
+        key: Hashable | None = None,
+    ) -> None:
         self.derive = derive
         self.rows = rows
+        self.device = device
+        self.key = key  # in the registry under this key; None: one layer's own
         self.tables: dict[str, tuple[Any, ...]] = {}
-        self.views: weakref.WeakSet[PositionTables] = weakref.WeakSet()
 
     def build(self, rows: int, fmt: str) -> tuple[Any, ...]:
         values = self.derive(rows, fmt)
         with outside_traces():
-            return tuple(to_tensor(np.ascontiguousarray(v), fmt) for v in values)
+            return tuple(to_tensor(v, fmt, self.device) for v in values)
 
     def get(self, fmt: str) -> tuple[Any, ...]:
         tables = self.tables.get(fmt)
@@ -145,7 +169,8 @@ class _Store:
 
     def extend(self, rows: int, formats: Iterable[str]) -> None:
         """At least ``rows`` rows in every format in use (and ``formats``), all built
-        before any is replaced: a refused size (``ValueError``) leaves the old ones."""
+        before any is replaced: a size the memory limit refuses (``MemoryLimitError``)
+        leaves the old ones."""
         if rows <= self.rows:
             return
         wanted = list(dict.fromkeys([*self.tables, *formats]))
@@ -171,18 +196,18 @@ class PositionTables:
 
     Layers of one key hold one ``PositionTables`` each over one set of tensors
     (:func:`shared_tables`): :meth:`get` gives the very same tensors to all of them, and
-    growth for one (:meth:`extend`, :meth:`holds`) grows them for all. The tensors may
-    hold more rows than :attr:`length` (a layer made with a smaller ``max_length`` than
-    the tables already shared): the layer reads its first ``length`` only, so that what
-    it gives never depends on the layers it shares with until they grow together.
+    growth for one (:meth:`extend`, :meth:`holds`) grows them for all; :attr:`length` is
+    the rows they hold now, for every one of them.
 
     Args:
         derive: ``(length, fmt) -> tuple of NumPy arrays``, each with ``length`` rows; a
             function of the spec only (shared tables outlive the layer that made them).
-        length: The initial number of rows (the layer's ``max_length``).
+        length: The number of rows at least (the layer's ``max_length``).
+        store: The shared tensors to read (made longer if they hold fewer rows);
+            ``None``: new ones, built in the device scope of their first use.
     """
 
-    __slots__ = ("__weakref__", "_store", "length")
+    __slots__ = ("__weakref__", "_store")
 
     def __init__(
         self,
@@ -191,15 +216,16 @@ class PositionTables:
         store: _Store | None = None,
     ) -> None:
         self._store = _Store(derive, length) if store is None else store
-        self.length = length
-        """Rows the layer reads: its ``max_length``, grown with every layer sharing them."""
-        with GROWTH_LOCK:
-            self._store.views.add(self)
-            if length > self._store.rows:  # a longer max_length than the shared tables
-                self._store.extend(length, ())
+        if length > self._store.rows:  # a longer max_length than the shared tables
+            self.extend(length)
+
+    @property
+    def length(self) -> int:
+        """Rows the tables hold now (for every layer sharing them; never fewer)."""
+        return self._store.rows
 
     def get(self, fmt: str) -> tuple[Any, ...]:
-        """The tables in ``fmt`` (at least :attr:`length` rows), built on first use
+        """The tables in ``fmt`` (:attr:`length` rows at least), built on first use
         (cached unless on torch's meta)."""
         return self._store.get(fmt)
 
@@ -207,15 +233,11 @@ class PositionTables:
         """Hold at least ``length`` rows in every format in use (and ``formats``), for
         every layer sharing the tables.
 
-        All new tables are built before any is replaced: a refused size (``ValueError``)
-        leaves the old ones.
+        All new tables are built before any is replaced: a size the memory limit refuses
+        (``MemoryLimitError``) leaves the old ones.
         """
         with GROWTH_LOCK:  # threads calling one layer: the longest tables win
-            if length <= self.length:
-                return
-            self._store.extend(length, formats)  # the tensors first: never fewer rows
-            for view in list(self._store.views):  # than a length says
-                view.length = max(view.length, length)
+            self._store.extend(length, formats)
 
     def holds(self, plan: RowsPlan, fmt: str) -> bool:
         """Carry out a known call's ``plan`` (:func:`posenc.core.plan.plan_rows`): grow
@@ -230,11 +252,17 @@ class PositionTables:
         """Whether ``other`` reads the same tensors (and grows with these)."""
         return self._store is other._store
 
+    @property
+    def shared(self) -> bool:
+        """Whether layers made from now on with the same key and device read these."""
+        key = self._store.key
+        return key is not None and _SHARED.get(key) is self._store
+
     def copy(self) -> PositionTables:
         """Tables of the same rows in new memory, which no holder of these sees or grows."""
         with GROWTH_LOCK:
             old = self._store
-            store = _Store(old.derive, old.rows)
+            store = _Store(old.derive, old.rows, old.device)
             with outside_traces():
                 store.tables = {
                     fmt: tuple(ops.copy(t) for t in tables) for fmt, tables in old.tables.items()
@@ -243,7 +271,8 @@ class PositionTables:
 
 
 _SHARED: weakref.WeakValueDictionary[Hashable, _Store] = weakref.WeakValueDictionary()
-"""The shared tables in use, by ``(layer kind, spec)``; freed when no layer holds them."""
+"""The shared tables in use, by ``((layer kind, spec), device)``; freed when no layer
+holds them."""
 
 
 def shared_count() -> int:
@@ -263,19 +292,22 @@ def _hashable(key: Hashable | None) -> Hashable | None:
 def shared_tables(
     key: Hashable | None, derive: Callable[[int, str], tuple[np.ndarray, ...]], length: int
 ) -> PositionTables:
-    """A layer's tables of ``key`` (its kind and spec), reading ``length`` rows at first.
+    """A layer's tables of ``key`` (its kind and spec), ``length`` rows at least, on the
+    device of the current device scope.
 
-    Over the tensors of the layers of ``key`` (made longer if they hold fewer rows), or
-    over new ones made from ``derive`` and shared from then on. ``key`` ``None`` or
-    unhashable: over tensors of the caller's own.
+    Over the tensors of the layers of ``key`` on that device (made longer if they hold
+    fewer rows), or over new ones made from ``derive`` and shared from then on. ``key``
+    ``None`` or unhashable: over tensors of the caller's own.
     """
-    key = _hashable(key)
+    device = device_now()
+    key = None if _hashable(key) is None else (key, device)
     with GROWTH_LOCK:  # one lookup-or-create at a time: never two sets for one key
         store = None if key is None else _SHARED.get(key)
-        tables = PositionTables(derive, length, store)
-        if key is not None and store is None:
-            _SHARED[key] = tables._store
-        return tables
+        if store is None:
+            store = _Store(derive, length, device, key)
+            if key is not None:
+                _SHARED[key] = store
+        return PositionTables(derive, length, store)
 
 
 Layer = TypeVar("Layer", bound="SharesTables")
@@ -289,7 +321,6 @@ class SharesTables:
     """
 
     _tables: PositionTables | None = None
-    _tables_key: Hashable | None = None
     _private_tables = False
 
     def _share_tables(
@@ -298,11 +329,10 @@ class SharesTables:
         derive: Callable[[int, str], tuple[np.ndarray, ...]],
         length: int,
     ) -> PositionTables:
-        """Hold the tables of ``key`` (the layer's kind and spec), reading ``length``
-        rows at first: shared with the layers of the same key, unless this layer's are
-        its own."""
-        self._tables_key = None if self._private_tables else _hashable(key)
-        self._tables = shared_tables(self._tables_key, derive, length)
+        """Hold the tables of ``key`` (the layer's kind and spec), ``length`` rows at
+        least: shared with the layers of the same key and device, unless this layer's
+        are its own."""
+        self._tables = shared_tables(None if self._private_tables else key, derive, length)
         return self._tables
 
     def _held_tables(self) -> PositionTables:
@@ -320,7 +350,6 @@ class SharesTables:
         """
         with GROWTH_LOCK:
             self._private_tables = True
-            self._tables_key = None
             if self._tables is not None:
                 self._tables = self._tables.copy()
         return self
@@ -330,5 +359,4 @@ class SharesTables:
         """Whether other layers of this kind and spec may share this layer's tables
         (``False`` before they exist, after :meth:`unshare_tables`, and for a spec that
         cannot be hashed)."""
-        key, tables = self._tables_key, self._tables
-        return key is not None and tables is not None and _SHARED.get(key) is tables._store
+        return self._tables is not None and self._tables.shared
