@@ -144,11 +144,14 @@ def rope_table_values(
         >>> cos, _ = rope_table_values(2, [1.0], fmt="bfloat16", layout="half")
         >>> cos.dtype.name, cos[1].tolist()  # bfloat16's cos(1), held exactly in float32
         ('float32', [0.5390625, 0.5390625])
-        >>> tables = np.empty((2, 3, 2), np.float32), np.empty((2, 3, 2), np.float32)
-        >>> rope_table_values(3, [1.0], fmt="float32", layout="half", out=tables)[0] is tables[0]
+        >>> tables = np.empty((3, 2), np.float32), np.empty((3, 2), np.float32)
+        >>> cos, sin = rope_table_values(3, [1.0], fmt="float32", layout="half", out=tables)
+        >>> cos is tables[0], sin is tables[1], sin[1].tolist()  # sin(1) in float32
+        (True, True, [0.8414709568023682, 0.8414709568023682])
+        >>> rope_table_values(2, [1.0], fmt="float32", layout="half", out=tables)
         Traceback (most recent call last):
         ...
-        ValueError: out[0] (cos) must have shape (3, 2), got (2, 3, 2)
+        ValueError: out[0] (cos) must have shape (2, 2), got (3, 2)
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
