@@ -21,8 +21,6 @@ the first layer alive.
 from __future__ import annotations
 
 import contextlib
-import threading
-import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar
 
@@ -32,6 +30,7 @@ from keras import ops
 
 from ..core.plan import RowsPlan, plan_index, plan_rows
 from ..core.positions import grow
+from ..core.sharing import GROWTH_LOCK, Registry, share_key
 from ._backend import dtype_name, gather_rows, index_range, to_tensor, wide_index
 
 __all__ = [
@@ -45,11 +44,6 @@ __all__ = [
     "span_rows",
     "table_rows",
 ]
-
-GROWTH_LOCK = threading.RLock()
-"""Held while tables are looked up in the registry of shared tables, built or grown:
-threads sharing a layer (or layers sharing tables) must not leave shorter tables in
-place of longer ones another call has planned to read."""
 
 
 def outside_traces() -> contextlib.AbstractContextManager[Any]:
@@ -112,7 +106,8 @@ def span_rows(table: Any, start: Any, seq: Any) -> Any:
 def device_now() -> str | None:
     """The Keras name (``"cpu:0"``, ``"gpu:1"``, ``"cuda:0"``) of the device that new
     tensors go to now, ``keras.device`` scopes included; ``None`` on torch's ``meta``
-    device (Keras infers shapes there: the real device is not known)."""
+    device (Keras infers shapes there: the real device is not known, and the tables of a
+    layer built then are its own, built where it is first called)."""
     with outside_traces():
         probe = ops.zeros((), dtype="int32")
     backend = keras.backend.backend()
@@ -255,8 +250,7 @@ class PositionTables:
     @property
     def shared(self) -> bool:
         """Whether layers made from now on with the same key and device read these."""
-        key = self._store.key
-        return key is not None and _SHARED.get(key) is self._store
+        return _SHARED.holds(self._store.key, self._store)
 
     def copy(self) -> PositionTables:
         """Tables of the same rows in new memory, which no holder of these sees or grows."""
@@ -270,7 +264,7 @@ class PositionTables:
             return PositionTables(old.derive, self.length, store)
 
 
-_SHARED: weakref.WeakValueDictionary[Hashable, _Store] = weakref.WeakValueDictionary()
+_SHARED: Registry[_Store] = Registry()
 """The shared tables in use, by ``((layer kind, spec), device)``; freed when no layer
 holds them."""
 
@@ -278,15 +272,6 @@ holds them."""
 def shared_count() -> int:
     """How many sets of shared tables are alive (for tests and benchmarks)."""
     return len(_SHARED)
-
-
-def _hashable(key: Hashable | None) -> Hashable | None:
-    """``key``, or ``None`` when it cannot be hashed (a spec with unhashable fields)."""
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
 
 
 def shared_tables(
@@ -300,13 +285,9 @@ def shared_tables(
     ``None`` or unhashable: over tensors of the caller's own.
     """
     device = device_now()
-    key = None if _hashable(key) is None else (key, device)
-    with GROWTH_LOCK:  # one lookup-or-create at a time: never two sets for one key
-        store = None if key is None else _SHARED.get(key)
-        if store is None:
-            store = _Store(derive, length, device, key)
-            if key is not None:
-                _SHARED[key] = store
+    key = share_key(key, device)
+    with GROWTH_LOCK:  # found, then made longer if it must be, before any other growth
+        store = _SHARED.entry(key, lambda: _Store(derive, length, device, key))
         return PositionTables(derive, length, store)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import warnings
 import weakref
 from collections.abc import Callable, Hashable, Iterable
@@ -24,15 +23,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..core.sharing import GROWTH_LOCK, Registry, share_key
+
 __all__ = ["GROWTH_LOCK", "DerivedBuffers", "SharedTables", "shared_count"]
-
-
-GROWTH_LOCK = threading.RLock()
-"""Held while tables are looked up in the registry of shared tables, built or grown.
-Threads may share a module (a server answering requests with one model) and modules share
-tables: two calls that grow them at once must not leave the shorter tables in place of
-the longer ones that a third call has planned to read. Module level, not per module: a
-lock cannot be deep-copied or pickled, and growth is rare."""
 
 
 def _caller_level() -> int:
@@ -85,7 +78,7 @@ class SharedTables:
 
 Module = TypeVar("Module", bound="DerivedBuffers")
 
-_SHARED: weakref.WeakValueDictionary[Hashable, SharedTables] = weakref.WeakValueDictionary()
+_SHARED: Registry[SharedTables] = Registry()
 """The shared tables in use, by ``(module kind and spec, dtype, device)``."""
 
 
@@ -161,18 +154,11 @@ class DerivedBuffers(nn.Module):
     def _full_key(self, dtype: torch.dtype, device: torch.device) -> Hashable | None:
         if self._private or device.type == "meta":  # meta tensors hold nothing to share
             return None
-        key = self._share_key()
-        if key is None:
-            return None
-        try:
-            hash(key)
-        except TypeError:  # a spec with unhashable fields (a user's scaling): not shared
-            return None
         if device.type == "cpu":  # "cpu:0" is "cpu"
             device = torch.device("cpu")
         elif device.index is None:  # "cuda" is "cuda:0" (or the current one)
             device = torch.empty(0, device=device).device
-        return (key, dtype, device)
+        return share_key(self._share_key(), dtype, device)
 
     def _shared(
         self,
@@ -186,12 +172,8 @@ class DerivedBuffers(nn.Module):
         shared, unless the module's are its own)."""
         key = self._full_key(dtype, torch.device(device))
         with GROWTH_LOCK:
-            holder = None if key is None else _SHARED.get(key)
-            if holder is None:
-                holder = SharedTables(build())
-                if key is not None:
-                    _SHARED[key] = holder
-            elif rows is not None and holder.rows < rows:
+            holder = _SHARED.entry(key, lambda: SharedTables(build()))
+            if rows is not None and holder.rows < rows:  # shared, and shorter
                 holder.replace(build())
             return holder
 
