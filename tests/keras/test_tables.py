@@ -9,6 +9,8 @@ tables of its own, bit for bit.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import gc
 import importlib.util
@@ -478,6 +480,32 @@ def test_tables_live_in_memory_the_backend_allocated(fmt, align):
         assert pointer % 64 == 0
     values[...] = 0  # no view: the tensor keeps its values
     assert np.any(to_numpy(tensor) != 0)
+
+
+def _resident_mib() -> float:
+    """This process's resident memory (MiB) after freeing what can be freed."""
+    gc.collect()
+    ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    with open("/proc/self/status", encoding="ascii") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status")
+@pytest.mark.skipif(ctypes.util.find_library("c") is None, reason="needs malloc_trim")
+def test_a_table_holds_its_memory_once():
+    # TensorFlow's tensor converted from a NumPy array held twice its memory while it
+    # lived; to_tensor hands over one that holds it once.
+    warm = to_tensor(np.ones((4, 4), np.float32), "float32")
+    del warm
+    values = RNG.standard_normal((65536, 128)).astype(np.float32)  # 32 MiB
+    first = values[0].copy()
+    before = _resident_mib()
+    tensor = to_tensor(values, "float32")
+    del values
+    grown = _resident_mib() - before + 32  # the 32 MiB of values freed in between
+    assert grown < 1.25 * 32, f"a 32 MiB table holds {grown:.0f} MiB"
+    np.testing.assert_array_equal(to_numpy(tensor)[0], first)
 
 
 def test_a_layers_tables_are_not_views_of_the_cores_arrays():

@@ -56,8 +56,9 @@ def to_tensor(values: np.ndarray, fmt: str, device: Any = None) -> Any:
     NumPy its arrays to 16, and reading a table at an odd alignment is measurably slower.
     On torch, Keras's conversion would keep a NumPy copy (``torch.as_tensor``), so the
     values are copied into a tensor PyTorch allocates; JAX may wrap a NumPy buffer that
-    happens to be aligned, so such an array is copied again by XLA; TensorFlow always
-    copies. The core returns bfloat16 values in a float32 container: the cast is exact.
+    happens to be aligned, so such an array is copied again by XLA; TensorFlow's copy of
+    its conversion holds the values once (see below). The core returns bfloat16 values in
+    a float32 container: the cast is exact.
     """
     if device is not None:
         with keras.device(device):
@@ -74,8 +75,11 @@ def to_tensor(values: np.ndarray, fmt: str, device: Any = None) -> Any:
     if fmt == "bfloat16":  # the cast writes new memory
         return ops.cast(ops.convert_to_tensor(values, dtype="float32"), "bfloat16")
     tensor = ops.convert_to_tensor(values, dtype=fmt)
-    if backend == "jax" and _wraps(tensor, values):
-        tensor = ops.copy(tensor)  # XLA's own buffer
+    if backend == "tensorflow" or (backend == "jax" and _wraps(tensor, values)):
+        # JAX: XLA's own buffer. TensorFlow: a tensor converted from a NumPy array keeps
+        # twice the array's memory while it lives (a 64 MiB table held 128 MiB, measured
+        # with TensorFlow 2.21 in benchmarks/bench_memory.py); its own copy holds it once.
+        tensor = ops.copy(tensor)
     return tensor
 
 
