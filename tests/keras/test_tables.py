@@ -189,24 +189,22 @@ def test_growth_reaches_every_kind_and_the_other_layers_outputs_stay_right():
     np.testing.assert_array_equal(to_numpy(d(scores)), scores + core)
 
 
-def test_a_new_layer_reads_all_the_rows_of_longer_shared_tables():
-    # As the PyTorch modules: a layer reads every row the shared tables hold, its
-    # max_length only asks for at least as many.
+def test_a_new_layer_reads_its_own_max_length_of_longer_shared_tables():
     a = sinusoidal(base=2000.0)
     a.extend(32)
-    b = sinusoidal(base=2000.0)  # max_length 8: the same tensors, all 32 rows of them read
+    b = sinusoidal(base=2000.0)  # max_length 8: the same tensors, 8 rows of them read
     assert b._tables.shares_with(a._tables)
     assert tensors(b)[0] is tensors(a)[0]
-    assert b.table_length == 32
-    assert b.get_config()["max_length"] == 32
+    assert b.table_length == 8
     shift = traced(lambda x, start: b(x, start_index=start))
-    out = to_numpy(shift(E[:, :4], int_tensor(6)))  # positions 6 .. 9: past its 8, in the 32
-    np.testing.assert_array_equal(out, encoded(E[:, :4], 6, base=2000.0))
-    out = to_numpy(shift(E[:, :4], int_tensor(30)))  # positions 30 .. 33: two past the 32
-    np.testing.assert_array_equal(out[:, :2], encoded(E[:, :4], 30, base=2000.0)[:, :2])
+    out = to_numpy(shift(E[:, :4], int_tensor(6)))  # positions 6 .. 9: two past its 8
+    np.testing.assert_array_equal(out[:, :2], encoded(E[:, :4], 6, base=2000.0)[:, :2])
     assert np.isnan(out[:, 2:]).all()
-    c = sinusoidal(base=2000.0, max_length=40)  # asks for more: grows them for all
-    assert a.table_length == b.table_length == c.table_length == 40
+    a.extend(48)  # growth from now on: for both
+    assert b.table_length == 48
+    shift = traced(lambda x, start: b(x, start_index=start))  # traced again: 48 rows now
+    out = to_numpy(shift(E[:, :4], int_tensor(6)))
+    np.testing.assert_array_equal(out, encoded(E[:, :4], 6, base=2000.0))
 
 
 def test_tables_no_layer_uses_are_freed():
@@ -280,7 +278,7 @@ def test_the_other_width_of_one_sinusoidal_spec_does_not_share():
 def test_max_length_is_not_part_of_the_spec():
     a, b = rope(base=777.5, max_length=16), rope(base=777.5, max_length=8)
     assert a._tables.shares_with(b._tables)
-    assert (a.table_length, b.table_length) == (16, 16)  # the rows the tables hold
+    assert (a.table_length, b.table_length) == (16, 8)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -7,9 +7,13 @@ format and device (a 32-layer model with a RoPE layer per block keeps one cos an
 sin table per format, not 32): :func:`shared_tables` finds them in a registry that holds
 them weakly, so that tables no layer uses any more are freed (Keras layers are reference
 cycles: when the garbage collector frees them). Growing the tables for one layer (a call
-past their end, or ``extend``) grows them for all, on the device they were made on, and
-every layer reads all the rows they hold, as the PyTorch modules do: a layer made with a
-smaller ``max_length`` than the shared tables reads the longer tables.
+past their end, or ``extend``) grows them for all, on the device they were made on.
+Each layer reads its own number of rows (:attr:`PositionTables.length`): its
+``max_length`` at first, even when the shared tensors hold more, so that a new layer
+gives what it would give alone (NaN past its ``max_length`` in traced calls) until the
+layers grow together. Keras layers are reference cycles, freed when the garbage
+collector runs: what a layer gives must not depend on when the layers of an earlier
+model, dead but not yet collected, grew the tables they shared.
 
 ``layer.unshare_tables()`` (:class:`SharesTables`) gives a layer tables of its own, which
 no other layer reads or grows, also after later rebuilds. A spec that cannot be hashed (a
@@ -21,6 +25,7 @@ the first layer alive.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar
 
@@ -93,13 +98,15 @@ def table_rows(table: Any, start: Any, seq: Any, too_long: Callable[[int], str])
     return span_rows(table, start, seq)  # (seq, width)
 
 
-def span_rows(table: Any, start: Any, seq: Any) -> Any:
+def span_rows(table: Any, start: Any, seq: Any, rows: int | None = None) -> Any:
     """Rows ``start .. start + seq - 1`` of a table: sliced when both are ints (the table
-    covers them), gathered otherwise with NaN rows past the table."""
+    covers them), gathered otherwise with NaN rows past the table's first ``rows`` (all
+    of them when ``None``: a layer reading shared tables longer than its own)."""
     if isinstance(start, int) and isinstance(seq, int):
         begin = [start] + [0] * (len(table.shape) - 1)
         return ops.slice(table, begin, [seq, *(int(n) for n in table.shape[1:])])
-    plan = plan_index(dtype_name(start), int(table.shape[0]), wide=wide_index())
+    rows = int(table.shape[0]) if rows is None else rows
+    plan = plan_index(dtype_name(start), rows, wide=wide_index())
     return gather_rows(table, index_range(start, seq, plan), plan)  # (seq, width)
 
 
@@ -125,13 +132,13 @@ def device_now() -> str | None:
 class _Store:
     """The tables of every layer of one kind, spec and device, per format, ``rows`` rows
     each, and ``derive``, a function of the spec; held by the layers' :class:`PositionTables`
-    (strongly) and the registry (weakly).
+    (strongly) and the registry (weakly); it holds them weakly, to grow them all.
 
     Built on ``device`` (a Keras device name) whatever device scope a call that grows
     them runs in; ``None``: in the scope of the call that builds them.
     """
 
-    __slots__ = ("__weakref__", "derive", "device", "key", "rows", "tables")
+    __slots__ = ("__weakref__", "derive", "device", "key", "rows", "tables", "views")
 
     def __init__(
         self,
@@ -145,6 +152,7 @@ class _Store:
         self.device = device
         self.key = key  # in the registry under this key; None: one layer's own
         self.tables: dict[str, tuple[Any, ...]] = {}
+        self.views: weakref.WeakSet[PositionTables] = weakref.WeakSet()
 
     def build(self, rows: int, fmt: str) -> tuple[Any, ...]:
         values = self.derive(rows, fmt)
@@ -191,8 +199,10 @@ class PositionTables:
 
     Layers of one key hold one ``PositionTables`` each over one set of tensors
     (:func:`shared_tables`): :meth:`get` gives the very same tensors to all of them, and
-    growth for one (:meth:`extend`, :meth:`holds`) grows them for all; :attr:`length` is
-    the rows they hold now, for every one of them.
+    growth for one (:meth:`extend`, :meth:`holds`) grows them for all. The tensors may
+    hold more rows than :attr:`length` (a layer made with a smaller ``max_length`` than
+    the tables already shared): the layer reads its first ``length`` only, so that what
+    it gives never depends on the layers it shares with until they grow together.
 
     Args:
         derive: ``(length, fmt) -> tuple of NumPy arrays``, each with ``length`` rows; a
@@ -202,7 +212,7 @@ class PositionTables:
             ``None``: new ones, built in the device scope of their first use.
     """
 
-    __slots__ = ("__weakref__", "_store")
+    __slots__ = ("__weakref__", "_store", "length")
 
     def __init__(
         self,
@@ -211,13 +221,12 @@ class PositionTables:
         store: _Store | None = None,
     ) -> None:
         self._store = _Store(derive, length) if store is None else store
-        if length > self._store.rows:  # a longer max_length than the shared tables
-            self.extend(length)
-
-    @property
-    def length(self) -> int:
-        """Rows the tables hold now (for every layer sharing them; never fewer)."""
-        return self._store.rows
+        self.length = length
+        """Rows the layer reads: its ``max_length``, grown with every layer sharing them."""
+        with GROWTH_LOCK:
+            self._store.views.add(self)
+            if length > self._store.rows:  # a longer max_length than the shared tables
+                self._store.extend(length, ())
 
     def get(self, fmt: str) -> tuple[Any, ...]:
         """The tables in ``fmt`` (:attr:`length` rows at least), built on first use
@@ -232,7 +241,11 @@ class PositionTables:
         (``MemoryLimitError``) leaves the old ones.
         """
         with GROWTH_LOCK:  # threads calling one layer: the longest tables win
-            self._store.extend(length, formats)
+            if length <= self.length:
+                return
+            self._store.extend(length, formats)  # the tensors first: never fewer rows
+            for view in list(self._store.views):  # than a length says
+                view.length = max(view.length, length)
 
     def holds(self, plan: RowsPlan, fmt: str) -> bool:
         """Carry out a known call's ``plan`` (:func:`posenc.core.plan.plan_rows`): grow

@@ -304,8 +304,8 @@ class ALiBiBias(_ScoreBias, FromSpec):
             return ops.take(table, index, axis=1)  # (H, q, k)
         if isinstance(k, int):  # static keys (a traced start): cover them if possible
             tables.holds(plan_rows(tables.length, low=0, high=k - 1), fmt)
-        length = tables.length  # before the table (another thread may grow it)
-        (table,) = tables.get(fmt)  # (H, 2R - 1), R >= length
+        length = tables.length  # before the table: never more than it holds
+        (table,) = tables.get(fmt)  # (H, 2R - 1), R >= length rows when shared
         keys = ops.arange(k, dtype="int32")  # (k,)
         valid = ops.logical_and(
             ops.expand_dims(_query_rows(q, start, length), 1),  # (q, 1)

@@ -264,8 +264,9 @@ class SinusoidalPositionalEncoding(
         ):  # far past the table, or refused: the rows of this call, from the core
             rows = to_tensor(self.spec.table(seq, fmt=fmt, start=start), fmt)
         else:
-            (table,) = self._tables.get(fmt)  # (rows, d)
-            rows = span_rows(table, start, seq)  # (seq, d), NaN past the table if traced
+            length = self._tables.length  # before the table: never more than it holds
+            (table,) = self._tables.get(fmt)  # (rows >= length, d)
+            rows = span_rows(table, start, seq, length)  # (seq, d), NaN past length if traced
         outputs = ops.add(inputs, rows)  # (batch, seq, d), rows broadcast over batch
         if self._dropout_layer is not None:
             outputs = self._dropout_layer(outputs, training=training)

@@ -330,8 +330,9 @@ class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, Fr
     def _public_table(self, which: int) -> Any:
         if not self.built:
             raise ValueError("the tables are built with the layer: call it (or build) first")
-        variant = "short" if self._two_variants else "base"
+        variant, length = "short" if self._two_variants else "base", self.table_length
         table = self._table_set(self._format(self.compute_dtype))[variant][which]
+        table = span_rows(table, 0, length)  # the shared tensors may hold more rows
         if which == 1:  # undo the partner's sign folded into the stored table (exact)
             table = ops.multiply(table, ops.cast(self._sign, table.dtype))
         return table
@@ -403,16 +404,15 @@ class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, Fr
             plan_rows(self._tables.length, low=known[0], high=known[1] - 1), fmt
         ):
             return self._values(exact[0], self._frequencies[variant], fmt, start=exact[1])
-        # Read before the tables (another thread may grow them): never more than they hold.
-        length = self._tables.length
-        index = None  # traced positions: NaN rows outside the tables
+        length = self._tables.length  # read before the tables: never more than they hold
+        index = None  # traced positions: NaN rows outside the layer's length
         if where is not None and known is None:
             index = plan_index(dtype_name(where), length, wide=wide_index())
 
         def rows(name: str) -> tuple[Any, Any]:
             cos, sin = self._table_set(fmt)[name]
             if where is None:
-                return span_rows(cos, start, seq), span_rows(sin, start, seq)
+                return span_rows(cos, start, seq, length), span_rows(sin, start, seq, length)
             return gather_rows(cos, where, index), gather_rows(sin, where, index)
 
         if variant:
