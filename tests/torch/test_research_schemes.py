@@ -528,3 +528,13 @@ def test_sandwich_sums_as_accurately_at_any_width():
         exact = [-2.0 * math.fsum(t) / 8.0 for t in terms]
         assert_close(torch.from_numpy(ours), torch.tensor(exact, dtype=torch.float64),
                      rtol=4e-16 * math.log2(dim), atol=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["init_c", "init_L"])
+def test_fire_refuses_initial_values_its_float32_parameters_cannot_hold(name):
+    # 1e308 would become inf as a float32 parameter, and every bias NaN.
+    with pytest.raises(ValueError, match=rf"{name} must be at most 3\.40282e\+38.*got 1e\+308"):
+        FIREBias(2, **{name: 1e308})
+    largest = float(torch.finfo(torch.float32).max)
+    module = FIREBias(2, **{name: largest})
+    assert torch.isfinite(module.c if name == "init_c" else module.init_L).all()
