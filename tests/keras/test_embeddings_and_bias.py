@@ -26,7 +26,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 import posenc  # noqa: E402
 import posenc.keras.bias  # noqa: E402
 import posenc.keras.nd  # noqa: E402
-from keras_traced import traced  # noqa: E402
+from conformance import keras_traced as traced  # noqa: E402
 from posenc.keras import SinusoidalPositionalEncoding  # noqa: E402
 from posenc.keras.bias import ALiBiBias, T5RelativeBias  # noqa: E402
 from posenc.keras.encodings import LearnedPositionalEmbedding  # noqa: E402

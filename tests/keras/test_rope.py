@@ -21,7 +21,7 @@ keras = pytest.importorskip("keras")
 from keras import ops  # noqa: E402
 
 import posenc.keras.rope  # noqa: E402
-from keras_traced import traced  # noqa: E402
+from conformance import keras_traced as traced  # noqa: E402
 from posenc.core.rope import ROPE_SCALINGS, apply_rope, rope_scaling, rope_tables  # noqa: E402
 from posenc.keras.rope import RotaryEmbedding  # noqa: E402
 

@@ -31,7 +31,7 @@ keras = pytest.importorskip("keras")
 from keras import ops  # noqa: E402
 
 import posenc  # noqa: E402
-from keras_traced import traced  # noqa: E402
+from conformance import keras_traced as traced  # noqa: E402
 from posenc.core.rope import apply_rope, rope_tables  # noqa: E402
 from posenc.keras import (  # noqa: E402
     ALiBiBias,
