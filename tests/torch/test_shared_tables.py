@@ -81,9 +81,12 @@ def test_modules_of_one_spec_hold_the_same_tensors_in_aligned_torch_memory(kind)
 def test_the_shared_tables_are_the_cores_exact_values():
     a, b = RotaryEmbedding(16, base=777.0, max_length=40), RotaryEmbedding(16, base=777.0)
     cos, sin = exact_rope(b.table_length, 16, 777.0)
-    np.testing.assert_array_equal(a.cos.numpy(), cos)
-    np.testing.assert_array_equal(a.sin.numpy(), sin)
-    assert a.table_length == b.table_length == 4096  # the longer of the two asked for
+    np.testing.assert_array_equal(b.cos.numpy(), cos)
+    np.testing.assert_array_equal(b.sin.numpy(), sin)
+    assert b.table_length == 4096  # the longer of the two asked for, one table
+    assert a.table_length == 40  # a reads its own rows of it until the tables grow
+    np.testing.assert_array_equal(a.cos.numpy(), cos[:40])
+    assert a.cos.data_ptr() == b.cos.data_ptr()
 
 
 @pytest.mark.parametrize(
@@ -183,6 +186,30 @@ def test_growing_the_tables_for_one_module_grows_them_for_all(kind):
         expected = table_values(3, 8, base=2345.5, layout="interleaved", formula="paper",
                                 fmt="float32", start=50)  # fmt: skip
         np.testing.assert_array_equal(out[0].numpy(), expected)
+
+
+def test_a_new_module_reads_its_own_max_length_of_longer_shared_tables():
+    # As the Keras layers: what a module gives never depends on the longer tables other
+    # modules of its spec asked for, until the tables grow for all of them.
+    long = RotaryEmbedding(8, base=1357.5, max_length=64)
+    short = RotaryEmbedding(8, base=1357.5, max_length=16)
+    assert short.table_length == 16
+    assert short.cos.data_ptr() == long.cos.data_ptr()  # its rows of the one table
+    assert short.cos.untyped_storage().nbytes() == long.cos.untyped_storage().nbytes()
+    np.testing.assert_array_equal(short.cos.numpy(), long.cos[:16].numpy())
+    positions = torch.tensor([[3, 20]])  # 20: past its 16 rows, inside the 64
+    with pytest.raises(Exception):  # noqa: B017, PT011  (gathered past its own rows)
+        torch.nn.functional.embedding(positions, short.cos)
+    q = torch.randn(1, 1, 2, 8)
+    out, _ = short(q, q, positions=positions)  # eager: grows its rows (doubling), for all
+    assert short.table_length == 32
+    assert long.table_length == 64  # never fewer rows than it had
+    torch.testing.assert_close(out, long(q, q, positions=positions)[0], rtol=0, atol=0)
+    long.extend(100)  # growth for one grows all
+    assert short.cos is long.cos
+    pickled = pickle.loads(pickle.dumps(RotaryEmbedding(8, base=1357.5, max_length=16)))
+    assert pickled.table_length == 16  # a copy reads its own rows too
+    assert pickled.cos.data_ptr() == long.cos.data_ptr()
 
 
 def test_extend_grows_every_module_of_the_spec():
@@ -517,10 +544,12 @@ def test_threads_building_and_growing_one_spec_end_with_one_exact_table():
     for thread in threads:
         thread.join()
     assert not errors
-    cos = modules[0].cos
-    assert all(m.cos is cos for m in modules)
-    assert cos.shape[0] >= 751
-    np.testing.assert_array_equal(cos.numpy(), exact_rope(cos.shape[0], 8, 7913.5)[0])
+    assert len({m.cos.data_ptr() for m in modules}) == 1  # one table, read by all
+    rows = max(m.table_length for m in modules)
+    assert rows >= 751
+    exact = exact_rope(rows, 8, 7913.5)[0]
+    for m in modules:  # each its rows of it, at least those it asked for, all exact
+        np.testing.assert_array_equal(m.cos.numpy(), exact[: m.table_length])
 
 
 @pytest.mark.parametrize("fmt", ["float64", "float32", "float16", "bfloat16", "int64"])

@@ -42,9 +42,12 @@ class SharedTables:
     """One set of derived buffers, for every module of one scheme, dtype and device.
 
     The modules of one spec hold these very tensors as their buffers (read-only: a module
-    never writes into them). :meth:`replace` (growth) gives every user the new ones at
-    once; the registry holds the object weakly, so that it and its tensors are freed as
-    soon as no module uses them.
+    never writes into them), or their first rows: a module reads its own number of rows
+    (``_read_rows``, its ``max_length`` at first) of longer shared tables, so that what it gives
+    never depends on the modules it shares with until the tables grow for all of them, as
+    the Keras layers do. :meth:`replace` gives every user the new tensors at once; the
+    registry holds the object weakly, so that it and its tensors are freed as soon as no
+    module uses them.
 
     Attributes:
         tensors: The buffers by name.
@@ -67,12 +70,22 @@ class SharedTables:
         first = next(iter(self.tensors.values()), None)
         return 0 if first is None or first.dim() == 0 else int(first.shape[0])
 
-    def replace(self, tensors: dict[str, Tensor]) -> None:
-        """Put ``tensors`` (grown) in place of the old ones, in every user's buffers."""
+    def view(self, rows: int | None) -> dict[str, Tensor]:
+        """The tensors, or their first ``rows`` rows (views: no copy) when they hold more."""
+        if rows is None or rows >= self.rows:
+            return self.tensors
+        return {key: tensor[:rows] for key, tensor in self.tensors.items()}
+
+    def replace(self, tensors: dict[str, Tensor], grow_to: int | None = None) -> None:
+        """Put ``tensors`` (longer) in place of the old ones, in every user's buffers: each
+        user reads its own rows of them, or (growth for one grows all) at least
+        ``grow_to``."""
         self.tensors = tensors
         self.extras = {}
         for module in list(self.users):
-            module._buffers.update(tensors)
+            if grow_to is not None and module._read_rows is not None:
+                module._read_rows = max(module._read_rows, grow_to)
+            module._buffers.update(self.view(module._read_rows))
             module._forget()
 
 
@@ -117,6 +130,7 @@ class DerivedBuffers(nn.Module):
     """
 
     _private = False
+    _read_rows: int | None = None  # rows of its tables the module reads; None: all of them
 
     def _register_derived(
         self,
@@ -139,7 +153,7 @@ class DerivedBuffers(nn.Module):
             )
             for key, tensor in holder.tensors.items():
                 self.register_buffer(key, tensor, persistent=False)
-            self._attach(holder)
+            self._attach(holder, rows)
         self.register_load_state_dict_pre_hook(_drop_derived_keys)  # type: ignore[no-untyped-call]  # unannotated in PyTorch
 
     # -- sharing ---------------------------------------------------------------------------
@@ -177,14 +191,15 @@ class DerivedBuffers(nn.Module):
                 holder.replace(build())
             return holder
 
-    def _attach(self, holder: SharedTables) -> None:
-        """Make ``holder``'s tensors this module's buffers."""
+    def _attach(self, holder: SharedTables, rows: int | None = None) -> None:
+        """Make ``holder``'s tensors (their first ``rows`` rows) this module's buffers."""
         with GROWTH_LOCK:
             if self._holder is not None:
                 self._holder.users.discard(self)
             self._holder = holder
+            self._read_rows = rows
             holder.users.add(self)
-            self._buffers.update(holder.tensors)
+            self._buffers.update(holder.view(rows))
         self._forget()
 
     def unshare_tables(self: Module) -> Module:
@@ -207,7 +222,7 @@ class DerivedBuffers(nn.Module):
             self._private = True
             if self._derived_names:  # a copy of the buffers as they are now
                 own = {key: self._buffer(key).clone() for key in self._derived_names}
-                self._attach(SharedTables(own))
+                self._attach(SharedTables(own), self._read_rows)
         return self
 
     @property
@@ -307,7 +322,7 @@ class DerivedBuffers(nn.Module):
             holder = self._shared(
                 dtype, device, lambda: self._derive_buffers(dtype, device, rows), rows
             )
-        self._attach(holder)
+        self._attach(holder, rows)
 
     def _apply(self, fn: Any, recurse: bool = True) -> DerivedBuffers:
         # The derived buffers are left out of fn: converting them would round rounded

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -120,6 +120,8 @@ class PositionTables(DerivedBuffers):
         # Tables for inputs whose dtype or device differs from the buffers', by
         # (dtype, device): shared as the buffers are.
         self._other_tables: dict[tuple[torch.dtype, torch.device], SharedTables] = {}
+        # Tables derived from buffers set by hand (else kept with the shared tables).
+        self._derived: dict[str, tuple[Tensor, Tensor]] = {}
         with _named_limit("max_length", length):
             self._register_derived(names, dtype, drop, rows=length)
 
@@ -135,7 +137,22 @@ class PositionTables(DerivedBuffers):
         return dict(zip(self._derived_names, tables, strict=True))
 
     def _empty_caches(self) -> dict[str, Any]:
-        return {"_other_tables": {}}
+        return {"_other_tables": {}, "_derived": {}}
+
+    def _derived_once(self, name: str, make: Callable[[Tensor], Tensor]) -> Tensor:
+        """``make(table)`` of the table ``name``, made once for every module reading the
+        shared tables (whatever rows of them each reads: index it within this module's
+        rows), again when they are new (grown, moved); on the module for buffers set by
+        hand."""
+        holder = self._holder
+        assert holder is not None  # every module with tables has one
+        shared = self._reads(holder)
+        cache: dict[str, Any] = holder.extras if shared else self._derived
+        source = holder.tensors[name] if shared else self._buffer(name)
+        cached = cache.get(name)
+        if cached is None or cached[0] is not source:
+            cached = cache[name] = (source, make(source))
+        return cast(Tensor, cached[1])
 
     @property
     def table_length(self) -> int:
@@ -155,19 +172,26 @@ class PositionTables(DerivedBuffers):
         """
         length = check_int(length, "length", minimum=1)
         with GROWTH_LOCK:  # threads calling one module: the longest tables win, never shrink
-            if length > self.table_length:
-                first = self._buffers_now()[0]
-                dtype, device = first.dtype, first.device
-                with _named_limit("length", length):
-                    tables = self._derive_buffers(dtype, device, length)
-                if (
-                    self._holder is None
-                    or first is not self._holder.tensors[self._derived_names[0]]
-                ):
-                    self._private = True  # buffers set by hand: its own from now on
-                    self._attach(SharedTables(tables))
-                else:
-                    self._holder.replace(tables)
+            if length <= self.table_length:
+                return
+            first, holder = self._buffers_now()[0], self._holder
+            dtype, device = first.dtype, first.device
+            if holder is not None and holder.rows >= length and self._reads(holder):
+                holder.replace(holder.tensors, grow_to=length)  # they hold the rows already
+                return
+            with _named_limit("length", length):
+                tables = self._derive_buffers(dtype, device, length)
+            if holder is None or not self._reads(holder):
+                self._private = True  # buffers set by hand: its own from now on
+                self._attach(SharedTables(tables), length)
+            else:
+                holder.replace(tables, grow_to=length)
+
+    def _reads(self, holder: SharedTables) -> bool:
+        """Whether this module's buffers are ``holder``'s tensors or their first rows (not
+        buffers set by hand)."""
+        name = self._derived_names[0]
+        return self._buffer(name).data_ptr() == holder.tensors[name].data_ptr()
 
     def _tables_in(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
         """The whole tables in ``dtype`` on ``device`` (the buffers, or shared ones of at
@@ -183,7 +207,8 @@ class PositionTables(DerivedBuffers):
                 dtype, device, lambda: self._derive_buffers(dtype, device, rows), rows
             )
             self._other_tables[key] = holder
-        return tuple(holder.tensors[name] for name in self._derived_names)
+        view = holder.view(int(rows))  # this module's rows, as its buffers
+        return tuple(view[name] for name in self._derived_names)
 
     def _covering(
         self, end: int, dtype: torch.dtype, device: torch.device, name: str

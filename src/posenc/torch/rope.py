@@ -338,19 +338,12 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
         """q and k rotated together at ``rows`` (a slice of the tables, or positions to
         gather), the signed sin table kept from the last step. With one batch row (and
         for bshd one position) the rows broadcast over the heads as they are."""
-        cos, sin = self._table("cos"), self._table("sin")
-        # Kept with the shared tables (one for every module of the spec), made again
-        # when the tables are new (grown, moved).
-        assert self._holder is not None  # every module with tables has one
-        extras = self._holder.extras
-        cached = extras.get("_signed")
-        if cached is None or cached[0] is not sin:
-            cached = (sin, signed_sin(sin, self.layout, self.rotary_dim))
-            extras["_signed"] = cached
+        cos = self._table("cos")
+        signed = self._derived_once("sin", lambda t: signed_sin(t, self.layout, self.rotary_dim))
         if isinstance(rows, slice):
-            cos, signed = cos[rows], cached[1][rows]
+            cos, signed = cos[rows], signed[rows]
         else:
-            cos, signed = F.embedding(rows, cos), F.embedding(rows, cached[1])
+            cos, signed = F.embedding(rows, cos), F.embedding(rows, signed)
         axis = 1 if self.qk_layout == "bhsd" else 2
         return rotate_small_pair(q, k, cos, signed, self.layout, self.rotary_dim, axis)
 
