@@ -156,8 +156,9 @@ class PositionTables(DerivedBuffers):
 
     @property
     def table_length(self) -> int:
-        """Positions the tables hold now (they grow, with every module sharing them; they
-        never shrink)."""
+        """Positions this module reads now: its ``max_length`` at first (its rows of longer
+        shared tables), more once the tables grow for every module sharing them; never
+        fewer."""
         return int(self._buffer(self._derived_names[0]).shape[0])
 
     def _buffers_now(self) -> tuple[Tensor, ...]:
@@ -194,8 +195,8 @@ class PositionTables(DerivedBuffers):
         return self._buffer(name).data_ptr() == holder.tensors[name].data_ptr()
 
     def _tables_in(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
-        """The whole tables in ``dtype`` on ``device`` (the buffers, or shared ones of at
-        least as many rows)."""
+        """This module's rows of the tables in ``dtype`` on ``device`` (the buffers, or as
+        many rows of the shared tables in that dtype and on that device)."""
         tables = self._buffers_now()
         if tables[0].dtype == dtype and tables[0].device == device:
             return tables
