@@ -407,26 +407,27 @@ def test_cpu_and_cpu_0_name_one_device_and_one_table():
 
 def test_the_memory_limit_of_a_modules_tables_is_the_cores(monkeypatch):
     # The tables are allocated before the core fills them, so the module checks the
-    # limit first: the same bytes the core checks when it allocates them itself.
+    # limit first: the same bytes the core checks when it allocates them itself. A spec
+    # of its own: live shared tables long enough would need no new memory.
     limit = 2 * 40 * 8 * 4  # cos and sin of 40 rows of 8 float32
     monkeypatch.setattr(posenc.torch._tables, "DEFAULT_MAX_BYTES", limit)
-    inv_freq = posenc.rope_frequencies(8, base=7913.5)
+    inv_freq = posenc.rope_frequencies(8, base=7919.25)
     rope = {"fmt": "float32", "layout": "half", "max_bytes": limit}
     rope_table_values(40, inv_freq, **rope)  # the core accepts 40
     with pytest.raises(posenc.MemoryLimitError):
         rope_table_values(41, inv_freq, **rope)  # not 41
-    assert RotaryEmbedding(8, base=7913.5, max_length=40).table_length == 40
+    assert RotaryEmbedding(8, base=7919.25, max_length=40).table_length == 40
     with pytest.raises(posenc.MemoryLimitError, match="max_length=41"):
-        RotaryEmbedding(8, base=7913.5, max_length=41)
+        RotaryEmbedding(8, base=7919.25, max_length=41)
     table = 40 * 16 * 4  # the sinusoidal table of 40 rows of 16 float32
     monkeypatch.setattr(posenc.torch._tables, "DEFAULT_MAX_BYTES", table)
-    sinusoidal = {"base": 7913.5, "layout": "interleaved", "formula": "paper", "fmt": "float32"}
+    sinusoidal = {"base": 7919.25, "layout": "interleaved", "formula": "paper", "fmt": "float32"}
     table_values(40, 16, **sinusoidal, max_bytes=table)  # the core accepts 40
     with pytest.raises(posenc.MemoryLimitError):
         table_values(41, 16, **sinusoidal, max_bytes=table)  # not 41
-    assert SinusoidalPositionalEncoding(16, 0.0, 40, 7913.5).table_length == 40
+    assert SinusoidalPositionalEncoding(16, 0.0, 40, 7919.25).table_length == 40
     with pytest.raises(posenc.MemoryLimitError, match="max_length=41"):
-        SinusoidalPositionalEncoding(16, 0.0, 41, 7913.5)
+        SinusoidalPositionalEncoding(16, 0.0, 41, 7919.25)
 
 
 def test_buffers_set_by_hand_are_the_modules_own_once_grown():
