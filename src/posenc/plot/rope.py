@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -180,11 +180,19 @@ def _check_methods(methods: Any) -> tuple[str, ...]:
 
 
 def _examples(
-    head_dim: Any, base: Any, factor: Any, original: Any, methods: Any
+    head_dim: Any,
+    base: Any,
+    factor: Any,
+    original: Any,
+    methods: Any,
+    check_size: Callable[[int, int], None],
 ) -> tuple[int, float, float, int, dict[str, dict[str, Any]]]:
-    """The checked settings and each chosen method's parameters."""
+    """The checked settings and each chosen method's parameters; ``check_size(head_dim,
+    number of methods)`` refuses a picture too large before any parameters are made
+    (LongRoPE's hold two factors per frequency pair: seconds at a huge head_dim)."""
     head_dim, base, factor, original = _check_extension(head_dim, base, factor, original)
     chosen = _check_methods(methods)
+    check_size(head_dim, len(chosen))
     examples = {name: _example(name, head_dim, factor, original) for name in chosen}
     return head_dim, base, factor, original, examples
 
@@ -258,11 +266,14 @@ def rope_spectrum(
         >>> [line.get_label() for line in fig.axes[0].lines][:3]
         ['default', 'linear', 'ntk']
     """
+
+    def check_size(head_dim: int, count: int) -> None:
+        check_points(head_dim * count, f"head_dim={head_dim}/2 × {count} methods × 2 panels",
+                     "give a smaller head_dim")  # fmt: skip
+
     head_dim, base, factor, original, examples = _examples(
-        head_dim, base, factor, original_max_position_embeddings, methods
+        head_dim, base, factor, original_max_position_embeddings, methods, check_size
     )
-    check_points(head_dim * len(examples), f"head_dim={head_dim}/2 × {len(examples)} methods "
-                 "× 2 panels", "give a smaller head_dim")  # fmt: skip
     reference = rope_frequencies(head_dim, base)
     fig = new_figure((14.0, 5.5))
     left, right = fig.subplots(1, 2)
@@ -362,16 +373,20 @@ def rope_score(
         )
     points = check_int(points, "points", minimum=2, maximum=MAX_POINTS)
     bins = check_int(bins, "bins", minimum=1, maximum=MAX_POINTS)
+
+    def check_size(head_dim: int, count: int) -> None:
+        cosines = length * (head_dim // 2) * count
+        if cosines > _MAX_SCORE_COSINES:
+            raise ValueError(
+                f"length={length} × head_dim={head_dim}/2 × {count} methods would make "
+                f"{count_text(cosines)} cosines to average, more than rope_score computes "
+                f"(2**27 = {_MAX_SCORE_COSINES:,}); give a smaller length, head_dim or fewer "
+                "methods"
+            )
+
     head_dim, base, factor, original, examples = _examples(
-        head_dim, base, factor, original_max_position_embeddings, methods
+        head_dim, base, factor, original_max_position_embeddings, methods, check_size
     )
-    cosines = length * (head_dim // 2) * len(examples)
-    if cosines > _MAX_SCORE_COSINES:
-        raise ValueError(
-            f"length={length} × head_dim={head_dim}/2 × {len(examples)} methods would make "
-            f"{count_text(cosines)} cosines to average, more than rope_score computes (2**27 = "
-            f"{_MAX_SCORE_COSINES:,}); give a smaller length, head_dim or fewer methods"
-        )
     check_values(
         min(points + 64, length) * head_dim * len(examples),
         f"points={points} × head_dim={head_dim} × {len(examples)} methods",
