@@ -22,6 +22,7 @@ from ..core.rope import (
     RopeScaling,
     as_rope_scaling,
     check_rotary_dim,
+    rerotation_table_values,
     rope_frequencies,
     rope_table_values,
 )
@@ -137,6 +138,43 @@ class RopeSpec(SchemeSpec):
             start=start,
             max_bytes=max_bytes,
             out=out,
+        )
+
+    def rerotation(
+        self,
+        positions: Any,
+        new_positions: Any = None,
+        *,
+        seq_len: int | None = None,
+        new_seq_len: int | None = None,
+        fmt: str = "float32",
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(cos, sin)`` ``(len(positions), rotary_dim)`` that move keys rotated at
+        ``positions`` with the frequencies of ``seq_len`` to ``new_positions`` (default:
+        the same) with those of ``new_seq_len``, the attention factors' ratio folded in
+        (:func:`posenc.core.rope.rerotation_table_values`).
+
+        Example:
+            >>> from posenc.core.rope import LongRopeScaling
+            >>> spec = RopeSpec(head_dim=4, base=100.0, scaling=LongRopeScaling(
+            ...     short_factor=[1.0, 1.0], long_factor=[2.0, 4.0],
+            ...     original_max_position_embeddings=8, attention_factor=1.0))
+            >>> cos, sin = spec.rerotation([3], seq_len=8, new_seq_len=9, fmt="float64")
+            >>> bool(np.allclose(sin[0, :2], np.sin([3 * 0.5 - 3, 3 * 0.025 - 3 * 0.1])))
+            True
+        """
+        old_freq, old_factor = self.frequencies(seq_len)
+        new_freq, new_factor = self.frequencies(new_seq_len)
+        return rerotation_table_values(
+            positions,
+            positions if new_positions is None else new_positions,
+            old_freq,
+            new_freq,
+            fmt=fmt,
+            layout=self.layout,
+            scale=new_factor / old_factor,
+            max_bytes=max_bytes,
         )
 
 

@@ -42,138 +42,10 @@ from ._arguments import (
     check_position_tensor,
     positions_range,
 )
+from .cache import KVCache
 from .protocols import ContextualScoreBias, QueryKeyRotation, ScoreBias
 
-
-class KVCache:
-    """Keys and values of the tokens seen so far, and the positions of those tokens.
-
-    ``keys`` and ``values`` are ``(batch, heads, seen, head_dim)``. ``positions`` is
-    ``None`` while every key sits at its index ``0 .. seen-1`` (no call gave positions);
-    once a call gives positions the cache records those of every key it holds, int64
-    ``(1 or batch, seen)``: a score bias then sees the keys' true positions, and a call
-    without positions continues each row after its last position (left padding).
-
-    A cache serves one batch of one attention: keys of another batch size, number of
-    heads, head_dim, dtype or device are refused with a ``ValueError``.
-
-    Example:
-        >>> cache = KVCache()
-        >>> k, v = cache.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
-        >>> cache.length, tuple(k.shape), cache.positions
-        (3, (1, 2, 3, 4), None)
-        >>> _ = cache.update(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4),
-        ...                  positions=torch.tensor([7]))
-        >>> cache.positions.tolist(), cache.next_positions(2).tolist()
-        ([[0, 1, 2, 7]], [[8, 9]])
-    """
-
-    def __init__(self) -> None:
-        self.keys: Tensor | None = None
-        self.values: Tensor | None = None
-        self._positions: Tensor | None = None  # None: every key at its index
-
-    @property
-    def length(self) -> int:
-        """Number of positions cached (the index of the next query among the keys)."""
-        return 0 if self.keys is None else self.keys.shape[-2]
-
-    @property
-    def positions(self) -> Tensor | None:
-        """The positions of the keys held, int64 ``(1 or batch, seen)``; ``None`` while
-        every key sits at its index ``0 .. seen-1``."""
-        return self._positions
-
-    def next_positions(self, count: int) -> Tensor | None:
-        """The positions ``count`` new tokens get when a call gives none: ``None`` (at the
-        indices ``length .. length+count-1``) while no positions are recorded, else each
-        row's last position + 1, + 2, ..., ``(1 or batch, count)``."""
-        if self._positions is None:
-            return None
-        step = torch.arange(1, count + 1, device=self._positions.device)
-        return self._positions[:, -1:] + step  # (b, count)
-
-    def update(
-        self, keys: Tensor, values: Tensor, *, positions: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Append this step's keys and values ``(batch, heads, seq, head_dim)`` (and their
-        integer ``positions`` ``(seq,)`` or ``(batch, seq)``; ``None``: the
-        :meth:`next_positions`); return every key and value held."""
-        return self._commit(*self._extend(keys, values, positions, "KVCache.update"))
-
-    def _extend(
-        self, keys: Any, values: Any, positions: Any, name: str
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """What :meth:`update` would hold, the cache unchanged (a call that fails after
-        this leaves it as it was): keys, values and the keys' positions."""
-        self._check(keys, values, name)
-        if positions is not None:
-            check_position_tensor(positions, keys.shape[0], keys.shape[2], name, of="keys")
-            rows = positions.shape[0] if positions.dim() == 2 else 1
-            positions = positions.to(device=keys.device, dtype=torch.int64)
-            positions = positions.reshape(rows, keys.shape[2])  # (b, T)
-        elif self._positions is not None:
-            positions = self.next_positions(keys.shape[2])
-        if self.keys is None or self.values is None:
-            return keys, values, positions
-        held = self._positions
-        if positions is not None and held is None:  # the keys so far at their indices
-            held = torch.arange(self.length, device=keys.device).unsqueeze(0)  # (1, seen)
-        if positions is not None and held is not None:
-            batch = max(held.shape[0], positions.shape[0])
-            held, positions = held.expand(batch, -1), positions.expand(batch, -1)
-            positions = torch.cat([held, positions], dim=-1)  # (b, seen + T)
-        keys = torch.cat([self.keys, keys], dim=-2)  # (B, H, seen + T, hs)
-        values = torch.cat([self.values, values], dim=-2)
-        return keys, values, positions
-
-    def _commit(
-        self, keys: Tensor, values: Tensor, positions: Tensor | None
-    ) -> tuple[Tensor, Tensor]:
-        if positions is not None and not positions.shape[-1]:  # no key: none to record
-            positions = None
-        self.keys, self.values, self._positions = keys, values, positions
-        return keys, values
-
-    def _check(self, keys: Any, values: Any, name: str) -> None:
-        """Keys and values of one step that fit each other and what the cache holds."""
-        for label, given in (("keys", keys), ("values", values)):
-            if not isinstance(given, Tensor):
-                raise TypeError(
-                    f"{name}: the cache takes {label} as a tensor (batch, heads, seq, "
-                    f"head_dim), got {describe(given)}"
-                )
-            if given.dim() != 4:
-                raise ValueError(
-                    f"{name}: the cache takes {label} of shape (batch, heads, seq, head_dim), "
-                    f"got {tuple(given.shape)}"
-                )
-        if (keys.shape[:3], keys.dtype, keys.device) != (
-            values.shape[:3],
-            values.dtype,
-            values.device,
-        ):
-            raise ValueError(
-                f"{name}: the cache takes keys and values of one batch, heads, seq, dtype and "
-                f"device, got keys {_summary(keys)} and values {_summary(values)}"
-            )
-        for label, given, held in (("keys", keys, self.keys), ("values", values, self.values)):
-            if held is not None and (
-                (held.shape[:2], held.shape[3], held.dtype, held.device)
-                != (given.shape[:2], given.shape[3], given.dtype, given.device)
-            ):
-                source = "was given" if name == "KVCache.update" else "x gives"
-                raise ValueError(
-                    f"{name}: the cache holds {label} {_summary(held)} but {source} "
-                    f"{label} {_summary(given)}; a KVCache serves one batch of one attention "
-                    "(use a new one)"
-                )
-
-
-def _summary(t: Tensor) -> str:
-    """``batch 1, 2 heads, seq 3, head_dim 4, torch.float32 on cpu``."""
-    B, H, T, D = t.shape
-    return f"of batch {B}, {H} heads, seq {T}, head_dim {D}, {t.dtype} on {t.device}"
+__all__ = ["KVCache", "MultiHeadAttention"]
 
 
 class MultiHeadAttention(nn.Module):
@@ -275,27 +147,32 @@ class MultiHeadAttention(nn.Module):
         if positions is not None:
             self._check_positions(positions, x, coordinates)
             positions = positions.long()  # a narrow or unsigned dtype would wrap distances
-        past = 0 if cache is None else cache.length  # keys before this step's
         nh, hs = self.num_heads, self.head_dim
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 × (B, T, C)
         q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        if cache is not None:
-            cache._check(k, v, NAME)  # before the cache's positions are read: its batch
-            if positions is None:
-                positions = cache.next_positions(T)  # None: the keys at their indices
         # The role is looked up by its method (cheap; a runtime-protocol isinstance costs
         # tens of microseconds per call): the scheme was checked when it was given.
         rotate = getattr(self.position, "rotate_queries_keys", None)
+        held = None
+        if cache is not None:  # evictions, and the keys held moved to this call's frequencies
+            cache._check(k, v, NAME)  # before the cache's positions are read: its batch
+            rotation = None if rotate is None else self.position
+            held, given = cache._begin(T, None if coordinates else positions, rotation, NAME)
+            if not coordinates:
+                positions = given  # None: the keys at their indices
+        past = 0 if held is None else held.length  # keys before this step's
+        raw = k
         if rotate is not None:
             start = 0 if positions is not None else offset + past
             q, k = rotate(q, k, positions=positions, offset=start)
         key_positions = positions
         extended = None
-        if cache is not None:  # every key: (B, nh, S, hs) with S = past + T
-            extended = cache._extend(k, v, None if coordinates else positions, NAME)
-            k, v, key_positions = extended
+        if cache is not None and held is not None:  # every key: (B, nh, S, hs), S = past + T
+            record = None if coordinates else positions
+            extended = cache._extend(k, v, record, NAME, held, raw)
+            _, k, v, key_positions, _ = extended
         S = k.shape[-2]
         mask = check_attn_mask(attn_mask, (B, nh, T, S), x, q.dtype, NAME)
         user = mask if mask is not None and mask.dtype == torch.bool else None

@@ -11,6 +11,8 @@ posenc's own modules (RoPE, xPos, axial RoPE, ALiBi, T5) and a user's alike.
     rotates (and may scale) queries and keys inside attention (RoPE, xPos, axial RoPE):
     ``rotate_queries_keys(q, k, *, positions=None, offset=0) -> (q', k')`` on
     ``(batch, heads, seq, head_dim)`` tensors, with ``head_dim`` and ``qk_layout``;
+    A rotation that is also a :class:`CachedKeyRotation` (RoPE) lets a
+    :class:`~posenc.torch.KVCache` move its cached keys to new frequencies or positions;
 :class:`ScoreBias`
     adds a bias to the attention scores (ALiBi, T5, KERPLE, FIRE, Sandwich):
     ``score_bias(query_length, key_length, *, offset, positions, key_positions, dtype,
@@ -46,6 +48,7 @@ from torch import Tensor, nn
 __all__ = [
     "BiasesScores",
     "BiasesScoresInContext",
+    "CachedKeyRotation",
     "ContextualScoreBias",
     "EncodesInput",
     "InputEncoding",
@@ -81,6 +84,44 @@ class QueryKeyRotation(Protocol):
         self, q: Tensor, k: Tensor, *, positions: Any = None, offset: int = 0
     ) -> tuple[Tensor, Tensor]:
         """``(q', k')``, the shapes and dtypes of ``q`` and ``k``."""
+        ...
+
+
+@runtime_checkable
+class CachedKeyRotation(Protocol):
+    """A :class:`QueryKeyRotation` whose cached keys a :class:`~posenc.torch.KVCache` can
+    move: to the frequencies of a later call (length-dependent scalings) and to new
+    positions (evictions). :class:`~posenc.torch.RotaryEmbedding` is one
+    (:class:`posenc.torch.rerotation.MovesCachedKeys`).
+
+    Attributes:
+        frequencies_change: Whether the frequencies depend on the call's length.
+    """
+
+    frequencies_change: bool
+
+    def frequency_state(self, length: int) -> Any:
+        """A value naming the frequencies of a call reaching ``length`` positions: two
+        calls rotate alike when theirs are equal."""
+        ...
+
+    def rotate_keys(
+        self, keys: Tensor, *, positions: Any = None, frequencies: Any = None
+    ) -> Tensor:
+        """Keys before rotation, rotated at ``positions`` with ``frequencies``."""
+        ...
+
+    def rerotate_keys(
+        self,
+        keys: Tensor,
+        *,
+        positions: Any = None,
+        new_positions: Any = None,
+        frequencies: Any = None,
+        new_frequencies: Any = None,
+    ) -> Tensor:
+        """Keys rotated at ``positions`` with ``frequencies``, moved to ``new_positions``
+        with ``new_frequencies``."""
         ...
 
 

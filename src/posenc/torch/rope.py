@@ -33,6 +33,7 @@ from ._arguments import check_offset_or_positions, check_position_tensor, positi
 from ._backend import format_of, is_traced, to_tensor
 from ._tables import PositionTables, core_filled, eager_only, table_dtype
 from .protocols import RotatesQueriesKeys
+from .rerotation import MovesCachedKeys
 from .rotation import (
     SMALL,
     broadcast_tables,
@@ -71,7 +72,7 @@ DERIVED_KEYS = (
 )
 
 
-class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
+class RotaryEmbedding(PositionTables, RotatesQueriesKeys, MovesCachedKeys, FromHFConfig):
     """Rotary position embedding: rotates query and key feature pairs by position.
 
     ``forward(q, k) -> (q_rot, k_rot)``, each feature pair turned by the angle
@@ -103,9 +104,9 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, FromHFConfig):
     runs, so under ``torch.compile``/``torch.export`` it raises. (Hugging Face's module
     also keeps the longest ``L`` seen until a call falls back under the original length;
     the two agree whenever ``L`` does not decrease above it: a prompt, then decoding.)
-    With these methods, decoding one token at a time past the original length does not
-    equal the full-sequence call (the cached keys were rotated with earlier
-    frequencies): that is the method, in Hugging Face too.
+    Keys cached while the length was shorter hold earlier frequencies; a
+    :class:`KVCache` moves them to the new ones (``on_frequency_change="rerotate"``, the
+    default), so that decoding equals the full-sequence call, as Hugging Face's does not.
 
     Args:
         head_dim: Features per attention head (int >= 1).

@@ -56,7 +56,8 @@ as of the version with ``rope_type``; vLLM: its API reference):
   with ``truncate=True``, clips the *positions* at ``original_max_position_embeddings``.
   The functions here follow Hugging Face.
 
-Tables (:func:`rope_tables`) are exact at any position; see :mod:`.tables`.
+Tables (:func:`rope_tables`) are exact at any position; see :mod:`.tables`. Keys already
+rotated move to new frequencies or positions with :func:`rerotation_tables` (:mod:`.rerotation`).
 
 References:
     Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding", 2021.
@@ -97,6 +98,7 @@ from .registry import (
     rope_scaling_spec,
     unregister_rope_scaling,
 )
+from .rerotation import rerotation_table_values, rerotation_tables
 from .rotation import apply_rope, check_rope_shapes, rope_permutation
 from .scaling import RopeScaling
 from .tables import (
@@ -135,6 +137,8 @@ __all__ = [
     "ntk_rope",
     "pair_layout",
     "register_rope_scaling",
+    "rerotation_table_values",
+    "rerotation_tables",
     "rope_frequencies",
     "rope_permutation",
     "rope_scaling",
