@@ -408,7 +408,7 @@ def test_register_adds_posenc_methods_to_transformers_registry():
     added = register()
     try:
         assert {"posenc_ntk", "posenc_yarn", "posenc_dynamic", "posenc_llama3"} <= set(added)
-        assert "posenc_longrope" not in added  # transformers switches it by its own name
+        assert "posenc_longrope" in added
         yarn = {"rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 1024}
         config = transformers.LlamaConfig(
             **SMALL,

@@ -34,7 +34,7 @@ require("transformers", "posenc.integrations.transformers", extra="posenc[transf
 import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
-from .._checks import describe  # noqa: E402
+from .._checks import check_choice, describe  # noqa: E402
 from ..core.plan import plan_rows  # noqa: E402
 from ..core.rope import ROPE_SCALING_SPECS  # noqa: E402
 from ..specs import AxialRopeSpec, RopeSpec  # noqa: E402
@@ -43,9 +43,11 @@ from ..torch import RotaryEmbedding  # noqa: E402
 from ..torch._arguments import positions_range  # noqa: E402
 from ..torch._backend import FORMATS, format_of, gather_rows, to_tensor  # noqa: E402
 from ..torch._tables import table_dtype  # noqa: E402
+from .transformers_cache import CACHE_MODES, CacheKeeper, SinkCache  # noqa: E402
 
 __all__ = [
     "ExactRotaryEmbedding",
+    "SinkCache",
     "patch",
     "register",
     "rotary_modules",
@@ -123,6 +125,7 @@ class ExactRotaryEmbedding(nn.Module):
         self.complex = name in _COMPLEX
         self.rope_type = rope_type
         self.original_class = name
+        self.keeper: CacheKeeper | None = None  # set by patch()
         object.__setattr__(self, "_original", original)  # not a submodule: not in state_dict()
 
     @property
@@ -230,6 +233,18 @@ class ExactRotaryEmbedding(nn.Module):
         cos, sin = self.mrope.tables(coords, fmt=fmt)
         return to_tensor(cos, fmt, x.device), to_tensor(sin, fmt, x.device)
 
+    def _keep_caches(self, model: nn.Module, name: str, mode: str) -> None:
+        """Hook the module that owns this one (its forward takes the cache) so that the
+        model's caches stay exact (:class:`CacheKeeper`); M-RoPE is not hooked."""
+        if self.keeper is not None:
+            self.keeper.mode = mode
+            return
+        if self.mrope is not None:
+            return
+        parent = name.rpartition(".")[0]
+        self.keeper = CacheKeeper(self.ropes, self.config, mode)
+        self.keeper.attach(model.get_submodule(parent) if parent else model)
+
     def extra_repr(self) -> str:
         kind = f"M-RoPE {self.mrope.mode}" if self.mrope is not None else f"{list(self.ropes)}"
         return f"replaces {self.original_class}, {kind}"
@@ -263,15 +278,23 @@ def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     ]
 
 
-def patch(model: nn.Module) -> nn.Module:
+def patch(model: nn.Module, *, on_frequency_change: str = "rerotate") -> nn.Module:
     """Replace every rotary embedding module of ``model`` with an
     :class:`ExactRotaryEmbedding`; returns ``model`` (changed in place).
 
     Every module is checked before any is replaced: a rotary module posenc cannot
     describe is a ``ValueError`` naming its class, and the model is left as it was. A
     model with no rotary module is a ``ValueError`` naming the model's class. Patching
-    twice is a no-op for the modules already patched.
+    again keeps the modules already patched (and sets ``on_frequency_change``).
+
+    The model's caches are kept exact (:mod:`posenc.integrations.transformers_cache`):
+    with ``on_frequency_change="rerotate"`` (default) the cached keys are re-rotated when
+    a length-dependent scaling's frequencies change (dynamic NTK, LongRoPE), so that
+    decoding with the model's own cache, ``generate()`` included, equals the
+    full-sequence call; ``"keep"`` leaves them, as transformers does. A
+    :class:`SinkCache` evicts tokens and moves the keys kept.
     """
+    check_choice(on_frequency_change, "on_frequency_change", CACHE_MODES)
     found = rotary_modules(model)
     if not found:
         raise ValueError(
@@ -284,6 +307,7 @@ def patch(model: nn.Module) -> nn.Module:
     }
     for name, replacement in replacements.items():
         _set_submodule(model, name, replacement)
+        replacement._keep_caches(model, name, on_frequency_change)
     return model
 
 
@@ -292,6 +316,9 @@ def unpatch(model: nn.Module) -> nn.Module:
     returns ``model``."""
     for name, module in rotary_modules(model):
         if isinstance(module, ExactRotaryEmbedding):
+            if module.keeper is not None:
+                module.keeper.detach()
+                module.keeper = None
             original = module.original.to(_device_of(module))
             _set_submodule(model, name, original)
     return model
@@ -303,21 +330,25 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
-# transformers switches LongRoPE's factors in its rotary modules by this exact rope_type.
-_NOT_REGISTERED = ("longrope",)
-
-
 def register() -> list[str]:
     """Add posenc's RoPE methods to ``transformers``' ``ROPE_INIT_FUNCTIONS``.
 
     Each registered posenc scaling (built-in or added with
-    :func:`posenc.register_rope_scaling`) but LongRoPE becomes the rope type
-    ``"posenc_<name>"`` (``"posenc_dynamic"`` for dynamic NTK, so that transformers'
-    ``dynamic_rope_update`` recomputes it per length): a config with that ``rope_type``
-    gets its inverse frequencies from posenc (exact in float64, rounded once to float32)
-    and its attention factor, for the methods transformers lacks (``posenc_ntk``) and as
-    an exact alternative to the ones it has. The angles are still formed by the model in
-    float32; :func:`patch` is what makes them exact. Returns the rope types added.
+    :func:`posenc.register_rope_scaling`) becomes the rope type ``"posenc_<name>"``
+    (``"posenc_dynamic"`` for dynamic NTK, so that transformers' ``dynamic_rope_update``
+    recomputes it per length): a config with that ``rope_type`` gets its inverse
+    frequencies from posenc (exact in float64, rounded once to float32) and its attention
+    factor, for the methods transformers lacks (``posenc_ntk``) and as an exact
+    alternative to the ones it has. The angles are still formed by the model in float32;
+    :func:`patch` is what makes them exact. Returns the rope types added.
+
+    Asked at a ``seq_len``, each length-dependent method follows its own rule, as its
+    transformers function does: dynamic NTK never goes below its original length
+    (``max_position_embeddings``), LongRoPE takes the long factors only past
+    ``original_max_position_embeddings``, and a method a user registers gets the length
+    as it is. transformers' rotary modules switch LongRoPE's factors only for their own
+    ``"longrope"``: a model configured with ``"posenc_longrope"`` switches once patched
+    (:func:`patch`).
 
     Example::
 
@@ -328,8 +359,6 @@ def register() -> list[str]:
 
     added = []
     for name in ROPE_SCALING_SPECS:
-        if name in _NOT_REGISTERED:
-            continue
         kind = POSENC_PREFIX + ("dynamic" if name == "dynamic_ntk" else name)
         ROPE_INIT_FUNCTIONS[kind] = _init_function
         added.append(kind)
@@ -355,11 +384,7 @@ def _init_function(
 ) -> tuple[Tensor, float]:
     """A ``ROPE_INIT_FUNCTIONS`` entry: ``(inv_freq, attention_factor)`` of the config."""
     spec = RopeSpec.from_hf_config(config, layer_type=layer_type)
-    length = seq_len if spec.scaling.length_dependent else None
-    if length is not None:
-        length = int(length)
-        original = getattr(config, "max_position_embeddings", None)
-        if original is not None:  # transformers' dynamic rule: never below the trained length
-            length = max(length, int(original))
+    # each method's own length rule (its frequencies(seq_len)); a fixed method takes none
+    length = int(seq_len) if seq_len is not None and spec.scaling.length_dependent else None
     inv_freq, attention = spec.frequencies(length)
     return torch.tensor(inv_freq, dtype=torch.float32, device=device), float(attention)
