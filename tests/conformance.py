@@ -99,6 +99,7 @@ class Case:
     fmt: str = "float32"
     traced: bool = False  # positions unknown while traced: run by TRACING front ends
     raises: str | None = None  # the exception every front end raises instead
+    computed_by: tuple[str, ...] = ()  # front ends that compute what the others refuse
     decode: bool = False  # run token by token on one module (see decode_steps)
 
     @property
@@ -244,10 +245,12 @@ CASES: list[Case] = [
         start=4,
     ),
     # Traced lengths (posenc.core.plan.plan_scaling): LongRoPE selects its factors in the
-    # graph on each side of its original length; dynamic NTK refuses in every front end.
+    # graph on each side of its original length; dynamic NTK selects the traced length's
+    # frequencies in PyTorch (kept per length) and refuses in the other front ends.
     *[
         Case("rope", f"{name}-traced", _rope(name, **params).params, traced=True,
-             raises="ValueError" if name == "dynamic-ntk" else None)
+             raises="ValueError" if name == "dynamic-ntk" else None,
+             computed_by=("torch",) if name == "dynamic-ntk" else ())
         for name, params in (
             ("longrope-short", {"scaling": "longrope", "scaling_params": LONGROPE, "start": 4}),
             ("longrope-long", {"scaling": "longrope", "scaling_params": LONGROPE, "start": 20}),

@@ -127,3 +127,76 @@ def test_nd_and_axial_modules_export_and_run_in_onnxruntime(tmp_path):
         expected = expected if isinstance(expected, tuple) else (expected,)
         for got, want in zip(outputs, expected, strict=True):
             np.testing.assert_allclose(got, want.detach().numpy(), rtol=0, atol=1e-6)
+
+
+# -- length-dependent scalings: one graph for every length, on both sides of the switch ------
+
+SCALED = {
+    "dynamic_ntk": {"factor": 4.0, "original_max_position_embeddings": 16},
+    "longrope": {
+        "short_factor": [1.0, 1.5, 2.0, 2.5],
+        "long_factor": [1.0, 4.0, 16.0, 64.0],
+        "original_max_position_embeddings": 16,
+        "short_mscale": 1.0,
+        "long_mscale": 1.2,
+    },
+}
+LENGTHS = (9, 16, 17, 40)  # below, at and past the original length 16
+
+
+def _scaled(name):
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(8, scaling=name, scaling_params=SCALED[name], max_length=64)
+    return MultiHeadAttention(16, 2, position=rope).eval()
+
+
+@pytest.mark.parametrize("name", SCALED)
+def test_length_dependent_scalings_compile_with_fullgraph(name):
+    torch._dynamo.reset()  # each module and call recompiles forward: keep under the limit
+    module = _scaled(name)
+    compiled = torch.compile(module, fullgraph=True, dynamic=True)
+    for length in LENGTHS:
+        x = torch.randn(2, length, 16)
+        with torch.no_grad():
+            assert torch.equal(compiled(x), module(x))
+    rope = module.position
+    positions = torch.compile(lambda q, k, p: rope(q, k, positions=p), fullgraph=True)
+    q, k = torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
+    for end in (12, 17, 40):  # the length of a call with positions: the largest + 1
+        at = torch.arange(end - 12, end)
+        got, want = (
+            positions(q[:, :, :12], k[:, :, :12], at),
+            rope(q[:, :, :12], k[:, :, :12], positions=at),
+        )
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("name", SCALED)
+def test_length_dependent_scalings_export_with_a_dynamic_length(name):
+    module = _scaled(name)
+    seq = torch.export.Dim("seq", max=64)
+    program = torch.export.export(module, (torch.randn(2, 10, 16),), dynamic_shapes=({1: seq},))
+    for length in LENGTHS:
+        x = torch.randn(2, length, 16)
+        with torch.no_grad():
+            assert torch.equal(program.module()(x), module(x))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SCALED)
+def test_length_dependent_scalings_run_in_onnxruntime(name, tmp_path):
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    module = _scaled(name)
+    seq = torch.export.Dim("seq", max=64)
+    program = torch.onnx.export(
+        module, (torch.randn(2, 10, 16),), dynamo=True, dynamic_shapes=({1: seq},), verbose=False
+    )
+    path = tmp_path / f"{name}.onnx"
+    program.save(str(path))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for length in LENGTHS:
+        x = torch.randn(2, length, 16)
+        (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        with torch.no_grad():
+            np.testing.assert_allclose(out, module(x).numpy(), rtol=0, atol=1e-6)

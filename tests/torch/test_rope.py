@@ -368,7 +368,8 @@ def test_torch_compile_inductor():
         assert_close(mine, theirs, rtol=0, atol=1e-6)  # inductor may fuse into FMAs
 
 
-def test_under_compile_tables_do_not_grow_and_length_dependent_scalings_refuse():
+def test_under_compile_tables_do_not_grow_and_dynamic_ntk_follows_each_length():
+    torch._dynamo.reset()  # each module and call recompiles forward: keep under the limit
     q, k = _randn(1, 2, 20, 16), _randn(1, 1, 20, 16)
     module = RotaryEmbedding(16, max_length=8)
     with pytest.raises(Exception, match=r"call \.extend\(20\) before compiling"):
@@ -381,10 +382,12 @@ def test_under_compile_tables_do_not_grow_and_length_dependent_scalings_refuse()
     compiled = torch.compile(dynamic, fullgraph=True, backend="eager")
     few = q[:, :, :6], k[:, :, :6]  # L = 6 <= 8: the construction frequencies compile
     assert torch.equal(compiled(*few)[0], dynamic(*few)[0])
-    with pytest.raises(Exception, match="'dynamic_ntk' at the length 20 of this call needs"):
-        compiled(q, k)  # L = 20 is known, but its rows need the core
-    with pytest.raises(Exception, match="'dynamic_ntk' recomputes.*known only inside a trace"):
-        compiled(q, k, positions=torch.arange(20))
+    # L = 20 > 8: the frequencies of length 20, kept per length, the core's bits
+    assert torch.equal(compiled(q, k)[0], dynamic(q, k)[0])
+    at = torch.arange(20)
+    assert torch.equal(compiled(q, k, positions=at)[1], dynamic(q, k, positions=at)[1])
+    past = torch.arange(20) + 20  # L = 40 past the 32 rows: NaN rows, as any traced read
+    assert torch.isnan(compiled(q, k, positions=past)[0]).all()
 
 
 def test_under_compile_longrope_selects_its_factors_by_a_traced_length():

@@ -130,16 +130,23 @@ class ScalingPlan:
             frequencies (LongRoPE): the length past which the second set applies
             (``seq_len = switch + 1``); the front end gathers both and selects in the
             graph. ``None`` otherwise.
+        by_length: For a call whose length is only traced, of a scaling whose
+            frequencies change with every length (dynamic NTK), in a front end that keeps
+            them per length (:func:`posenc.core.rope.lengths.length_turns`): select the
+            traced length's in the graph.
     """
 
     seq_len: int | None = None
     switch: int | None = None
+    by_length: bool = False
 
 
 _FIXED = ScalingPlan()
 
 
-def plan_scaling(scaling: Any, length: int | None, *, name: str = "") -> ScalingPlan:
+def plan_scaling(
+    scaling: Any, length: int | None, *, name: str = "", by_length: bool = False
+) -> ScalingPlan:
     """The frequencies of ``scaling`` for a call of ``length`` positions.
 
     The length is the call's own: its largest position + 1 (``offset + seq``, or
@@ -149,19 +156,25 @@ def plan_scaling(scaling: Any, length: int | None, *, name: str = "") -> Scaling
     the two agree whenever the length does not decrease above it: a prompt, then
     decoding). ``None``: the length is known only inside a trace. Then a scaling with
     two sets of frequencies (:attr:`~posenc.RopeScaling.switch_length`, LongRoPE)
-    selects one in the graph, and any other length-dependent scaling (dynamic NTK) is a
-    ``ValueError`` in every front end: its frequencies differ for every length.
+    selects one in the graph, and any other length-dependent scaling (dynamic NTK), whose
+    frequencies differ for every length, selects the traced length's from a table of
+    every length where the front end keeps one (``by_length=True``: PyTorch), and is a
+    ``ValueError`` elsewhere.
 
     Example:
         >>> from posenc.core.rope import DynamicNTKScaling
         >>> dynamic = DynamicNTKScaling(factor=2.0, original_max_position_embeddings=8)
-        >>> plan_scaling(dynamic, 6), plan_scaling(dynamic, 20)
-        (ScalingPlan(seq_len=None, switch=None), ScalingPlan(seq_len=20, switch=None))
+        >>> plan_scaling(dynamic, 6).seq_len, plan_scaling(dynamic, 20).seq_len
+        (None, 20)
+        >>> plan_scaling(dynamic, None, by_length=True).by_length  # traced: per length
+        True
     """
     if not scaling.length_dependent:
         return _FIXED
     original = scaling.original_length or 0
     if length is None:
+        if scaling.switch_length is None and by_length:
+            return ScalingPlan(by_length=True)
         if scaling.switch_length is None:
             raise ValueError(
                 f"{name}scaling={scaling.name!r} recomputes the frequencies from the length L "

@@ -226,6 +226,30 @@ def turns_of(omega: Any) -> tuple[np.ndarray, np.ndarray]:
     return hi, lo
 
 
+def split_turns(omega: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``ω / 2π`` as three float64 parts ``t1 + t2 + t3`` (:func:`turns_of`'s ``hi`` split
+    in two, and its ``lo``), ``t1`` with at most 26 significant bits.
+
+    For code that reduces angles with plain float64 operations (a traced graph, where
+    double-double arithmetic would rely on the compiler keeping every rounding): for an
+    integer ``|p| < 2**27`` the product ``p · t1`` is exact, so ``p·t1 − round(p·t1)`` is
+    exact too, and adding ``p·t2 + p·t3`` (each below ``2**-26`` of it) and reducing again
+    gives the angle in turns within about ``2**-53``.
+
+    Example:
+        >>> t1, t2, t3 = split_turns([1.0])
+        >>> bool(t1[0] + t2[0] == turns_of([1.0])[0][0])
+        True
+        >>> mantissa = np.frexp(t1[0])[0] * 2**26  # 26 bits: a whole number
+        >>> bool(mantissa == int(mantissa))
+        True
+    """
+    hi, lo = turns_of(omega)
+    scaled = _SPLITTER * hi
+    t1 = scaled - (scaled - hi)  # Veltkamp's split: the top 26 bits of hi
+    return t1, hi - t1, np.array(lo)
+
+
 def check_out(out: Any, name: str, shape: tuple[int, ...], fmt: str) -> np.ndarray:
     """``out``, a table to write in place: a writeable, C-contiguous NumPy array of
     ``shape`` in the container of ``fmt`` (:data:`CONTAINERS`), or an error naming ``name``.

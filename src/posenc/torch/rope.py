@@ -25,15 +25,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import check_bool, check_choice, check_int, check_max_length, describe
+from .._checks import check_bool, check_choice, check_max_length, describe
 from ..core.plan import plan_rows, plan_scaling
-from ..core.rope import RopeScaling, as_rope_scaling, rope_permutation
+from ..core.rope import RopeScaling, as_rope_scaling
 from ..specs import FromHFConfig, RopeSpec
 from ._arguments import check_offset_or_positions, check_position_tensor, positions_range
 from ._backend import format_of, is_traced, to_tensor
 from ._tables import PositionTables, core_filled, eager_only, table_dtype
 from .protocols import RotatesQueriesKeys
 from .rerotation import MovesCachedKeys
+from .rope_lengths import ByLengthFrequencies
+from .rope_weights import convert_rope_weights
 from .rotation import (
     SMALL,
     broadcast_tables,
@@ -72,7 +74,9 @@ DERIVED_KEYS = (
 )
 
 
-class RotaryEmbedding(PositionTables, RotatesQueriesKeys, MovesCachedKeys, FromHFConfig):
+class RotaryEmbedding(
+    PositionTables, RotatesQueriesKeys, MovesCachedKeys, ByLengthFrequencies, FromHFConfig
+):
     """Rotary position embedding: rotates query and key feature pairs by position.
 
     ``forward(q, k) -> (q_rot, k_rot)``, each feature pair turned by the angle
@@ -212,6 +216,10 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, MovesCachedKeys, FromH
         self._variant_seq_len = None if switch is None else switch + 1
         names = ("cos", "sin") if switch is None else ("cos", "sin", "cos_long", "sin_long")
         self._init_tables(names, self.max_length, torch.float32, drop=DERIVED_KEYS)
+        # A scaling whose frequencies change with every length keeps them per length, for
+        # compiled and exported code (posenc.torch.rope_lengths).
+        self._length_table, self._length_tensors = None, {}
+        self._keep_lengths(self.table_length, self.cos.device)
 
     # -- tables --------------------------------------------------------------------------
 
@@ -270,6 +278,22 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, MovesCachedKeys, FromH
     def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
         # The tables stay float32 whatever the module's dtype, float64 after .double().
         return table_dtype(dtype, "rotation")
+
+    def extend(self, length: int) -> None:
+        super().extend(length)
+        self._keep_lengths(self.table_length, self.cos.device)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> RotaryEmbedding:
+        super()._apply(fn, recurse)
+        self._keep_lengths(self.table_length, self.cos.device)  # on the new device
+        return self
+
+    def _empty_caches(self) -> dict[str, Any]:
+        return {**super()._empty_caches(), "_length_table": None, "_length_tensors": {}}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._keep_lengths(self.table_length, self.cos.device)
 
     # -- forward -------------------------------------------------------------------------
 
@@ -395,19 +419,25 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys, MovesCachedKeys, FromH
         """The tables' rows of a call: ``offset .. offset+seq-1`` or ``positions``, whose
         lowest and highest are ``span`` (``None``: traced positions)."""
         dtype = self.cos.dtype if dtype is None else dtype
+        if positions is None and is_traced() and not isinstance(seq, int):
+            positions = torch.arange(seq, device=self.cos.device) + offset  # a symbolic length
+            offset = 0
         if positions is None:
             end: int | None = offset + seq
         else:
             end = None if span is None else span[1] + 1
-        plan = plan_scaling(self.spec.scaling, end, name=f"{name}: ")
+        plan = plan_scaling(self.spec.scaling, end, name=f"{name}: ", by_length=True)
+        if plan.by_length:  # a traced length: its frequencies, selected in the graph
+            assert positions is not None  # a known offset and a static seq give a known end
+            return self._rows_by_length(positions, dtype)
         if plan.seq_len is not None and self._variant_seq_len is None:
-            # frequencies of this call's own length: its rows, from the core
+            # frequencies of this call's own length: its rows, from the core (compiled code
+            # cannot run it: the frequencies kept for its length, in the graph)
             if is_traced():
-                raise ValueError(
-                    f"{name}: scaling={self.scaling!r} at the length {end} of this call needs "
-                    "the core, which torch.compile and torch.export cannot run; call it "
-                    "eagerly (or use a fixed scaling such as 'ntk')"
-                )
+                at = positions
+                if at is None:
+                    at = torch.arange(offset, offset + seq, device=self.cos.device)
+                return self._rows_by_length(at, dtype)
             where = seq if positions is None else positions.cpu().numpy()
             return self._at(where, offset, dtype, self.cos.device, plan.seq_len)
         tables = self._table_rows(
@@ -442,53 +472,3 @@ def check_rope_positions(positions: Any, batch: int, seq: int, name: str) -> Non
     check_position_tensor(
         positions, batch, seq, name, of="q and k", fractional="posenc.core.rope.rope_tables"
     )
-
-
-def convert_rope_weights(
-    weight: Tensor,
-    *,
-    num_heads: int,
-    head_dim: int,
-    source: Literal["half", "interleaved"],
-    target: Literal["half", "interleaved"],
-    rotary_dim: int | None = None,
-) -> Tensor:
-    """Permute a query or key projection's output features from one RoPE layout to another.
-
-    RoPE in the ``source`` layout applied to ``W x`` equals, feature for feature after the
-    same permutation, RoPE in the ``target`` layout applied to ``convert(W) x``; since the
-    query and key of each head are permuted alike, attention scores are unchanged. The
-    per-head permutation is :func:`posenc.core.rope.rope_permutation`;
-    ``"interleaved" → "half"`` is what Hugging Face's Llama conversion (``permute``)
-    applies to Meta's ``wq``/``wk``.
-
-    Args:
-        weight: A projection weight ``(num_heads * head_dim, in_features)`` (as
-            ``nn.Linear.weight``) or its bias ``(num_heads * head_dim,)``.
-        num_heads: Heads in this projection (the key/value heads for ``k`` under GQA).
-        head_dim: Features per head.
-        source, target: ``"half"`` or ``"interleaved"``.
-        rotary_dim: The rotated width per head (even, <= head_dim); features past it
-            stay in place. Defaults to ``head_dim``.
-
-    Returns:
-        A new tensor of ``weight``'s shape, dtype and device with the rows permuted.
-
-    Example:
-        >>> w = torch.arange(12.0).reshape(6, 2)  # 1 head of 6 features, 2 inputs
-        >>> convert_rope_weights(w, num_heads=1, head_dim=6, source="interleaved",
-        ...                      target="half")[:, 0].tolist()
-        [0.0, 4.0, 8.0, 2.0, 6.0, 10.0]
-    """
-    if not isinstance(weight, Tensor):
-        raise TypeError(f"weight must be a torch.Tensor, got {describe(weight)}")
-    num_heads = check_int(num_heads, "num_heads", minimum=1)
-    perm = rope_permutation(head_dim, source, target, rotary_dim=rotary_dim)  # validates
-    if weight.dim() not in (1, 2) or weight.shape[0] != num_heads * head_dim:
-        raise ValueError(
-            f"weight must have shape (num_heads * head_dim, in_features) or "
-            f"(num_heads * head_dim,) = ({num_heads * head_dim}, ...), "
-            f"got shape {tuple(weight.shape)}"
-        )
-    rows = (np.arange(num_heads)[:, None] * head_dim + perm).reshape(-1)
-    return weight[torch.from_numpy(rows).to(weight.device)]
