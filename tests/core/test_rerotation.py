@@ -119,3 +119,27 @@ def test_spec_rerotation_takes_longrope_from_short_to_long_factors_and_mscales()
 def test_bad_input_is_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_a_run_of_positions_with_new_frequencies_goes_through_the_phasor_engine_exactly():
+    """Same positions, a contiguous run: the angle p·(θ' − θ), the difference of the two
+    frequencies' turns held as a double-double (the fast path); still correctly rounded."""
+    old_theta = posenc.core.rope.rope_frequencies(16, 500000.0)
+    new_theta = DynamicNTKScaling(factor=8.0, original_max_position_embeddings=8192).frequencies(
+        16, 500000.0, seq_len=131_072
+    )[0]
+    positions = np.arange(131_000, 131_072)
+    cos, sin = rerotation_tables(positions, positions, old_theta, new_theta)
+    want_cos, want_sin = exact(positions, positions, old_theta, new_theta)
+    np.testing.assert_array_equal(cos[:, :8], rounded(want_cos, np.float32))
+    np.testing.assert_array_equal(sin[:, :8], rounded(want_sin, np.float32))
+
+
+def test_a_move_by_a_few_distinct_shifts_is_computed_once_per_shift():
+    theta = posenc.core.rope.rope_frequencies(8, 10000.0)
+    old = np.array([0, 1, 2, 3, 10, 11, 12, 13, 1_000_000])  # sinks stay, the others move
+    new = np.array([0, 1, 2, 3, 4, 5, 6, 7, 999_994])
+    cos, sin = rerotation_tables(old, new, theta)
+    want_cos, want_sin = exact(old, new, theta, theta)
+    np.testing.assert_array_equal(cos[:, :4], rounded(want_cos, np.float32))
+    np.testing.assert_array_equal(sin[:, :4], rounded(want_sin, np.float32))

@@ -166,28 +166,29 @@ def test_a_window_over_a_length_dependent_scaling_moves_positions_and_frequencie
             assert_close(y, module(x[:, cache.tokens])[:, -1:], rtol=0, atol=3e-7)
 
 
-def test_exact_shifts_far_out_against_a_float32_angle_difference():
-    """A key at position ~500,000 moved back by 1,000 positions: posenc's re-rotation is
-    within a rounding of the key rotated there from scratch; forming the angle
-    difference from float32 tables, as StreamingLLM-style caches do, is not."""
+def test_exact_shifts_far_out_against_float32_tables():
+    """Keys at positions ~500,000 moved back by one (a window evicting one token):
+    posenc's re-rotation is within two roundings of the keys rotated there from scratch;
+    combining the model's float32 tables at both positions, as transformers' former
+    SinkCache did, is off by about position × 2**-24."""
     rope = RotaryEmbedding(64, max_length=16)
-    k = torch.randn(1, 1, 4, 64)
+    k = torch.randn(1, 2, 4, 64)
     old = torch.arange(500_000, 500_004)
-    new = old - 1000
+    new = old - 1
     exact = rope.double().rotate_keys(k.double(), positions=new)
     rope.float()
     cached = rope.rotate_keys(k, positions=old)
     ours = rope.rerotate_keys(cached, positions=old, new_positions=new)
     theta = torch.from_numpy(rope.inv_freq).float()
-    angle = (new[:, None].float() - old[:, None].float()) * theta  # float32, as peers
-    cos, sin = torch.cos(angle).repeat(1, 2), torch.sin(angle).repeat(1, 2)
-    half = torch.cat([-cached[..., 32:], cached[..., :32]], dim=-1)
-    theirs = cached * cos + half * sin
-    posenc_error = (ours.double() - exact).abs().max().item()
-    float32_error = (theirs.double() - exact).abs().max().item()
-    scale = exact.abs().max().item()
-    assert posenc_error <= 4 * 2**-24 * scale
-    assert float32_error > 10 * posenc_error
+    tables = [(torch.cos(p[:, None].float() * theta), torch.sin(p[:, None].float() * theta))
+              for p in (old, new)]  # fmt: skip
+    (cos_old, sin_old), (cos_new, sin_new) = tables
+    cos = (cos_new * cos_old + sin_new * sin_old).repeat(1, 2)
+    sin = (sin_new * cos_old - cos_new * sin_old).repeat(1, 2)
+    theirs = cached * cos + torch.cat([-cached[..., 32:], cached[..., :32]], dim=-1) * sin
+    ulp = 2**-24 * exact.abs().max().item()
+    assert (ours.double() - exact).abs().max().item() <= 4 * ulp
+    assert (theirs.double() - exact).abs().max().item() > 1000 * ulp
 
 
 # -- errors and atomicity -------------------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..._checks import DEFAULT_MAX_BYTES, check_choice, check_memory, check_positions, check_real
-from ..phasors import CHUNK_ELEMENTS, check_turns
+from ..phasors import CHUNK_ELEMENTS, check_turns, contiguous_range
 from ..precision import (
     CONTAINERS,
     FORMATS,
@@ -37,8 +37,9 @@ from ..precision import (
     resolve_dtype,
     round_to_format,
     turns_of,
+    two_sum,
 )
-from .tables import ROPE_LAYOUTS, check_inv_freq, pair_layout
+from .tables import ROPE_LAYOUTS, check_inv_freq, pair_layout, run_table_values
 
 __all__ = ["rerotation_table_values", "rerotation_tables"]
 
@@ -150,6 +151,43 @@ def rerotation_table_values(
     new_hi, new_lo = turns_of(theta_new)
     largest = max(_largest(old), _largest(new))
     check_turns(largest, np.maximum(np.abs(old_hi), np.abs(new_hi)), "inv_freq")
+    run = contiguous_range(old) if count and np.array_equal(old, new) else None
+    if run is not None:  # new frequencies at a run of positions: p · (t' − t), the engine's
+        hi, lo = _difference(new_hi, new_lo, old_hi, old_lo)
+        return run_table_values(run[0], run[1], hi, lo, fmt=fmt, layout=layout, scale=scale)
+    if count and np.array_equal(theta_old, theta_new):  # a move: by each distinct shift
+        shifts, where = np.unique(new - old, return_inverse=True)
+        if shifts.size < count:
+            zero = np.zeros_like(shifts)
+            cos, sin = _by_row(zero, shifts, old_hi, old_lo, old_hi, old_lo, fmt, layout, scale)
+            return cos[where.reshape(-1)], sin[where.reshape(-1)]
+    return _by_row(old, new, old_hi, old_lo, new_hi, new_lo, fmt, layout, scale)
+
+
+def _difference(
+    new_hi: np.ndarray, new_lo: np.ndarray, old_hi: np.ndarray, old_lo: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(new_hi + new_lo) − (old_hi + old_lo)`` as a double-double."""
+    s, e = two_sum(new_hi, -old_hi)
+    e = e + (new_lo - old_lo)
+    hi = s + e
+    return hi, e - (hi - s)
+
+
+def _by_row(
+    old: np.ndarray,
+    new: np.ndarray,
+    old_hi: np.ndarray,
+    old_lo: np.ndarray,
+    new_hi: np.ndarray,
+    new_lo: np.ndarray,
+    fmt: str,
+    layout: str,
+    scale: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The tables row by row: each angle the difference of two exactly reduced ones."""
+    count, m = old.size, old_hi.size
+    container = CONTAINERS[fmt]
     cos = np.empty((count, 2 * m), container)
     sin = np.empty((count, 2 * m), container)
     rows = max(64, CHUNK_ELEMENTS // m)
