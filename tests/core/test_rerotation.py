@@ -121,9 +121,10 @@ def test_bad_input_is_named(call, message):
         call()
 
 
-def test_a_run_of_positions_with_new_frequencies_goes_through_the_phasor_engine_exactly():
-    """Same positions, a contiguous run: the angle p·(θ' − θ), the difference of the two
-    frequencies' turns held as a double-double (the fast path); still correctly rounded."""
+def test_new_frequencies_in_place_are_one_reduction_of_the_turns_difference():
+    """Same positions: the angle p·(t' − t), the difference of the two frequencies' turns
+    held as a double-double and reduced once (exact relative to the small angles it
+    gives); correctly rounded."""
     old_theta = posenc.core.rope.rope_frequencies(16, 500000.0)
     new_theta = DynamicNTKScaling(factor=8.0, original_max_position_embeddings=8192).frequencies(
         16, 500000.0, seq_len=131_072

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..._checks import DEFAULT_MAX_BYTES, check_choice, check_memory, check_positions, check_real
-from ..phasors import CHUNK_ELEMENTS, check_turns, contiguous_range
+from ..phasors import CHUNK_ELEMENTS, check_turns
 from ..precision import (
     CONTAINERS,
     FORMATS,
@@ -39,7 +39,7 @@ from ..precision import (
     turns_of,
     two_sum,
 )
-from .tables import ROPE_LAYOUTS, check_inv_freq, pair_layout, run_table_values
+from .tables import ROPE_LAYOUTS, check_inv_freq, pair_layout
 
 __all__ = ["rerotation_table_values", "rerotation_tables"]
 
@@ -151,14 +151,13 @@ def rerotation_table_values(
     new_hi, new_lo = turns_of(theta_new)
     largest = max(_largest(old), _largest(new))
     check_turns(largest, np.maximum(np.abs(old_hi), np.abs(new_hi)), "inv_freq")
-    run = contiguous_range(old) if count and np.array_equal(old, new) else None
-    if run is not None:  # new frequencies at a run of positions: p · (t' − t), the engine's
+    zero = np.zeros(1)
+    if count and np.array_equal(old, new):  # new frequencies in place: p · (t' − t)
         hi, lo = _difference(new_hi, new_lo, old_hi, old_lo)
-        return run_table_values(run[0], run[1], hi, lo, fmt=fmt, layout=layout, scale=scale)
+        return _by_row(zero, old, hi, lo, hi, lo, fmt, layout, scale)
     if count and np.array_equal(theta_old, theta_new):  # a move: by each distinct shift
         shifts, where = np.unique(new - old, return_inverse=True)
         if shifts.size < count:
-            zero = np.zeros_like(shifts)
             cos, sin = _by_row(zero, shifts, old_hi, old_lo, old_hi, old_lo, fmt, layout, scale)
             return cos[where.reshape(-1)], sin[where.reshape(-1)]
     return _by_row(old, new, old_hi, old_lo, new_hi, new_lo, fmt, layout, scale)
@@ -185,8 +184,10 @@ def _by_row(
     layout: str,
     scale: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The tables row by row: each angle the difference of two exactly reduced ones."""
-    count, m = old.size, old_hi.size
+    """The tables row by row: each angle the difference of two exactly reduced ones
+    (``old`` a single 0: the one reduction of ``new · (new_hi + new_lo)``, exact
+    relative to the angle however small)."""
+    count, m = new.size, old_hi.size
     container = CONTAINERS[fmt]
     cos = np.empty((count, 2 * m), container)
     sin = np.empty((count, 2 * m), container)
@@ -194,7 +195,8 @@ def _by_row(
     for r0 in range(0, count, rows):
         part = slice(r0, r0 + rows)
         turns = reduced_turns(new[part, None], new_hi, new_lo)
-        turns -= reduced_turns(old[part, None], old_hi, old_lo)
+        if old.size > 1 or old[0]:
+            turns -= reduced_turns(old[part, None], old_hi, old_lo)
         turns -= np.rint(turns)  # back into [-0.5, 0.5]: the difference is exact
         angle = turns * TWO_PI
         cos[part] = pair_layout(round_to_format(scale * np.cos(angle), fmt), layout)

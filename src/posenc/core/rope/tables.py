@@ -45,7 +45,6 @@ __all__ = [
     "pair_layout",
     "rope_table_values",
     "rope_tables",
-    "run_table_values",
 ]
 
 RopeLayout = Literal["half", "interleaved"]
@@ -200,22 +199,6 @@ def rope_table_values(
             part = slice(r0, r0 + rows)
             _write(cos[part], sin[part], pairs, rounded, fmt, layout, scale, at[:, 0], hi, lo)
     return tables
-
-
-def run_table_values(
-    first: int, count: int, hi: np.ndarray, lo: np.ndarray, *, fmt: str, layout: str,
-    scale: float = 1.0,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """``(cos, sin)`` ``(count, 2m)`` of the positions ``first .. first+count-1`` at the
-    turns per position ``hi + lo`` (a double-double, as :func:`posenc.core.precision.
-    turns_of` gives; any such turns, e.g. a difference of two frequencies'), through the
-    phasor engine, correctly rounded in ``fmt``'s container: :func:`rope_table_values`
-    for callers that hold turns rather than frequencies."""
-    container = CONTAINERS[fmt]
-    cos = np.empty((count, 2 * hi.size), container)
-    sin = np.empty((count, 2 * hi.size), container)
-    _fill_range(cos, sin, first, hi, lo, fmt, layout, scale)
-    return cos, sin
 
 
 def _check_out_tables(out: Any, shape: tuple[int, ...], fmt: str) -> tuple[np.ndarray, np.ndarray]:
