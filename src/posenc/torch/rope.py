@@ -104,8 +104,9 @@ class RotaryEmbedding(
     ``torch.compile`` with traced positions the two are selected in the graph.
     ``"dynamic_ntk"`` (Hugging Face ``"dynamic"``) and any other registered method whose
     frequencies change with every length get, past the original length, the rows of the
-    call computed by the core at ``seq_len=L``; that needs ``L`` and NumPy when the call
-    runs, so under ``torch.compile``/``torch.export`` it raises. (Hugging Face's module
+    call computed by the core at ``seq_len=L``; under ``torch.compile``/``torch.export``
+    the module reads the frequencies of ``L`` from those it keeps per length and forms
+    the rows in the graph, the same bits (:mod:`posenc.torch.rope_lengths`). (Hugging Face's module
     also keeps the longest ``L`` seen until a call falls back under the original length;
     the two agree whenever ``L`` does not decrease above it: a prompt, then decoding.)
     Keys cached while the length was shorter hold earlier frequencies; a
