@@ -697,6 +697,9 @@ def run_torch(case: Case) -> np.ndarray:
 
             return decode(case, rope_step, x)
         if case.traced:
+            # a scaling whose frequencies change with every length: compiled code reads
+            # them from those extend() keeps per length (no-op for the other scalings)
+            module.extend(case.table)
             return out(call(lambda x, pos: module(x, x, positions=pos)[0], x, where))
         q_rot, _ = module(x, x, offset=p["start"])
         return out(q_rot)

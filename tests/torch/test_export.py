@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -147,6 +149,7 @@ LENGTHS = (9, 16, 17, 40)  # below, at and past the original length 16
 def _scaled(name):
     torch.manual_seed(0)
     rope = RotaryEmbedding(8, scaling=name, scaling_params=SCALED[name], max_length=64)
+    rope.extend(64)  # dynamic NTK: the frequencies of every length compiled code may see
     return MultiHeadAttention(16, 2, position=rope).eval()
 
 
@@ -200,3 +203,27 @@ def test_length_dependent_scalings_run_in_onnxruntime(name, tmp_path):
         (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
         with torch.no_grad():
             np.testing.assert_allclose(out, module(x).numpy(), rtol=0, atol=1e-6)
+
+
+def test_the_frequencies_per_length_are_built_by_extend_once_per_spec():
+    params = {"factor": 2.0, "original_max_position_embeddings": 8}
+    make = lambda: RotaryEmbedding(8, base=77.0, scaling="dynamic_ntk",  # noqa: E731
+                                   scaling_params=params, max_length=16)  # fmt: skip
+    a, b = make(), make()
+    q = torch.randn(1, 2, 40, 8)
+    a(q, q)  # an eager call past the tables grows them, and builds no frequencies
+    assert a._lengths is None
+    a.extend(32)
+    b.extend(32)
+    assert a._lengths is b._lengths  # once per spec
+    assert a._lengths.rows == 32
+    a.extend(64)  # growth for one: the other's frequencies stay, and grow with it
+    assert b._lengths.rows == 64
+    example = torch.randn(1, 2, 10, 8)
+    seq = torch.export.Dim("s", max=64)
+    program = torch.export.export(b, (example, example), dynamic_shapes=({2: seq}, {2: seq}))
+    for length in (9, 40, 64):
+        x = torch.randn(1, 2, length, 8)
+        assert torch.equal(program.module()(x, x)[0], b(x, x)[0])
+    twin = copy.deepcopy(b)
+    assert twin._lengths is None  # derived: not copied, found again by extend()

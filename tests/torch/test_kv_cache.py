@@ -257,3 +257,35 @@ def test_update_moves_keys_it_is_told_about():
     want = rope.rotate_keys(k[:, :, [0, 2, 3]], positions=torch.arange(3))
     assert_close(keys[:, :, :3], want, rtol=0, atol=1e-15)
     assert np.array_equal(cache.tokens.numpy(), [0, 2, 3, 4])
+
+
+def test_a_cache_serves_one_attention_and_names_what_it_cannot_move():
+    first, second = attention("dynamic_ntk"), attention("longrope")
+    x = torch.randn(1, 6, 16)
+    cache = KVCache()
+    with torch.no_grad():
+        first(x, cache=cache)
+        with pytest.raises(ValueError, match="serves one attention"):
+            second(x[:, :1], cache=cache)
+    assert cache.length == 6
+    keys = torch.zeros(1, 2, 3, 8)
+    bshd = RotaryEmbedding(8, qk_layout="bshd")
+    with pytest.raises(ValueError, match="qk_layout='bshd'"):
+        KVCache().update(keys, keys, rotation=bshd)
+    blind = KVCache()
+    blind.update(keys, keys)  # no rotation given: frequencies unknown
+    dynamic = RotaryEmbedding(8, scaling="dynamic_ntk", scaling_params=SCALINGS["dynamic_ntk"])
+    with pytest.raises(ValueError, match="without rotation="):
+        blind.update(keys, keys, rotation=dynamic)
+    blind.update(keys, keys, rotation=RotaryEmbedding(8))  # a fixed scaling: one set
+    assert blind.length == 6
+
+
+def test_keep_records_the_frequencies_of_the_keys_it_keeps():
+    module = attention("longrope")
+    cache = KVCache(on_frequency_change="keep")
+    with torch.no_grad():
+        module(torch.randn(1, 4, 16), cache=cache)
+        for _ in range(8):  # past the switch at 8
+            module(torch.randn(1, 1, 16), cache=cache)
+    assert cache._frequencies is None  # the short factors the first keys hold

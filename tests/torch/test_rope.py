@@ -382,6 +382,9 @@ def test_under_compile_tables_do_not_grow_and_dynamic_ntk_follows_each_length():
     compiled = torch.compile(dynamic, fullgraph=True, backend="eager")
     few = q[:, :, :6], k[:, :, :6]  # L = 6 <= 8: the construction frequencies compile
     assert torch.equal(compiled(*few)[0], dynamic(*few)[0])
+    with pytest.raises(Exception, match=r"call \.extend\(n\) for the longest length"):
+        compiled(q, k)  # past 8: the frequencies of length 20, which extend() keeps
+    dynamic.extend(32)
     # L = 20 > 8: the frequencies of length 20, kept per length, the core's bits
     assert torch.equal(compiled(q, k)[0], dynamic(q, k)[0])
     at = torch.arange(20)

@@ -66,6 +66,11 @@ class Registry(Generic[Entry]):
     def __init__(self) -> None:
         self._entries: weakref.WeakValueDictionary[Hashable, Entry] = weakref.WeakValueDictionary()
 
+    def find(self, key: Hashable | None) -> Entry | None:
+        """The live entry of ``key``, or ``None``."""
+        with GROWTH_LOCK:
+            return None if key is None else self._entries.get(key)
+
     def entry(self, key: Hashable | None, make: Callable[[], Entry]) -> Entry:
         """The live entry of ``key``, or ``make()``, registered under ``key`` (never when
         ``key`` is ``None``: the caller's own). One lookup-or-make at a time, so that one

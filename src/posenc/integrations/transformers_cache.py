@@ -207,7 +207,9 @@ class CacheKeeper:
             record.positions = torch.cat(
                 [record.positions.expand(batch, -1), calls.expand(batch, -1)], dim=-1
             )
-        record.frequencies = dict(record.states)
+        for key, state in record.states.items():  # ("keep": the frequencies of keys held)
+            if self.mode == "rerotate" or key not in record.frequencies:
+                record.frequencies[key] = state
         record.seen += count
         record.pending = None
         if isinstance(cache, SinkCache):

@@ -171,6 +171,10 @@ class PositionTables(DerivedBuffers):
         before ``torch.compile``/``torch.export`` when compiled code will see positions
         past the current tables (traced positions outside them give NaN).
         """
+        self._grow_tables(length)
+
+    def _grow_tables(self, length: int) -> None:
+        """:meth:`extend`'s growth, also what a call past the tables runs (eagerly)."""
         length = check_int(length, "length", minimum=1)
         with GROWTH_LOCK:  # threads calling one module: the longest tables win, never shrink
             if length <= self.table_length:
@@ -235,7 +239,7 @@ class PositionTables(DerivedBuffers):
                 f".extend({plan.end}) before compiling"
             )
         if plan.action == "grow":
-            grow(self.extend, plan.end, self.table_length)
+            grow(self._grow_tables, plan.end, self.table_length)
         if plan.action == "direct" or plan.end > self.table_length:
             return None
         try:

@@ -56,6 +56,7 @@ class _Held:
     raw: Tensor | None  # the keys before rotation ("recompute")
     frequencies: Any  # the frequency state the keys hold
     evicted: int  # tokens evicted in all, this call's evictions included
+    spec: Any = None  # the spec of the rotation (None: none given)
 
     @property
     def length(self) -> int:
@@ -125,6 +126,7 @@ class KVCache:
         self._positions: Tensor | None = None  # None: every key at its index
         self._raw: Tensor | None = None  # the keys before rotation ("recompute")
         self._frequencies: Any = _UNKNOWN
+        self._spec: Any = None  # the spec of the rotation that rotated the keys held
         self.evicted = 0  # tokens evicted so far
 
     @property
@@ -197,15 +199,16 @@ class KVCache:
             )
         moves = _mover(rotation)
         drop = self._to_evict(count)
-        if drop and rotation is not None and moves is None:
-            raise ValueError(
-                f"{name}: KVCache(window={self.window}) moves the cached keys to new "
-                f"positions when it evicts, which {type(rotation).__name__} cannot do (it "
-                "has no rerotate_keys and rotate_keys); use RotaryEmbedding, or a cache "
-                "without a window"
-            )
+        self._check_rotation(rotation, moves, drop, name)
+        spec = self._spec if rotation is None else getattr(rotation, "spec", None)
         held = _Held(
-            self.keys, self.values, self._positions, self._raw, self._frequencies, self.evicted
+            self.keys,
+            self.values,
+            self._positions,
+            self._raw,
+            self._frequencies,
+            self.evicted,
+            spec,
         )
         if positions is not None:  # (checked by the caller)
             rows = positions.shape[0] if positions.dim() == 2 else 1
@@ -216,18 +219,61 @@ class KVCache:
             positions = _after(held.positions, count)
         if moves is None:
             return held, positions
-        frequencies = None  # the construction frequencies, the only ones of most scalings
-        if moves.frequencies_change:
-            if positions is None:
-                end = held.length + count
-            else:
-                end = int(positions.max()) + 1 if positions.numel() else held.length
-            frequencies = moves.frequency_state(end)
+        frequencies = self._frequencies_of(moves, held, positions, count, name)
         changed = held.keys is not None and frequencies != held.frequencies
         if held.keys is not None and (drop or (changed and self.on_frequency_change != "keep")):
             held.keys = self._moved(moves, held, drop, frequencies)
-        held.frequencies = frequencies
+        if held.keys is None or self.on_frequency_change != "keep":
+            held.frequencies = frequencies  # ("keep": the frequencies of the keys held)
         return held, positions
+
+    def _frequencies_of(
+        self, moves: Any, held: _Held, positions: Tensor | None, count: int, name: str
+    ) -> Any:
+        """The frequency state of the call (``held.frequencies`` set where unknown)."""
+        if held.frequencies is _UNKNOWN:  # keys given without their rotation (update())
+            if moves.frequencies_change and held.keys is not None:
+                raise ValueError(
+                    f"{name}: the cache holds keys given without rotation=, so it cannot tell "
+                    f"which frequencies of {type(moves).__name__}'s length-dependent "
+                    "scaling they hold; pass rotation= from the first call on"
+                )
+            held.frequencies = None  # a fixed scaling has only its construction frequencies
+        if not moves.frequencies_change:
+            return None  # the construction frequencies, the only ones of most scalings
+        if positions is None:
+            end = held.length + count
+        else:
+            end = int(positions.max()) + 1 if positions.numel() else held.length
+        return moves.frequency_state(end)
+
+    def _check_rotation(self, rotation: Any, moves: Any, drop: int, name: str) -> None:
+        """A rotation that works on the cache's ``(batch, heads, seq, head_dim)`` keys, the
+        one the keys held were rotated by (a cache serves one attention), and one that can
+        move them where this call evicts."""
+        if rotation is None:
+            return
+        if drop and moves is None:
+            raise ValueError(
+                f"{name}: KVCache(window={self.window}) moves the cached keys to new "
+                f"positions when it evicts, which {type(rotation).__name__} cannot do (it "
+                "has no rerotate_keys and rotate_keys); use RotaryEmbedding, or a cache "
+                "without a window"
+            )
+        layout = getattr(rotation, "qk_layout", "bhsd")
+        if layout != "bhsd":
+            raise ValueError(
+                f"{name}: the cache holds keys as (batch, heads, seq, head_dim), but "
+                f"{type(rotation).__name__} has qk_layout={layout!r}; give it "
+                "qk_layout='bhsd'"
+            )
+        spec = getattr(rotation, "spec", None)
+        if self.keys is not None and self._spec is not None and spec != self._spec:
+            raise ValueError(
+                f"{name}: the cache holds keys rotated by {self._spec!r} but was given "
+                f"{type(rotation).__name__} with {spec!r}; a KVCache serves one attention "
+                "(use one cache per attention layer)"
+            )
 
     def _to_evict(self, count: int) -> int:
         """How many tokens a call of ``count`` evicts: the oldest that are not sinks and
@@ -251,6 +297,7 @@ class KVCache:
             pick[1],
             held.frequencies,
             held.evicted + drop,
+            held.spec,
         )
 
     def _moved(self, moves: Any, held: _Held, drop: int, frequencies: Any) -> Tensor:
@@ -325,7 +372,7 @@ class KVCache:
         if positions is not None and not positions.shape[-1]:  # no key: none to record
             positions = None
         self.keys, self.values, self._positions, self._raw = keys, values, positions, raw
-        self._frequencies, self.evicted = held.frequencies, held.evicted
+        self._frequencies, self.evicted, self._spec = held.frequencies, held.evicted, held.spec
         return keys, values
 
     def _check(self, keys: Any, values: Any, name: str) -> None:

@@ -105,10 +105,11 @@ class RotaryEmbedding(
     ``"dynamic_ntk"`` (Hugging Face ``"dynamic"``) and any other registered method whose
     frequencies change with every length get, past the original length, the rows of the
     call computed by the core at ``seq_len=L``; under ``torch.compile``/``torch.export``
-    the module reads the frequencies of ``L`` from those it keeps per length and forms
-    the rows in the graph, the same bits (:mod:`posenc.torch.rope_lengths`). (Hugging Face's module
-    also keeps the longest ``L`` seen until a call falls back under the original length;
-    the two agree whenever ``L`` does not decrease above it: a prompt, then decoding.)
+    the module reads the frequencies of ``L`` from those :meth:`extend` keeps per length
+    and forms the rows in the graph, the same bits (:mod:`posenc.torch.rope_lengths`).
+    (Hugging Face's module also keeps the longest ``L`` seen until a call falls back under
+    the original length; the two agree whenever ``L`` does not decrease above it: a
+    prompt, then decoding.)
     Keys cached while the length was shorter hold earlier frequencies; a
     :class:`KVCache` moves them to the new ones (``on_frequency_change="rerotate"``, the
     default), so that decoding equals the full-sequence call, as Hugging Face's does not.
@@ -217,10 +218,9 @@ class RotaryEmbedding(
         self._variant_seq_len = None if switch is None else switch + 1
         names = ("cos", "sin") if switch is None else ("cos", "sin", "cos_long", "sin_long")
         self._init_tables(names, self.max_length, torch.float32, drop=DERIVED_KEYS)
-        # A scaling whose frequencies change with every length keeps them per length, for
-        # compiled and exported code (posenc.torch.rope_lengths).
-        self._length_table, self._length_tensors = None, {}
-        self._keep_lengths(self.table_length, self.cos.device)
+        # A scaling whose frequencies change with every length: those of each length, for
+        # compiled and exported code, built by extend() (posenc.torch.rope_lengths).
+        self._lengths = None
 
     # -- tables --------------------------------------------------------------------------
 
@@ -281,20 +281,28 @@ class RotaryEmbedding(
         return table_dtype(dtype, "rotation")
 
     def extend(self, length: int) -> None:
+        """Make the tables hold at least ``length`` positions (they never shrink), and,
+        for a scaling whose frequencies change with every length (dynamic NTK), keep
+        those of lengths up to ``length`` for compiled and exported code (about 1 ms
+        per length past the original; shared by the modules of the spec).
+
+        The tables are shared: every module of this kind and spec sees them grow. Call it
+        before ``torch.compile``/``torch.export`` when compiled code will see positions
+        past the current tables (traced positions outside them give NaN), and with
+        dynamic NTK for the longest length compiled code will see.
+        """
         super().extend(length)
         self._keep_lengths(self.table_length, self.cos.device)
 
     def _apply(self, fn: Any, recurse: bool = True) -> RotaryEmbedding:
         super()._apply(fn, recurse)
-        self._keep_lengths(self.table_length, self.cos.device)  # on the new device
+        self._place_lengths(self.cos.device)  # the frequencies kept, on the new device
         return self
 
-    def _empty_caches(self) -> dict[str, Any]:
-        return {**super()._empty_caches(), "_length_table": None, "_length_tensors": {}}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self._keep_lengths(self.table_length, self.cos.device)
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_lengths"] = None  # derived: found again (or built by extend())
+        return state
 
     # -- forward -------------------------------------------------------------------------
 
@@ -420,8 +428,13 @@ class RotaryEmbedding(
         """The tables' rows of a call: ``offset .. offset+seq-1`` or ``positions``, whose
         lowest and highest are ``span`` (``None``: traced positions)."""
         dtype = self.cos.dtype if dtype is None else dtype
-        if positions is None and is_traced() and not isinstance(seq, int):
-            positions = torch.arange(seq, device=self.cos.device) + offset  # a symbolic length
+        if (
+            positions is None
+            and self.spec.scaling.length_dependent
+            and is_traced()
+            and not isinstance(seq, int)
+        ):  # a symbolic length: the positions it gives, for a choice in the graph
+            positions = torch.arange(seq, device=self.cos.device) + offset
             offset = 0
         if positions is None:
             end: int | None = offset + seq

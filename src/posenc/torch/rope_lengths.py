@@ -1,18 +1,20 @@
 """Dynamic NTK under ``torch.compile``, ``torch.export`` and ONNX: frequencies by length.
 
 A scaling whose frequencies change with every length (dynamic NTK, or one a user
-registers) needs the core at each new length, which compiled code cannot run. A
-:class:`~posenc.torch.RotaryEmbedding` with such a scaling therefore keeps, beside its
-cos/sin tables, the frequencies of every length its tables hold
+registers) needs the core at each new length, which compiled code cannot run. So
+:meth:`~posenc.torch.RotaryEmbedding.extend` also keeps, for such a scaling, the
+frequencies of every length up to the one asked
 (:func:`posenc.core.rope.lengths.length_turns`: the core's, split for exact reduction in
-float64). Traced code picks the row of its length (``max(positions) + 1``, a tensor) and
-forms the angles in float64: ``p·t1`` is exact for positions below ``2**27``, so the
-reduced angle is within about ``2**-53`` turns, and each value is rounded once to the
-tables' dtype. No Python branch depends on the length, so one graph serves every length.
+float64), once per spec like the tables, in a :class:`LengthFrequencies`. Traced code
+picks the row of its length (``max(positions) + 1``, a tensor) and forms the angles in
+float64: ``p·t1`` is exact for positions below ``2**27``, so the reduced angle is within
+about ``2**-53`` turns, and each value is rounded once to the tables' dtype. No Python
+branch depends on the length, so one graph serves every length.
 
-This costs ``rows × (3·rotary_dim/2 + 1) × 8`` bytes per module (one and a half times
-its float32 cos/sin tables), and one call of the scaling per length past the original
-when the tables are built or grow (about 40 µs each for dynamic NTK).
+Building them costs one call of the scaling per length past the original (about 1 ms for
+dynamic NTK: its frequencies are correctly rounded at 50 digits), which is why only
+``extend()`` builds them, never a call that grows the tables; they take ``(3·rotary_dim/2
++ 1) × 8`` bytes per length.
 """
 
 from __future__ import annotations
@@ -25,9 +27,50 @@ from torch import Tensor
 
 from ..core.precision import TWO_PI
 from ..core.rope.lengths import length_turns
+from ..core.sharing import GROWTH_LOCK, Registry, share_key
 from ._tables import eager_only
 
-__all__ = ["ByLengthFrequencies"]
+__all__ = ["ByLengthFrequencies", "LengthFrequencies"]
+
+
+class LengthFrequencies:
+    """The frequencies of lengths ``1 .. rows`` of one spec (``(rows, 3m + 1)`` float64,
+    :func:`~posenc.core.rope.lengths.length_turns`), with a copy per device."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+        self.table: np.ndarray | None = None
+        self.tensors: dict[torch.device, Tensor] = {}
+
+    @property
+    def rows(self) -> int:
+        return 0 if self.table is None else int(self.table.shape[0])
+
+    def extend(self, rows: int) -> None:
+        """Hold at least lengths ``1 .. rows`` (the new ones from the core)."""
+        with GROWTH_LOCK:
+            if rows <= self.rows:
+                return
+            scaling, width = self.spec.scaling, self.spec.rotary_dim
+            more = length_turns(scaling, width, self.spec.base, rows, first=self.rows + 1)
+            self.table = more if self.table is None else np.concatenate([self.table, more])
+            devices, self.tensors = list(self.tensors), {}
+            for device in devices:
+                self.place(device)
+
+    def place(self, device: torch.device) -> None:
+        """A copy on ``device``: one without float64 (Apple's MPS) gets none, and compiled
+        code on it says so."""
+        with GROWTH_LOCK:
+            if self.table is None or device.type == "meta" or device in self.tensors:
+                return
+            try:
+                self.tensors[device] = torch.from_numpy(self.table).to(device)
+            except (TypeError, RuntimeError):
+                return
+
+
+_REGISTRY: Registry[LengthFrequencies] = Registry()
 
 
 class ByLengthFrequencies:
@@ -36,8 +79,7 @@ class ByLengthFrequencies:
     spec: Any
     rotary_dim: int
     layout: str
-    _length_table: np.ndarray | None
-    _length_tensors: dict[torch.device, Tensor]
+    _lengths: LengthFrequencies | None
 
     @property
     def _by_length(self) -> bool:
@@ -45,44 +87,54 @@ class ByLengthFrequencies:
         scaling = self.spec.scaling
         return bool(scaling.length_dependent and scaling.switch_length is None)
 
+    def _length_holder(self, make: bool) -> LengthFrequencies | None:
+        """The spec's :class:`LengthFrequencies` (made if ``make``), kept on the module."""
+        if self._lengths is None:
+            key = share_key("rope-lengths", self.spec)
+            if make:
+                self._lengths = _REGISTRY.entry(key, lambda: LengthFrequencies(self.spec))
+            else:
+                self._lengths = _REGISTRY.find(key)
+        return self._lengths
+
     @eager_only  # NumPy: never traced
-    def _keep_lengths(self, rows: int, device: Any) -> None:
-        """Hold the frequencies of lengths ``1 .. rows`` (more once held), on ``device``."""
-        if not self._by_length:
-            return
-        held = self._length_table
-        have = 0 if held is None else held.shape[0]
-        if rows > have:
-            more = length_turns(
-                self.spec.scaling, self.rotary_dim, self.spec.base, rows, first=have + 1
-            )
-            self._length_table = more if held is None else np.concatenate([held, more])
-            self._length_tensors = {}
-        device = torch.device(device)
-        if device.type != "meta" and device not in self._length_tensors:
-            assert self._length_table is not None
-            values = torch.from_numpy(self._length_table)
-            self._length_tensors = {device: values.to(device)}
+    def _keep_lengths(self, rows: int, device: torch.device) -> None:
+        """Hold the frequencies of lengths ``1 .. rows`` on ``device`` (by :meth:`extend`)."""
+        if self._by_length:
+            holder = self._length_holder(make=True)
+            assert holder is not None
+            holder.extend(rows)
+            holder.place(device)
+
+    @eager_only
+    def _place_lengths(self, device: torch.device) -> None:
+        """The frequencies kept, copied to ``device`` too (after a move)."""
+        holder = self._length_holder(make=False) if self._by_length else None
+        if holder is not None:
+            holder.place(device)
 
     def _rows_by_length(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``(cos, sin)`` ``(*positions.shape, rotary_dim)`` in ``dtype`` at traced integer
         ``positions``, with the frequencies of the length ``max(positions) + 1``; NaN rows
-        for positions outside this module's rows (as a traced table read gives)."""
-        table = self._length_tensors.get(positions.device)
+        for positions outside this module's rows or past the lengths kept (as a traced
+        table read gives)."""
+        holder = self._lengths  # (no registry lookup here: it takes a lock, not traceable)
+        table = None if holder is None else holder.tensors.get(positions.device)
         if table is None:
             raise ValueError(
-                f"{type(self).__name__}: the frequencies of each length are not on "
-                f"{positions.device}; move the module there (module.to(...)) before "
-                "compiling"
+                f"{type(self).__name__}: under torch.compile or torch.export, "
+                f"scaling={self.spec.scaling.name!r} reads the frequencies of each call's "
+                "length from those kept per length, which .extend(n) builds (about 1 ms per "
+                "length past the original): call .extend(n) for the longest length compiled "
+                f"code will see, on the module's device ({positions.device}), before compiling"
             )
         m = self.rotary_dim // 2
         rows = min(self.table_length, table.shape[0])  # type: ignore[attr-defined]
-        wide = positions.to(torch.float64)
         end = positions.max() + 1  # the call's length, a traced scalar
         index = (end - 1).clamp(0, table.shape[0] - 1).reshape(1)
         row = table.index_select(0, index)[0]  # (3m + 1,), selected in the graph
         t1, t2, t3, factor = row[:m], row[m : 2 * m], row[2 * m : 3 * m], row[3 * m]
-        p = wide.unsqueeze(-1)  # (..., seq, 1)
+        p = positions.to(torch.float64).unsqueeze(-1)  # (..., seq, 1)
         whole = p * t1  # exact: p < 2**27 and t1 of 26 bits
         turns = (whole - torch.round(whole)) + (p * t2 + p * t3)
         angle = (turns - torch.round(turns)) * TWO_PI  # (..., seq, m)

@@ -30,7 +30,8 @@ def length_turns(
     attention factor.
 
     Lengths up to the original one share the construction frequencies; each longer one
-    costs one :meth:`~posenc.RopeScaling.frequencies` call (about 40 µs for dynamic NTK).
+    costs one :meth:`~posenc.RopeScaling.frequencies` call (about 1 ms for dynamic NTK,
+    whose frequencies are correctly rounded at 50 digits).
 
     Example:
         >>> from posenc.core.rope import DynamicNTKScaling
