@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_int, check_position, describe
+from .._checks import MAX_POSITION, check_int, check_position, describe, position_error
 from ..core.plan import plan_index
 from ._backend import dtype_name, is_traced, to_index, wide_index
 
@@ -71,22 +71,27 @@ def check_traced_offset(value: Any, name: str) -> None:
         )
 
 
-def concrete_offset(value: Any, name: str) -> int:
-    """A concrete offset as an int >= 0 (a Python int, a NumPy or JAX integer scalar)."""
+def concrete_offset(value: Any, name: str, count: int = 1) -> int:
+    """A concrete offset as an int >= 0 (a Python int, a NumPy or JAX integer scalar),
+    whose call's ``count`` positions ``value .. value + count - 1`` lie within ``2**53``."""
     if isinstance(value, (jax.Array, np.ndarray)):
         if value.ndim != 0 or not jnp.issubdtype(value.dtype, jnp.integer):
             raise TypeError(f"{name} must be an int >= 0, got {describe(value)}")
         value = int(value)
-    return check_position(check_int(value, name, minimum=0), name)
+    number = check_position(check_int(value, name, minimum=0), name)
+    last = number + max(count, 1) - 1
+    if last > MAX_POSITION:
+        raise position_error(name, last, f" ({name.rpartition(' ')[2]} + {count} positions - 1)")
+    return number
 
 
-def check_offset(value: Any, name: str) -> int | jax.Array:
-    """A position offset: a concrete one as an int >= 0, a traced integer scalar widened
-    to JAX's index dtype (:func:`widen`)."""
+def check_offset(value: Any, name: str, count: int = 1) -> int | jax.Array:
+    """A position offset: a concrete one as an int >= 0 (its call's ``count`` positions
+    within ``2**53``), a traced integer scalar widened to JAX's index dtype (:func:`widen`)."""
     if is_traced(value):
         check_traced_offset(value, name)
         return widen(value)
-    return concrete_offset(value, name)
+    return concrete_offset(value, name, count)
 
 
 def need_max_length(name: str) -> ValueError:

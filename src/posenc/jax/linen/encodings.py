@@ -92,7 +92,7 @@ class SinusoidalPositionalEncoding(nn.Module):
             d_model=d_model, base=self.base, layout=self.layout, formula=self.formula
         )
         tables = SinusoidalTables(spec, format_of(x.dtype, "x.dtype"))
-        start = check_offset(start_index, f"{name}: start_index")
+        start = check_offset(start_index, f"{name}: start_index", seq)
         (rows,) = tables.span(start, seq, max_length=self.max_length)  # (seq, d_model)
         return apply_dropout(self.dropout_rate, x + rows, deterministic)
 
@@ -146,7 +146,7 @@ class LearnedPositionalEmbedding(nn.Module):
             (spec.max_length, spec.d_model),
             self.param_dtype,
         )  # (max_length, d)
-        start = check_offset(start_index, f"{name}: start_index")
+        start = check_offset(start_index, f"{name}: start_index", seq)
         if is_traced(start):
             plan = plan_index(dtype_name(start), self.max_length, wide=wide_index())
             index = index_range(start, seq, plan)  # (seq,), in the wide dtype

@@ -137,7 +137,7 @@ class RotaryEmbedding(nn.Module):
         # float32 tables for float16 and bfloat16 input too: apply_rope rotates in float32
         fmt = table_format(format_of(x.dtype, "x.dtype"), "rotation")
         if positions is None:
-            start = check_offset(start_index, f"{name}: start_index")
+            start = check_offset(start_index, f"{name}: start_index", seq)
             cos, sin = rope_rows(
                 spec, fmt, start=start, count=seq, max_length=self.max_length, name=name
             )  # (seq, r)
