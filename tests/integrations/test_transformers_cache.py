@@ -99,6 +99,30 @@ def test_generate_with_a_cache_equals_generate_without(make):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=2e-6)
 
 
+def test_grouped_query_attention_and_partial_rotary_decode_exactly_too():
+    torch.manual_seed(0)
+    gqa = transformers.LlamaConfig(
+        **{**SMALL, "num_hidden_layers": 1},
+        num_key_value_heads=1,
+        max_position_embeddings=ORIGINAL,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0},
+    )
+    partial = transformers.Phi3Config(
+        **{**SMALL, "num_hidden_layers": 1},
+        partial_rotary_factor=0.5,
+        max_position_embeddings=4 * ORIGINAL,
+        original_max_position_embeddings=ORIGINAL,
+        rope_scaling={**LONGROPE, "short_factor": LONGROPE["short_factor"][:16],
+                      "long_factor": LONGROPE["long_factor"][:16]},
+    )  # fmt: skip
+    ids = torch.randint(2, 128, (2, 26), generator=torch.Generator().manual_seed(7))
+    for model_class, config in ((transformers.LlamaForCausalLM, gqa),
+                                (transformers.Phi3ForCausalLM, partial)):  # fmt: skip
+        model = patch(model_class(config).eval())
+        assert decoded_against_full(model, ids, prompt=4).max() < 2e-6
+    assert model.model.rotary_emb.ropes["all"].rotary_dim == 32  # half of head_dim 64
+
+
 def test_in_a_deeper_model_the_first_layers_keys_equal_the_full_pass():
     model = patch(dynamic_llama(layers=2))
     ids = torch.randint(2, 128, (1, 24), generator=torch.Generator().manual_seed(3))
