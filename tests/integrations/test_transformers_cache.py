@@ -55,7 +55,7 @@ def phi3(layers=1):
         **{**SMALL, "num_hidden_layers": layers},
         max_position_embeddings=4 * ORIGINAL,
         original_max_position_embeddings=ORIGINAL,
-        rope_scaling=LONGROPE,
+        rope_scaling=dict(LONGROPE),  # (transformers writes into the dict it is given)
     )
     return transformers.Phi3ForCausalLM(config).eval()
 
@@ -112,7 +112,8 @@ def test_grouped_query_attention_and_partial_rotary_decode_exactly_too():
         partial_rotary_factor=0.5,
         max_position_embeddings=4 * ORIGINAL,
         original_max_position_embeddings=ORIGINAL,
-        rope_scaling={**LONGROPE, "short_factor": LONGROPE["short_factor"][:16],
+        rope_scaling={"rope_type": "longrope", "partial_rotary_factor": 0.5,
+                      "short_factor": LONGROPE["short_factor"][:16],
                       "long_factor": LONGROPE["long_factor"][:16]},
     )  # fmt: skip
     ids = torch.randint(2, 128, (2, 26), generator=torch.Generator().manual_seed(7))
