@@ -185,7 +185,9 @@ class CacheKeeper:
     ) -> None:
         cache = _cache_of(kwargs)
         if cache is None:  # a cache the model made itself: the one it returns
-            cache = getattr(output, "cache", None) or getattr(output, "past_key_values", None)
+            cache = getattr(output, "cache", None)
+            if cache is None:  # (not `or`: a Cache with no layers yet is falsy)
+                cache = getattr(output, "past_key_values", None)
         if cache is None:
             return
         count = _call_length(args, kwargs)
