@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .._extras import require
 
@@ -168,7 +168,7 @@ class CacheKeeper:
         else:
             given = kwargs.get("position_ids")
             calls = (torch.arange(count) + held).unsqueeze(0) if given is None else given
-        device = _device_of_call(args, kwargs)
+        device = _call_input(args, kwargs).device
         calls = calls.to(torch.int64)
         end = int(calls.max()) + 1 if calls.numel() else held
         states = self._states(end)
@@ -221,7 +221,7 @@ class CacheKeeper:
 
     def _states(self, end: int) -> dict[str, Any]:
         """The frequency state of each rope for a call reaching ``end`` positions."""
-        return {key: _rope(rope).frequency_state(end) for key, rope in self.ropes.items()}
+        return {key: cast(Any, rope).frequency_state(end) for key, rope in self.ropes.items()}
 
     def _record(self, cache: Any, held: int, sink: bool) -> _Record | None:
         """The cache's record, made for an empty cache, fitted to a cropped one; ``None``
@@ -303,7 +303,7 @@ class CacheKeeper:
             if not isinstance(keys, Tensor) or not keys.numel() or record.positions is None:
                 continue
             key = "all" if "all" in self.ropes else self.layer_types[index]
-            rope = _rope(self.ropes[key])
+            rope = cast(Any, self.ropes[key])  # a posenc RotaryEmbedding
             old_state = record.frequencies.get(key)
             state = states[key] if self.mode == "rerotate" else old_state
             if not drop and state == old_state:
@@ -339,26 +339,18 @@ class CacheKeeper:
                 record.frequencies[key] = states[key]
 
 
-def _rope(module: Any) -> Any:
-    """One of the posenc RoPE modules (a :class:`~posenc.torch.RotaryEmbedding`)."""
-    return module
-
-
 def _cache_of(kwargs: dict[str, Any]) -> Any:
     cache = kwargs.get("cache")
     return kwargs.get("past_key_values") if cache is None else cache
 
 
-def _call_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """The number of tokens of a decoder call (input_ids or inputs_embeds)."""
+def _call_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
+    """The tokens of a decoder call, ``(batch, seq, ...)``: input_ids or inputs_embeds."""
     for value in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args[:1]):
         if isinstance(value, Tensor) and value.dim() >= 2:
-            return int(value.shape[1])
+            return value
     raise ValueError("posenc's cache hooks found neither input_ids nor inputs_embeds in the call")
 
 
-def _device_of_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
-    for value in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args[:1]):
-        if isinstance(value, Tensor):
-            return value.device
-    return torch.device("cpu")
+def _call_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    return int(_call_input(args, kwargs).shape[1])

@@ -268,7 +268,8 @@ class KVCache:
                 "qk_layout='bhsd'"
             )
         spec = getattr(rotation, "spec", None)
-        if self.keys is not None and self._spec is not None and spec != self._spec:
+        held = self._spec
+        if self.keys is not None and held is not None and spec is not held and spec != held:
             raise ValueError(
                 f"{name}: the cache holds keys rotated by {self._spec!r} but was given "
                 f"{type(rotation).__name__} with {spec!r}; a KVCache serves one attention "

@@ -151,16 +151,15 @@ def rerotation_table_values(
     new_hi, new_lo = turns_of(theta_new)
     largest = max(_largest(old), _largest(new))
     check_turns(largest, np.maximum(np.abs(old_hi), np.abs(new_hi)), "inv_freq")
-    zero = np.zeros(1)
     if count and np.array_equal(old, new):  # new frequencies in place: p · (t' − t)
         hi, lo = _difference(new_hi, new_lo, old_hi, old_lo)
-        return _by_row(zero, old, hi, lo, hi, lo, fmt, layout, scale)
+        return _by_row(old, (hi, lo), None, fmt, layout, scale)
     if count and np.array_equal(theta_old, theta_new):  # a move: by each distinct shift
         shifts, where = np.unique(new - old, return_inverse=True)
         if shifts.size < count:
-            cos, sin = _by_row(zero, shifts, old_hi, old_lo, old_hi, old_lo, fmt, layout, scale)
+            cos, sin = _by_row(shifts, (old_hi, old_lo), None, fmt, layout, scale)
             return cos[where.reshape(-1)], sin[where.reshape(-1)]
-    return _by_row(old, new, old_hi, old_lo, new_hi, new_lo, fmt, layout, scale)
+    return _by_row(new, (new_hi, new_lo), (old, old_hi, old_lo), fmt, layout, scale)
 
 
 def _difference(
@@ -174,31 +173,28 @@ def _difference(
 
 
 def _by_row(
-    old: np.ndarray,
-    new: np.ndarray,
-    old_hi: np.ndarray,
-    old_lo: np.ndarray,
-    new_hi: np.ndarray,
-    new_lo: np.ndarray,
+    positions: np.ndarray,
+    turns: tuple[np.ndarray, np.ndarray],
+    minus: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
     fmt: str,
     layout: str,
     scale: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The tables row by row: each angle the difference of two exactly reduced ones
-    (``old`` a single 0: the one reduction of ``new · (new_hi + new_lo)``, exact
-    relative to the angle however small)."""
-    count, m = new.size, old_hi.size
+    """The tables row by row: the angle ``positions · turns`` reduced exactly (relative to
+    the angle, however small), less ``minus``'s ``(positions, hi, lo)`` angle, reduced
+    exactly too, where given."""
+    count, m = positions.size, turns[0].size
     container = CONTAINERS[fmt]
     cos = np.empty((count, 2 * m), container)
     sin = np.empty((count, 2 * m), container)
     rows = max(64, CHUNK_ELEMENTS // m)
     for r0 in range(0, count, rows):
         part = slice(r0, r0 + rows)
-        turns = reduced_turns(new[part, None], new_hi, new_lo)
-        if old.size > 1 or old[0]:
-            turns -= reduced_turns(old[part, None], old_hi, old_lo)
-        turns -= np.rint(turns)  # back into [-0.5, 0.5]: the difference is exact
-        angle = turns * TWO_PI
+        reduced = reduced_turns(positions[part, None], *turns)
+        if minus is not None:
+            reduced -= reduced_turns(minus[0][part, None], minus[1], minus[2])
+            reduced -= np.rint(reduced)  # back into [-0.5, 0.5]: the difference is exact
+        angle = reduced * TWO_PI
         cos[part] = pair_layout(round_to_format(scale * np.cos(angle), fmt), layout)
         sin[part] = pair_layout(round_to_format(scale * np.sin(angle), fmt), layout)
     return cos, sin
