@@ -25,7 +25,9 @@ from .encodings import (
     TokenEmbedding,
     exact_table,
 )
+from .flex import flex_attention
 from .kernel_bias import FIREBias, KERPLEBias, SandwichBias
+from .masks import block_mask, causal, dense_mask, documents, sliding_window
 from .nd import SinusoidalPositionalEncodingND
 from .packing import (
     mrope_positions,
@@ -56,12 +58,18 @@ __all__ = [
     "T5RelativeBias",
     "TokenEmbedding",
     "XPosRotaryEmbedding",
+    "block_mask",
+    "causal",
     "convert_rope_weights",
+    "dense_mask",
+    "documents",
     "exact_table",
+    "flex_attention",
     "mrope_positions",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",
     "positions_from_document_ids",
+    "sliding_window",
 ]
 
 

@@ -67,12 +67,12 @@ def format_of(dtype: Any, name: str = "dtype") -> str:
     return FORMATS[dtype]
 
 
-_TENSOR_DTYPES: dict[str, torch.dtype] = {**DTYPES, "int64": torch.int64}
+_TENSOR_DTYPES: dict[str, torch.dtype] = {**DTYPES, "int64": torch.int64, "int32": torch.int32}
 
 
 def to_tensor(values: np.ndarray, fmt: str, device: Any = None) -> Tensor:
-    """A tensor of format ``fmt`` (or ``"int64"``) on ``device`` (the default device when
-    ``None``) holding the core's ``values`` exactly, in memory PyTorch allocated.
+    """A tensor of format ``fmt`` (or ``"int64"``, ``"int32"``) on ``device`` (the default
+    device when ``None``) holding the core's ``values`` exactly, in memory PyTorch allocated.
 
     Never a view of the NumPy buffer: PyTorch aligns its CPU tensors to 64 bytes, NumPy
     its arrays to 16, and an add that reads a table at an odd alignment is measurably

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from .._checks import (
     check_bool,
+    check_choice,
     check_int,
     check_probability,
     check_span,
@@ -36,11 +37,20 @@ from .._checks import (
     check_width,
     describe,
 )
+from ..core.masks import Mask
 from ._arguments import (
     check_attn_mask,
     check_offset_or_positions,
     check_position_tensor,
     positions_range,
+)
+from ._attend import (
+    IMPLEMENTATIONS,
+    attend_dense,
+    attend_flex,
+    choose,
+    combine_masks,
+    refuse,
 )
 from .cache import KVCache
 from .protocols import ContextualScoreBias, QueryKeyRotation, ScoreBias
@@ -69,6 +79,15 @@ class MultiHeadAttention(nn.Module):
         causal: Mask future keys (decoder) or not (encoder).
         dropout: Dropout on the attention weights (training only).
         bias: Whether the projections have biases.
+        attn_implementation: How the scores are attended (Hugging Face's names):
+            ``"sdpa"`` (default): the bias and masks made whole, ``(heads, T, S)``, and
+            :func:`~torch.nn.functional.scaled_dot_product_attention`;
+            ``"flex_attention"``: FlexAttention (:func:`posenc.torch.flex_attention`),
+            the scheme's bias as a ``score_mod`` and the masks as a block mask, so memory
+            grows with ``T + S``, not ``T·S`` (forward only on the CPU; no dropout; not
+            CoPE, whose bias sums over keys); ``"eager"``: a softmax written out, any
+            backward anywhere; ``"auto"``: FlexAttention for calls of ``2**26`` scores or
+            more where it can run them, SDPA otherwise.
 
     Call arguments:
         x: ``(batch, seq, d_model)``, floating, the dtype and device of the weights
@@ -87,7 +106,10 @@ class MultiHeadAttention(nn.Module):
             :func:`torch.nn.functional.scaled_dot_product_attention` takes it: boolean,
             True where a query may attend (e.g. block-diagonal for packed documents), or
             floating, added to the scores (``-inf`` hides a key; cast to the scores'
-            dtype). Combined with the causal mask and the scheme's bias.
+            dtype); or a mask of :mod:`posenc.torch.masks` (``sliding_window(...)``,
+            ``documents(...)``, combined with ``&`` and ``|``), a block mask under
+            FlexAttention and a dense one otherwise. Combined with the causal mask and
+            the scheme's bias.
 
     Example:
         >>> from posenc.torch import ALiBiBias
@@ -105,6 +127,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool = True,
         dropout: float = 0.0,
         bias: bool = False,
+        attn_implementation: str = "sdpa",
     ) -> None:
         super().__init__()
         self.d_model = check_width(d_model, "d_model")
@@ -120,6 +143,10 @@ class MultiHeadAttention(nn.Module):
         self.dropout = check_probability(dropout)
         _check_position(position, self.num_heads, self.head_dim)
         self.position = position
+        self.attn_implementation = check_choice(
+            attn_implementation, "attn_implementation", IMPLEMENTATIONS
+        )
+        refuse(self.attn_implementation, position, self.dropout)
         bias = check_bool(bias, "bias")
         self.qkv = nn.Linear(self.d_model, 3 * self.d_model, bias=bias)
         self.out = nn.Linear(self.d_model, self.d_model, bias=bias)
@@ -174,28 +201,66 @@ class MultiHeadAttention(nn.Module):
             extended = cache._extend(k, v, record, NAME, held, raw)
             _, k, v, key_positions, _ = extended
         S = k.shape[-2]
-        mask = check_attn_mask(attn_mask, (B, nh, T, S), x, q.dtype, NAME)
-        user = mask if mask is not None and mask.dtype == torch.bool else None
-        additive = mask if mask is not None and mask.dtype != torch.bool else None
-        allowed = self._allowed(T, S, past, x.device, user, masked=mask is not None)
+        structured = attn_mask if isinstance(attn_mask, Mask) else None
+        mask = check_attn_mask(None if structured else attn_mask, (B, nh, T, S), x, q.dtype, NAME)
+        dropout = self.dropout if self.training else 0.0
         first = offset if cache is None else 0  # the position of the first key, if no positions
-        bias = self._bias(T, S, first, past, positions, key_positions, q, k, allowed, additive)
-        scores = additive if bias is None else bias if additive is None else bias + additive
-        mask = allowed if scores is None else _hide(scores, allowed)
-        y = nn.functional.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=self.causal and mask is None and past == 0,
-            scale=1.0 / math.sqrt(hs),
-        )  # (B, nh, T, hs)
+        arguments = self._bias_arguments(T, first, past, positions, key_positions, q.device)
+        how = choose(self.attn_implementation, self.position, dropout, self.training,
+                     B * nh * T * S, (q, k, v, *self._parameters_of_position()))  # fmt: skip
+        scale = 1.0 / math.sqrt(hs)
+        if how == "flex_attention":
+            y = attend_flex(
+                q,
+                k,
+                v,
+                position=self.position,
+                causal=self.causal,
+                bias_arguments=arguments,
+                mask=mask,
+                structured=structured,
+                scale=scale,
+            )  # fmt: skip  (B, nh, T, hs)
+        else:
+            mask = mask if structured is None else combine_masks(mask, structured, q, S)
+            y = self._attend_whole(how, q, k, v, mask, past, arguments, dropout, scale)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         out: Tensor = self.out(y)
         if cache is not None and extended is not None:  # the call succeeded: keep its keys
             cache._commit(*extended)
         return out
+
+    def _attend_whole(
+        self,
+        how: str,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        past: int,
+        arguments: dict[str, Any] | None,
+        dropout: float,
+        scale: float,
+    ) -> Tensor:
+        """SDPA or eager attention over the scores made whole: the causal mask, the call's
+        mask and the scheme's bias in one float mask (``-inf`` where hidden)."""
+        T, S = q.shape[-2], k.shape[-2]
+        user = mask if mask is not None and mask.dtype == torch.bool else None
+        additive = mask if mask is not None and mask.dtype != torch.bool else None
+        allowed = self._allowed(T, S, past, q.device, user, masked=mask is not None)
+        bias = self._bias(T, S, arguments, q, k, allowed, additive)
+        scores = additive if bias is None else bias if additive is None else bias + additive
+        mask = allowed if scores is None else _hide(scores, allowed)
+        return attend_dense(
+            how,
+            q,
+            k,
+            v,
+            mask,
+            dropout=dropout,
+            scale=scale,
+            is_causal=self.causal and mask is None and past == 0,
+        )  # fmt: skip  (B, nh, T, hs)
 
     def _check_input(self, x: Any) -> None:
         """``x`` is ``(batch, seq, d_model)``, floating, where the weights are and (outside
@@ -241,14 +306,36 @@ class MultiHeadAttention(nn.Module):
         if span is not None:
             check_span(span[0], span[1], f"{NAME}: positions")
 
-    def _bias(
+    def _bias_arguments(
         self,
         T: int,
-        S: int,
         first: int,
         past: int,
         positions: Tensor | None,
         key_positions: Tensor | None,
+        device: torch.device,
+    ) -> dict[str, Any] | None:
+        """The positions a score bias is called with (None for a scheme without one).
+
+        Without positions the keys sit at ``first ..`` (the call's offset, or 0 with a
+        cache) and the queries at ``first + past ..``."""
+        if getattr(self.position, "score_bias", None) is None:
+            return None
+        if positions is None and first:  # no cache, an offset: keys and queries there
+            positions = key_positions = torch.arange(first, first + T, device=device)
+        if positions is not None:
+            return {"offset": None, "positions": positions, "key_positions": key_positions}
+        return {"offset": past, "positions": None, "key_positions": key_positions}
+
+    def _parameters_of_position(self) -> tuple[Tensor, ...]:
+        position = self.position
+        return tuple(position.parameters()) if isinstance(position, nn.Module) else ()
+
+    def _bias(
+        self,
+        T: int,
+        S: int,
+        arguments: dict[str, Any] | None,
         q: Tensor,
         k: Tensor,
         allowed: Tensor | None,
@@ -256,27 +343,11 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor | None:
         """The scheme's bias on the scaled scores, or None: ``(nh, T, S)`` or ``(B, nh,
         T, S)`` from a score bias, ``(B, nh, T, S)`` from a contextual one (CoPE); the sum
-        of both for a scheme that plays both roles.
-
-        Without positions the keys sit at ``first ..`` (the call's offset, or 0 with a
-        cache) and the queries at ``first + past ..``."""
+        of both for a scheme that plays both roles."""
         bias: Tensor | None = None
         score_bias = getattr(self.position, "score_bias", None)
-        if score_bias is not None:
-            offset: int | None = past
-            if positions is None and first:  # no cache, an offset: keys and queries there
-                positions = key_positions = torch.arange(first, first + T, device=q.device)
-            if positions is not None:
-                offset = None
-            bias = score_bias(
-                T,
-                S,
-                offset=offset,
-                positions=positions,
-                key_positions=key_positions,
-                dtype=q.dtype,
-                device=q.device,
-            )  # (nh, T, S) or (B, nh, T, S)
+        if score_bias is not None and arguments is not None:
+            bias = score_bias(T, S, **arguments, dtype=q.dtype, device=q.device)
         contextual = getattr(self.position, "contextual_bias", None)
         if contextual is not None:
             if additive is not None:  # keys a floating mask hides are not counted either
@@ -303,7 +374,10 @@ class MultiHeadAttention(nn.Module):
         return user
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, causal={self.causal}"
+        implementation = self.attn_implementation
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, causal={self.causal}" + (
+            "" if implementation == "sdpa" else f", attn_implementation={implementation!r}"
+        )
 
 
 NAME = "MultiHeadAttention"

@@ -14,130 +14,19 @@ explicitly (``positions=``, ``key_positions=``) for packed sequences.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
-from .._checks import DEFAULT_MAX_BYTES, check_int, check_memory, check_span, describe
-from ..core.plan import align_queries, traced_offset
 from ..specs import AlibiSpec, FromSpec, T5Spec
-from ._arguments import check_device, check_offset, check_offset_or_positions
-from ._backend import format_of, is_traced, to_tensor
+from ._arguments import check_device
+from ._backend import format_of, to_tensor
+from ._relative import relative_positions
 from ._tables import DerivedBuffers
 from .protocols import BiasesScores
+from .score_mods import BiasesDistances
 
 
-def _length(value: Any, name: str) -> Any:
-    """An int >= 0, or a symbolic size under torch.export / torch.compile (unchecked)."""
-    return value if isinstance(value, torch.SymInt) else check_int(value, name, minimum=0)
-
-
-def _relative_positions(
-    query_length: int,
-    key_length: int | None,
-    offset: int | None,
-    positions: Tensor | None,
-    key_positions: Tensor | None,
-    device: torch.device,
-    name: str,
-    entry_bytes: int,
-) -> tuple[Tensor, Any]:
-    """``(key position - query position, offset)``: ``(q, k)``, or ``(batch, q, k)`` when
-    positions are given (then the offset is 0).
-
-    ``entry_bytes`` is what the caller then needs per ``(q, k)`` entry (all heads): the
-    memory of the whole call is checked before anything is allocated.
-    """
-    if positions is not None:
-        check_offset_or_positions(0 if offset is None else offset, positions, name)
-        offset = 0
-    elif offset is not None:
-        offset = check_offset(offset, name)
-    query_length = _length(query_length, "query_length")
-    if key_length is not None:
-        key_length = _length(key_length, "key_length")
-    if _symbolic(query_length, key_length, offset):  # torch.export: the same rule, unchecked
-        if offset is None:
-            offset = 0 if key_length is None else traced_offset(query_length, key_length)
-        key_length = offset + query_length if key_length is None else key_length
-    else:  # the one convention for q != k, from the core's planner
-        query_length, key_length, offset = align_queries(
-            query_length, key_length, offset, name=f"{name}: "
-        )
-    batch = _check_positions(positions, key_positions, query_length, key_length, name, device)
-    check_memory(
-        batch * query_length * key_length * (8 + entry_bytes),
-        f"{name}'s bias for {query_length} queries and {key_length} keys",
-        DEFAULT_MAX_BYTES,
-        fix="compute it in blocks of queries (positions=, key_positions=)",
-    )
-    if positions is None:
-        positions = torch.arange(offset, offset + query_length, device=device)
-    if key_positions is None:
-        key_positions = torch.arange(key_length, device=device)
-    relative = key_positions.to(device).unsqueeze(-2) - positions.to(device).unsqueeze(-1)
-    return relative, offset
-
-
-def _check_positions(
-    positions: Any,
-    key_positions: Any,
-    query_length: Any,
-    key_length: Any,
-    name: str,
-    device: Any,
-) -> int:
-    """Integer tensors ``(q,)``/``(batch, q)`` and ``(k,)``/``(batch, k)`` within
-    ``±2**53`` (read when not tracing: one synchronisation with their device); the batch
-    size."""
-    for value, what, size, length in ((positions, "positions", query_length, "query_length"),
-                                      (key_positions, "key_positions", key_length,
-                                       "key_length")):  # fmt: skip
-        if value is None:
-            continue
-        if (
-            not isinstance(value, Tensor)
-            or value.is_floating_point()
-            or value.is_complex()
-            or value.dtype == torch.bool
-        ):
-            raise TypeError(f"{name}: {what} must be an integer tensor, got {describe(value)}")
-        if value.dim() not in (1, 2) or value.shape[-1] != size:
-            raise ValueError(
-                f"{name}: {what} must have shape ({size},) or (batch, {size}) for "
-                f"{length}={size}, got {tuple(value.shape)}"
-            )
-        _check_values(value, what, name, device)
-    given = [t for t in (positions, key_positions) if t is not None and t.dim() == 2]
-    batches = {t.shape[0] for t in given} - {1}
-    if len(batches) > 1:
-        raise ValueError(
-            f"{name}: positions and key_positions have different batch sizes "
-            f"{tuple(given[0].shape)} and {tuple(given[1].shape)}"
-        )
-    return int(max(batches, default=1))
-
-
-def _check_values(value: Tensor, what: str, name: str, device: Any) -> None:
-    """Positions with values (not on ``meta`` unless the bias is), within ``±2**53``."""
-    if value.device.type == "meta":
-        if torch.device(device).type != "meta":
-            raise ValueError(
-                f"{name}: {what} is on the meta device: it has no values to compute a bias from"
-            )
-        return
-    if is_traced() or not value.numel():
-        return
-    low, high = (int(v) for v in torch.aminmax(value))
-    check_span(low, high, f"{name}: {what}")
-
-
-def _symbolic(*values: Any) -> bool:
-    return any(isinstance(value, torch.SymInt) for value in values)
-
-
-class ALiBiBias(DerivedBuffers, BiasesScores, FromSpec):
+class ALiBiBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
     """ALiBi (Press et al., 2022): a linear penalty ``-m_h · distance`` per head.
 
     Args:
@@ -202,7 +91,7 @@ class ALiBiBias(DerivedBuffers, BiasesScores, FromSpec):
         device = check_device(device, "ALiBiBias") or self.slopes.device
         # per entry: the float64 product and the result, for every head
         per_entry = self.num_heads * (8 + torch.empty((), dtype=dtype).element_size())
-        rel, _ = _relative_positions(
+        rel, _ = relative_positions(
             query_length, key_length, offset, positions, key_positions, device, "ALiBiBias",
             per_entry,
         )  # (..., q, k), key - query  # fmt: skip
@@ -216,7 +105,7 @@ class ALiBiBias(DerivedBuffers, BiasesScores, FromSpec):
         return f"num_heads={self.num_heads}, mode={self.mode!r}"
 
 
-class T5RelativeBias(DerivedBuffers, BiasesScores, FromSpec):
+class T5RelativeBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
     """T5's learned relative position bias: one weight per (distance bucket, head).
 
     The bucket of a relative distance (exact up to ``num_buckets/2`` or ``/4``,
@@ -294,7 +183,7 @@ class T5RelativeBias(DerivedBuffers, BiasesScores, FromSpec):
         device = check_device(device, "T5RelativeBias") or weight.device
         # per entry: the bucket index and the bias of every head (and a cast)
         per_entry = 8 + self.num_heads * weight.element_size() * 2
-        rel, _ = _relative_positions(
+        rel, _ = relative_positions(
             query_length, key_length, offset, positions, key_positions, device,
             "T5RelativeBias", per_entry,
         )  # (..., q, k)  # fmt: skip

@@ -21,7 +21,7 @@ Sandwich    ``(Σ_i cos((m - n)·base^(-2i/d)) - d/2)·H/(8h)``, no weights: the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -40,9 +40,10 @@ from ..core.positions import grow
 from ..specs import FireSpec, FromSpec, KerpleSpec, SandwichSpec
 from ._arguments import check_device
 from ._backend import dtype_name, format_of, gather_rows, is_traced, to_tensor, wide_index
+from ._relative import call_positions, relative_positions
 from ._tables import DerivedBuffers, SharedTables
-from .bias import _relative_positions
 from .protocols import BiasesScores
+from .score_mods import BiasesDistances, read_positions
 
 __all__ = ["FIREBias", "KERPLEBias", "SandwichBias"]
 
@@ -59,7 +60,7 @@ def _positions(
 ) -> tuple[Tensor, Any]:
     """``(key position - query position, offset)`` of a call: ``(q, k)`` or ``(batch, q,
     k)``, and the first query's position (0 with explicit positions)."""
-    return _relative_positions(
+    return relative_positions(
         query_length, key_length, offset, positions, key_positions, device,
         type(module).__name__, entry_bytes,
     )  # fmt: skip
@@ -85,7 +86,7 @@ def _distances(length: int) -> np.ndarray:
     return np.arange(length)
 
 
-class KERPLEBias(BiasesScores, FromSpec):
+class KERPLEBias(BiasesScores, BiasesDistances, FromSpec):
     """KERPLE (Chi et al., 2022): a learned kernel of the distance per head.
 
     Two parameters per head, named and drawn as in the authors' GPT-NeoX code
@@ -290,11 +291,57 @@ class FIREBias(BiasesScores, FromSpec):
         bias = self.mlp(interpolated.unsqueeze(-1)).movedim(-1, -3)  # (..., H, q, k)
         return _cast(bias, dtype, device)
 
+    def score_mod(
+        self,
+        query_length: int,
+        key_length: int | None = None,
+        *,
+        offset: int | None = None,
+        positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | None = None,
+    ) -> Any:
+        """The bias as a FlexAttention ``score_mod`` (arguments as for the call).
+
+        FIRE's bias reads the query's own position as well as the distance, so no table
+        of distances holds it: the ``score_mod`` evaluates the same function score by
+        score, the MLP written out unit by unit (``mlp_width`` products per score). It
+        equals the call's bias to float32 rounding (the sums run in another order)."""
+        device = _check_cast(self, dtype, device)
+        c = self.c
+        own = c.device
+        queries, keys, first, _ = call_positions(
+            query_length, key_length, offset, positions, key_positions, own, "FIREBias"
+        )
+        query = read_positions(positions, first, queries, own)
+        key = read_positions(key_positions, 0, keys, own)
+        threshold = (self.L_multiplier * self.init_L.to(c.dtype)).abs()
+        hidden, output = cast(nn.Linear, self.mlp[0]), cast(nn.Linear, self.mlp[2])
+        w1, b1 = hidden.weight[:, 0], hidden.bias  # (W,), (W,)
+        w2, b2 = output.weight, output.bias  # (H, W), (H,)
+        eps, width, precision = self.eps, self.spec.mlp_width, c.dtype
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+            m = query(b, q)  # the query's position
+            distance = (m - key(b, k)).to(precision)
+            normaliser = torch.log(torch.abs(c * torch.maximum(m.to(precision), threshold)) + 1)
+            x = torch.log(torch.abs(c * distance) + 1) / (normaliser + eps)
+            bias = b2[h]
+            for unit in range(width):  # the MLP: Linear(1, W), ReLU, Linear(W, H)
+                bias = bias + w2[h, unit] * torch.relu(w1[unit] * x + b1[unit])
+            return score + (bias if dtype is None else bias.to(dtype))
+
+        # PyTorch 2.13's CPU code generator cannot lower this program with symbolic
+        # lengths: flex_attention compiles it for each call's shapes there
+        mod.static_shapes = True  # type: ignore[attr-defined]
+        return mod
+
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, mlp_width={self.spec.mlp_width}"
 
 
-class SandwichBias(DerivedBuffers, BiasesScores, FromSpec):
+class SandwichBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
     """Sandwich (Chi et al., 2023): the dot product of sinusoidal position vectors.
 
     No weights: the bias of every distance ``0 .. n-1`` comes from the core

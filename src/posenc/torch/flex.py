@@ -1,0 +1,140 @@
+"""FlexAttention, compiled once: attention whose bias and mask never form a ``T × S`` matrix.
+
+:func:`flex_attention` runs :func:`torch.nn.attention.flex_attention.flex_attention`
+through one ``torch.compile`` with dynamic shapes, so a new sequence length reuses the
+compiled kernel: the first call compiles (about 7 to 12 s on a CPU), later calls of any
+length do not. A new ``score_mod`` or ``mask_mod`` program (another scheme, another
+mask) compiles once more, as does a one-query call (decoding), which PyTorch
+specialises.
+
+Two limits of PyTorch 2.13 on the CPU, said here so that no call meets them unawares:
+
+* the CPU kernel runs forward only: a call whose inputs need gradients raises a
+  ``RuntimeError`` naming the way out (``torch.no_grad()``, a GPU, or SDPA);
+* its code generator fails on a program that reads a tensor of symbolic length or an
+  integer that became a symbol (the C++ it writes names an undeclared variable): posenc's
+  programs read 0-d tensors and tensors padded to one of a few static lengths
+  (:func:`posenc.torch._flex_inputs.static_length`), and the two that still fail (FIRE's MLP,
+  a dense mask read whole) mark themselves ``static_shapes`` and compile once per shape
+  on the CPU.
+
+Example:
+    >>> import torch
+    >>> from posenc.torch import ALiBiBias
+    >>> from posenc.torch.masks import block_mask, causal
+    >>> q = k = v = torch.randn(1, 2, 16, 8)
+    >>> with torch.no_grad():
+    ...     out = flex_attention(q, k, v, score_mod=ALiBiBias(2).score_mod(16),
+    ...                          block_mask=block_mask(causal(), 16))
+    >>> out.shape
+    torch.Size([1, 2, 16, 8])
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._checks import describe
+from .masks import all_keys
+from .masks import block_mask as make_block_mask
+
+__all__ = ["flex_attention", "needs_gradients"]
+
+
+def needs_gradients(*tensors: Any) -> bool:
+    """Whether autograd would record a call on ``tensors`` (or on parameters they hold)."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad for t in tensors
+    )
+
+
+#: Programs one compiled function may hold before dynamo stops compiling it (PyTorch's
+#: default, 8, would be spent by a few schemes and masks; past it FlexAttention runs
+#: unfused and forms the whole scores).
+PROGRAMS = 64
+
+
+def all_keys_mask(queries: int, keys: int, *, device: Any) -> Any:
+    """The block mask of attention without a mask (see :func:`flex_attention`)."""
+    return make_block_mask(all_keys(), queries, keys, device=device)
+
+
+def _dynamic_shapes(*args: Any, **kwargs: Any) -> Tensor:
+    """FlexAttention, compiled with symbolic lengths (its own code, its own programs)."""
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    out: Tensor = flex(*args, **kwargs)
+    return out
+
+
+def _static_shapes(*args: Any, **kwargs: Any) -> Tensor:
+    """FlexAttention, compiled for the shapes of each call."""
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    out: Tensor = flex(*args, **kwargs)
+    return out
+
+
+@functools.cache
+def _compiled(static: bool) -> Any:
+    return torch.compile(_static_shapes if static else _dynamic_shapes, dynamic=not static)
+
+
+def flex_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    score_mod: Any = None,
+    block_mask: Any = None,
+    scale: float | None = None,
+    static: bool = False,
+    parameters: tuple[Tensor, ...] = (),
+) -> Tensor:
+    """FlexAttention, compiled once for every length (see the module's notes).
+
+    Args:
+        query, key, value: ``(batch, heads, T, head_dim)``, ``(batch, heads, S,
+            head_dim)`` twice, one floating dtype and device.
+        score_mod: ``(score, b, h, q, k) -> score``, e.g. a bias module's
+            ``score_mod(...)``; None: the scores as they are.
+        block_mask: A ``BlockMask`` (:func:`posenc.torch.masks.block_mask`); None: every
+            key visible (:func:`posenc.torch.masks.all_keys`: PyTorch 2.13's own default,
+            on the CPU, lets a one-query call see past the last key when the keys are
+            not a multiple of 128, and gets it wrong).
+        scale: Of ``q·kᵀ`` (default ``1/sqrt(head_dim)``).
+        static: Compile for these shapes (as for a ``score_mod`` with a true
+            ``static_shapes`` attribute on the CPU).
+        parameters: Tensors the ``score_mod`` reads that may need gradients (a learned
+            bias's), for the CPU's forward-only check.
+
+    Returns:
+        ``(batch, heads, T, head_dim)``.
+    """
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(tensor, Tensor) or tensor.dim() != 4:
+            raise ValueError(
+                f"flex_attention: {name} must be a (batch, heads, length, head_dim) tensor, "
+                f"got {describe(tensor)}"
+            )
+    if query.device.type == "cpu" and needs_gradients(query, key, value, *parameters):
+        raise RuntimeError(
+            "FlexAttention runs forward only on the CPU in PyTorch 2.13 (its backward "
+            "raises NotImplementedError), and this call needs gradients: run it under "
+            "torch.no_grad() (evaluation), on a GPU, or with attn_implementation='sdpa' "
+            "(or 'eager') to train"
+        )
+    if block_mask is None:  # PyTorch's own default misses the keys past a 128-key tile
+        block_mask = all_keys_mask(query.shape[-2], key.shape[-2], device=query.device)
+    static = static or (query.device.type == "cpu" and getattr(score_mod, "static_shapes", False))
+    arguments = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale}
+    if torch.compiler.is_compiling():  # inside a compiled region: traced with it
+        return _dynamic_shapes(query, key, value, **arguments)
+    limit = max(torch._dynamo.config.recompile_limit, PROGRAMS)
+    with torch._dynamo.config.patch(recompile_limit=limit):
+        out: Tensor = _compiled(static)(query, key, value, **arguments)
+    return out
