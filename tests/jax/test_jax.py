@@ -728,3 +728,18 @@ def test_rope_tables_refuses_positions_none_as_the_core_does():
         posenc.jax.rope_tables(None, 8)
     with pytest.raises(TypeError, match="positions must hold integers or real numbers"):
         posenc.rope_tables(None, posenc.rope_frequencies(8))
+
+
+def test_score_biases_by_blocks_of_queries_equal_the_whole_bias():
+    """What docs/attention.md offers JAX users for long contexts: the bias of a block of
+    queries at ``offset`` is the whole bias's rows, bit for bit."""
+    from posenc.jax import alibi_bias, t5_bias
+
+    weights = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    whole_alibi = alibi_bias(96, 96, num_heads=4, offset=0)
+    whole_t5 = t5_bias(weights, 96, 96, bidirectional=False, offset=0)
+    for start in range(0, 96, 32):
+        block = alibi_bias(32, 96, num_heads=4, offset=start)
+        np.testing.assert_array_equal(block, whole_alibi[:, start : start + 32])
+        block = t5_bias(weights, 32, 96, bidirectional=False, offset=start)
+        np.testing.assert_array_equal(block, whole_t5[:, start : start + 32])

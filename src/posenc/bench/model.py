@@ -312,9 +312,13 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig, position: InAttention | None) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.d_model)
+        # "auto": SDPA in training and at the usual lengths; FlexAttention for long
+        # evaluations (2**26 scores or more, no gradients), where a materialised bias
+        # would need batch·heads·L² floats
         self.attn = MultiHeadAttention(
-            config.d_model, config.n_heads, position=position, causal=True
-        )
+            config.d_model, config.n_heads, position=position, causal=True,
+            attn_implementation="auto",
+        )  # fmt: skip
         self.ln_2 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config.d_model, config.mlp_ratio)
 

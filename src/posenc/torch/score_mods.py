@@ -7,7 +7,9 @@ bias depends on the head and the distance ``key position - query position`` alon
 T5, KERPLE, Sandwich: :class:`BiasesDistances`), the module's own call gives the bias
 of every distance the call contains, ``(heads, distances)``, a few megabytes at any
 length, and the ``score_mod`` looks its distance up in it: the values are the
-materialised bias's, bit for bit, and a learned bias keeps its gradient (through the
+materialised bias's, bit for bit for ALiBi, T5 and Sandwich (an exact product, lookups),
+to one float32 ulp for KERPLE (PyTorch vectorises ``pow`` and ``log1p`` differently for
+tensors of different shapes), and a learned bias keeps its gradient (through the
 table). FIRE's bias also reads the query's own position: its ``score_mod`` evaluates
 the MLP score by score (:meth:`posenc.torch.FIREBias.score_mod`).
 
