@@ -68,7 +68,7 @@ def test_segments_number_runs_of_ids_and_sequences():
     assert segments_from_cu_seqlens([0, 3, 3, 4, 6]).tolist() == [0, 0, 0, 1, 2, 2]
 
 
-@pytest.mark.parametrize("queries, keys", [(1, 1), (5, 5), (1, 9), (4, 11), (16, 16), (7, 30)])
+@pytest.mark.parametrize(("queries", "keys"), [(1, 1), (5, 5), (1, 9), (4, 11), (16, 16), (7, 30)])
 @pytest.mark.parametrize("blocks", [(1, 1), (2, 3), (4, 4), (8, 2)])
 def test_single_masks_classify_every_tile_exactly(queries, keys, blocks):
     for mask in (AllKeys(), Causal(), Window(3), documents_from([2, 9, 1, 4, 14])):
@@ -94,7 +94,7 @@ def test_combined_masks_never_call_a_tile_full_or_empty_wrongly(
     queries, extra, qb, kb, window, sinks, lengths, how
 ):
     keys = queries + extra
-    lengths = lengths + [keys]  # documents covering every key
+    lengths = [*lengths, keys]  # documents covering every key
     docs = Documents(documents_from(lengths).segments[:, :keys])
     mask = Causal() & Window(window, sinks) & docs
     if how == "or":

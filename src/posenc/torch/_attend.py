@@ -57,14 +57,11 @@ def refuse(implementation: str, position: Any, dropout: float) -> None:
 
 
 def choose(
-    implementation: str, position: Any, dropout: float, training: bool, scores: int,
-    tensors: tuple[Tensor, ...],
-) -> str:  # fmt: skip
-    """The implementation of one call: ``"auto"`` takes FlexAttention for calls of
+    position: Any, dropout: float, training: bool, scores: int, tensors: tuple[Tensor, ...]
+) -> str:
+    """What ``"auto"`` takes for one call: FlexAttention for calls of
     :data:`AUTO_SCORES` scores or more, where it can run them (no CoPE, no dropout in
     training, and on the CPU no gradients), and SDPA otherwise."""
-    if implementation != "auto":
-        return implementation
     flex = (
         scores >= AUTO_SCORES
         and not hasattr(position, "contextual_bias")

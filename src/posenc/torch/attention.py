@@ -202,12 +202,12 @@ class MultiHeadAttention(nn.Module):
             _, k, v, key_positions, _ = extended
         S = k.shape[-2]
         structured = attn_mask if isinstance(attn_mask, Mask) else None
-        mask = check_attn_mask(None if structured else attn_mask, (B, nh, T, S), x, q.dtype, NAME)
+        given = attn_mask if structured is None else None  # a tensor, checked as SDPA takes it
+        mask = check_attn_mask(given, (B, nh, T, S), x, q.dtype, NAME)
         dropout = self.dropout if self.training else 0.0
         first = offset if cache is None else 0  # the position of the first key, if no positions
         arguments = self._bias_arguments(T, first, past, positions, key_positions, q.device)
-        how = choose(self.attn_implementation, self.position, dropout, self.training,
-                     B * nh * T * S, (q, k, v, *self._parameters_of_position()))  # fmt: skip
+        how = self._implementation(dropout, q, k, v)
         scale = 1.0 / math.sqrt(hs)
         if how == "flex_attention":
             y = attend_flex(
@@ -220,7 +220,7 @@ class MultiHeadAttention(nn.Module):
                 mask=mask,
                 structured=structured,
                 scale=scale,
-            )  # fmt: skip  (B, nh, T, hs)
+            )  # (B, nh, T, hs)
         else:
             mask = mask if structured is None else combine_masks(mask, structured, q, S)
             y = self._attend_whole(how, q, k, v, mask, past, arguments, dropout, scale)
@@ -260,7 +260,7 @@ class MultiHeadAttention(nn.Module):
             dropout=dropout,
             scale=scale,
             is_causal=self.causal and mask is None and past == 0,
-        )  # fmt: skip  (B, nh, T, hs)
+        )  # (B, nh, T, hs)
 
     def _check_input(self, x: Any) -> None:
         """``x`` is ``(batch, seq, d_model)``, floating, where the weights are and (outside
@@ -327,9 +327,14 @@ class MultiHeadAttention(nn.Module):
             return {"offset": None, "positions": positions, "key_positions": key_positions}
         return {"offset": past, "positions": None, "key_positions": key_positions}
 
-    def _parameters_of_position(self) -> tuple[Tensor, ...]:
+    def _implementation(self, dropout: float, q: Tensor, k: Tensor, v: Tensor) -> str:
+        """The attention of this call: the module's, or what ``"auto"`` chooses for it."""
+        if self.attn_implementation != "auto":
+            return self.attn_implementation
         position = self.position
-        return tuple(position.parameters()) if isinstance(position, nn.Module) else ()
+        parameters = tuple(position.parameters()) if isinstance(position, nn.Module) else ()
+        scores = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
+        return choose(position, dropout, self.training, scores, (q, k, v, *parameters))
 
     def _bias(
         self,

@@ -114,6 +114,14 @@ def flex_attention(
 
     Returns:
         ``(batch, heads, T, head_dim)``.
+
+    Example:
+        >>> q = k = v = torch.randn(1, 2, 5, 4)
+        >>> with torch.no_grad():
+        ...     out = flex_attention(q, k, v)
+        >>> torch.allclose(out, torch.nn.functional.scaled_dot_product_attention(q, k, v),
+        ...                atol=1e-6)
+        True
     """
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not isinstance(tensor, Tensor) or tensor.dim() != 4:

@@ -49,18 +49,33 @@ BLOCK = 128
 
 def all_keys() -> Mask:
     """Every key visible (:class:`posenc.core.masks.AllKeys`): FlexAttention's block mask
-    for attention without a mask, whose last tile stops at the last key."""
+    for attention without a mask, whose last tile stops at the last key.
+
+    Example:
+        >>> dense_mask(all_keys(), 1, 3)[0, 0].tolist()
+        [[True, True, True]]
+    """
     return core.AllKeys()
 
 
 def causal() -> Mask:
-    """A query sees the keys up to its own index (:class:`posenc.core.masks.Causal`)."""
+    """A query sees the keys up to its own index (:class:`posenc.core.masks.Causal`).
+
+    Example:
+        >>> dense_mask(causal(), 2, 4)[0, 0].int().tolist()  # the last 2 of 4 keys
+        [[1, 1, 1, 0], [1, 1, 1, 1]]
+    """
     return core.Causal()
 
 
 def sliding_window(window: int, *, sinks: int = 0) -> Mask:
     """Keys less than ``window`` indices away and the first ``sinks``
-    (:class:`posenc.core.masks.Window`); with :func:`causal`, a causal sliding window."""
+    (:class:`posenc.core.masks.Window`); with :func:`causal`, a causal sliding window.
+
+    Example:
+        >>> dense_mask(sliding_window(2), 4)[0, 0].int().tolist()
+        [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
+    """
     return core.Window(window, sinks)
 
 
@@ -136,7 +151,13 @@ def mask_mod(
 ) -> Any:  # fmt: skip
     """The predicate ``(b, h, q, k) -> bool`` of ``mask`` for ``query_length`` queries
     over ``key_length`` keys, as FlexAttention's ``mask_mod`` (its tensors on
-    ``device``); it also evaluates on broadcast index tensors (:func:`dense_mask`)."""
+    ``device``); it also evaluates on broadcast index tensors (:func:`dense_mask`).
+
+    Example:
+        >>> predicate = mask_mod(causal(), 2, 4)  # queries at indices 2 and 3
+        >>> bool(predicate(0, 0, torch.tensor(0), torch.tensor(3)))
+        False
+    """
     queries, keys = _check(mask, query_length, key_length)
     device = check_device(device, "mask_mod") or torch.device("cpu")
     batch = _batch(mask, batch)
@@ -186,7 +207,12 @@ def dense_mask(
     batch: int | None = None, device: Any = None,
 ) -> Tensor:  # fmt: skip
     """``mask`` as a boolean tensor ``(batch, 1, T, S)``, True where a query may attend
-    (the batch is 1 unless the documents have one)."""
+    (the batch is 1 unless the documents have one).
+
+    Example:
+        >>> dense_mask(causal() & documents(torch.tensor([[1, 1, 2]])), 3).shape
+        torch.Size([1, 1, 3, 3])
+    """
     queries, keys = _check(mask, query_length, key_length)
     device = check_device(device, "dense_mask") or torch.device("cpu")
     batch = _batch(mask, batch)
