@@ -86,3 +86,10 @@ def test_without_an_offset_the_queries_are_the_last_of_the_keys(make):
             torch.testing.assert_close(module(q, 6), full[:, 6 - q :], rtol=1e-6, atol=1e-7)
         with pytest.raises(ValueError, match="query_length=6 > key_length=2 with no offset"):
             module(6, 2)
+
+
+def test_t5_bias_on_the_meta_device_is_a_meta_tensor():
+    """Its buckets on ``device`` and its weights on their own once gave a CPU tensor of
+    uninitialised memory: the weights move to ``device`` with the buckets."""
+    bias = T5RelativeBias(2, num_buckets=8, max_distance=16)(4, device="meta")
+    assert bias.device.type == "meta" and bias.shape == (2, 4, 4)

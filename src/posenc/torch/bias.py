@@ -189,7 +189,7 @@ class T5RelativeBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
         )  # (..., q, k)  # fmt: skip
         index = rel.clamp(-self.max_distance, self.max_distance) + self.max_distance
         buckets = self.buckets.to(device)[index]  # (..., q, k)
-        bias = nn.functional.embedding(buckets, weight)  # (..., q, k, H)
+        bias = nn.functional.embedding(buckets, weight.to(device))  # (..., q, k, H)
         bias = bias.movedim(-1, -3)  # (..., H, q, k)
         return bias if dtype is None else bias.to(dtype)
 
