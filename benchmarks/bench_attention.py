@@ -86,9 +86,13 @@ def child(scheme: str, path: str, length: int, threads: int, first: bool) -> dic
             return result
         try:
             attention(x[:, : length // 2 + 1])  # warm-up: compiles (flex), same table size
-        except MemoryLimitError as error:
-            result["refused"] = str(error).split(";")[0]
-            return result
+        except MemoryLimitError:
+            try:  # the refusal of the call at L itself (checked before any allocation)
+                attention(x)
+            except MemoryLimitError as error:
+                result["refused"] = str(error).split(";")[0]
+                return result
+            raise
         times, peaks, rises = [], [], []
         for _ in range(REPEATS.get(length, 1)):
             Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set

@@ -129,6 +129,12 @@ class CachedKeyRotation(Protocol):
 class ScoreBias(Protocol):
     """Adds a bias to the attention scores ``(batch, heads, query, key)``.
 
+    A score bias may also have ``score_mod(query_length, key_length, *, offset,
+    positions, key_positions, dtype, device)``, the arguments of ``score_bias``, giving
+    the bias as a FlexAttention ``score_mod`` (every score bias of posenc does:
+    :mod:`posenc.torch.score_mods`); attention through FlexAttention uses it, and makes
+    the bias whole for one that has none.
+
     Attributes:
         num_heads: The number of heads it has a bias for.
     """
