@@ -133,11 +133,9 @@ def attend_flex(
     if dense is not None:
         mods.append(_dense_mod(dense.expand(B, nh, T, S)))
     score_mod = None if not mods else mods[0] if len(mods) == 1 else _chain(mods)
-    static = any(getattr(mod, "static_shapes", False) for mod in mods)
     return flex_attention(
-        q, k, v, score_mod=score_mod, block_mask=block, scale=scale, static=static,
-        parameters=parameters,
-    )  # fmt: skip
+        q, k, v, score_mod=score_mod, block_mask=block, scale=scale, parameters=parameters
+    )
 
 
 def _bias_mod(position: Any, T: int, S: int, arguments: dict[str, Any], q: Tensor) -> Any:
@@ -151,8 +149,10 @@ def _bias_mod(position: Any, T: int, S: int, arguments: dict[str, Any], q: Tenso
 
 def _dense_mod(mask: Tensor) -> Any:
     """A dense mask or bias ``(B, nh, T, S)`` as a ``score_mod``: True keeps a score,
-    False hides it; a floating one is added. Compiled for each shape (the whole tensor is
-    the call's anyway; a symbolic size in it meets PyTorch 2.13's CPU code generator)."""
+    False hides it; a floating one is added. Compiled for each shape on the CPU: the
+    tensor is as large as the scores, so one program per length saves nothing, and a
+    static size keeps the program clear of the CPU code generator's fault with symbolic
+    sizes (:mod:`.flex`)."""
     if mask.dtype == torch.bool:
 
         def mod(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
@@ -172,4 +172,5 @@ def _chain(mods: list[Any]) -> Any:
             score = mod(score, b, h, i, j)
         return score
 
+    chained.static_shapes = any(getattr(mod, "static_shapes", False) for mod in mods)  # type: ignore[attr-defined]
     return chained

@@ -2,21 +2,23 @@
 
 :func:`flex_attention` runs :func:`torch.nn.attention.flex_attention.flex_attention`
 through one ``torch.compile`` with dynamic shapes, so a new sequence length reuses the
-compiled kernel: the first call compiles (about 7 to 12 s on a CPU), later calls of any
-length do not. A new ``score_mod`` or ``mask_mod`` program (another scheme, another
-mask) compiles once more, as does a one-query call (decoding), which PyTorch
-specialises.
+compiled kernel: the first call compiles (10 to 20 s on this project's 2-core CPU),
+later calls of any length do not. A new ``score_mod`` or ``mask_mod`` program (another
+kind of bias, another mask) compiles once more, as does a one-query call (decoding),
+which PyTorch specialises.
 
-Two limits of PyTorch 2.13 on the CPU, said here so that no call meets them unawares:
+Three faults of PyTorch 2.13 on the CPU, said here so that no call meets them unawares:
 
 * the CPU kernel runs forward only: a call whose inputs need gradients raises a
-  ``RuntimeError`` naming the way out (``torch.no_grad()``, a GPU, or SDPA);
+  ``RuntimeError`` naming the ways out (``torch.no_grad()``, a GPU, or SDPA);
 * its code generator fails on a program that reads a tensor of symbolic length or an
-  integer that became a symbol (the C++ it writes names an undeclared variable): posenc's
-  programs read 0-d tensors and tensors padded to one of a few static lengths
-  (:func:`posenc.torch._flex_inputs.static_length`), and the two that still fail (FIRE's MLP,
-  a dense mask read whole) mark themselves ``static_shapes`` and compile once per shape
-  on the CPU.
+  integer that became a symbol (the C++ it writes names an undeclared variable):
+  posenc's programs read 0-d tensors and tensors padded to one of a few static lengths
+  (:func:`posenc.torch._flex_inputs.static_length`); FIRE's MLP, which fails even so,
+  and a dense mask read whole mark themselves ``static_shapes`` and compile once per
+  shape on the CPU;
+* with no block mask, a one-query call over keys that are not a multiple of 128 attends
+  past the last key (wrong results): :func:`flex_attention` always passes one.
 
 Example:
     >>> import torch
