@@ -92,4 +92,5 @@ def test_t5_bias_on_the_meta_device_is_a_meta_tensor():
     """Its buckets on ``device`` and its weights on their own once gave a CPU tensor of
     uninitialised memory: the weights move to ``device`` with the buckets."""
     bias = T5RelativeBias(2, num_buckets=8, max_distance=16)(4, device="meta")
-    assert bias.device.type == "meta" and bias.shape == (2, 4, 4)
+    assert bias.device.type == "meta"
+    assert bias.shape == (2, 4, 4)
