@@ -264,6 +264,9 @@ def test_masks_refuse_what_they_cannot_be():
         dense_mask(causal(), 5, 3)
     with pytest.raises(TypeError, match="mask must be a posenc mask"):
         block_mask(torch.ones(3, 3), 3)
+    far = torch.tensor([0, 2**40])  # distances far apart: a table too large, refused
+    with pytest.raises(ValueError, match=r"ALiBiBias.score_mod \(a table of the 2199023255553 "):
+        ALiBiBias(H).score_mod(2, 2, positions=far, key_positions=far)
     with pytest.raises(ValueError, match="query must be a \\(batch, heads, length, head_dim\\)"):
         flex_attention(torch.ones(3, 3), torch.ones(1, 1, 3, 3), torch.ones(1, 1, 3, 3))
 

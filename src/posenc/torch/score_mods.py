@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from .._checks import DEFAULT_MAX_BYTES, MemoryLimitError, check_memory
 from ._arguments import check_device
 from ._backend import is_traced
 from ._flex_inputs import static_length
@@ -98,8 +99,15 @@ class BiasesDistances:
         )
         query_span = _span(positions, first, queries, name)
         key_span = _span(key_positions, 0, keys, name)
-        low = key_span[0] - query_span[1]  # the distances key - query: low .. high
-        table = self._distance_table(low, key_span[1] - query_span[0], dtype, device)  # (H, n)
+        low, high = key_span[0] - query_span[1], key_span[1] - query_span[0]  # key - query
+        try:
+            table = self._distance_table(low, high, dtype, device)  # (H, n)
+        except MemoryLimitError as error:
+            raise error.naming(
+                f"{name}.score_mod (a table of the {high - low + 1} distances from the "
+                "call's first query to its last key)",
+                "give positions that span fewer distances, or attend through SDPA",
+            ) from None
         where = table.device
         top = torch.tensor(table.shape[1] - 1, device=where)
         table = static_length(table)  # (H, N), N >= n: one of a few fixed lengths
@@ -119,6 +127,10 @@ class BiasesDistances:
         """The bias ``(H, n)`` of the distances ``low .. high`` (key position minus query
         position): this module's call for one query at a position >= 0 and a key at every
         distance from it."""
+        count = high - low + 1
+        # the key positions and the bias, with the module's intermediates (8 bytes each)
+        check_memory(8 * count * (2 + 2 * self.num_heads), f"a table of {count} distances",
+                     DEFAULT_MAX_BYTES)  # fmt: skip
         at = max(-low, 0)
         where = device or torch.device("cpu")
         query = torch.tensor([at], device=where)
