@@ -112,8 +112,9 @@ class Mask(ABC):
         """The class of every tile, ``(batch or 1, query blocks, key blocks)`` int8."""
 
     def leaves(self) -> tuple[Mask, ...]:
-        """The masks this one is made of (itself for a single one)."""
-        return (self,)
+        """The single masks this one is made of (itself for a single one)."""
+        parts: tuple[Mask, ...] = getattr(self, "parts", ())
+        return tuple(leaf for part in parts for leaf in part.leaves()) if parts else (self,)
 
 
 def _mask(value: Any, operator: str) -> Mask:
@@ -221,9 +222,6 @@ class AllOf(Mask):
 
     def classes(self, bounds: _Bounds) -> np.ndarray:
         return _combine(np.minimum, self.parts, bounds)
-
-    def leaves(self) -> tuple[Mask, ...]:
-        return tuple(leaf for part in self.parts for leaf in part.leaves())
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def _check(mask: Any, queries: Any, keys: Any) -> tuple[int, int]:
 
 def _batch(mask: Mask, batch: int | None) -> int:
     """The batch the mask is made for: the attention's, else its documents' (or 1)."""
-    sizes = {leaf.segments.shape[0] for leaf in _leaves(mask) if isinstance(leaf, core.Documents)}
+    sizes = {leaf.segments.shape[0] for leaf in mask.leaves() if isinstance(leaf, core.Documents)}
     sizes.discard(1)
     if len(sizes) > 1:
         raise ValueError(f"the masks' documents have different batch sizes {sorted(sizes)}")
@@ -138,11 +138,6 @@ def _batch(mask: Mask, batch: int | None) -> int:
     if own not in (1, batch):
         raise ValueError(f"the documents have batch {own}, the attention {batch}")
     return batch
-
-
-def _leaves(mask: Mask) -> list[Mask]:
-    parts = getattr(mask, "parts", None)
-    return [mask] if parts is None else [leaf for part in parts for leaf in _leaves(part)]
 
 
 def mask_mod(
