@@ -308,7 +308,7 @@ class FIREBias(BiasesScores, FromSpec):
         of distances holds it: the ``score_mod`` evaluates the same function score by
         score, the MLP written out unit by unit (``mlp_width`` products per score). It
         equals the call's bias to float32 rounding (the sums run in another order)."""
-        device = _check_cast(self, dtype, device)
+        _check_cast(self, dtype, device)  # the bias is computed where FlexAttention runs
         c = self.c
         own = c.device
         queries, keys, first, _ = call_positions(

@@ -153,9 +153,21 @@ def mask_mod(
         >>> bool(predicate(0, 0, torch.tensor(0), torch.tensor(3)))
         False
     """
+    queries, keys, batch, device = _call(mask, query_length, key_length, batch, device, "mask_mod")
+    return _built(mask, queries, keys, batch, device)
+
+
+def _call(
+    mask: Mask, query_length: Any, key_length: Any, batch: Any, device: Any, name: str
+) -> Any:
+    """``(queries, keys, batch, device)`` of a call to ``name``, checked."""
     queries, keys = _check(mask, query_length, key_length)
-    device = check_device(device, "mask_mod") or torch.device("cpu")
-    batch = _batch(mask, batch)
+    device = check_device(device, name) or torch.device("cpu")
+    return queries, keys, _batch(mask, batch), device
+
+
+def _built(mask: Mask, queries: int, keys: int, batch: int, device: Any) -> Any:
+    """The predicate of a checked call."""
     # The query's index among the keys as a tensor: a new length is the same program.
     past = torch.tensor(keys - queries, device=device)
     last = torch.tensor(keys - 1, device=device)
@@ -208,10 +220,10 @@ def dense_mask(
         >>> dense_mask(causal() & documents(torch.tensor([[1, 1, 2]])), 3).shape
         torch.Size([1, 1, 3, 3])
     """
-    queries, keys = _check(mask, query_length, key_length)
-    device = check_device(device, "dense_mask") or torch.device("cpu")
-    batch = _batch(mask, batch)
-    predicate = mask_mod(mask, queries, keys, batch=batch, device=device)
+    queries, keys, batch, device = _call(
+        mask, query_length, key_length, batch, device, "dense_mask"
+    )
+    predicate = _built(mask, queries, keys, batch, device)
     b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
     h = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
     q = torch.arange(queries, device=device).view(1, 1, -1, 1)
@@ -234,9 +246,9 @@ def block_mask(
     """
     from torch.nn.attention.flex_attention import BlockMask
 
-    queries, keys = _check(mask, query_length, key_length)
-    device = check_device(device, "block_mask") or torch.device("cpu")
-    batch = _batch(mask, batch)
+    queries, keys, batch, device = _call(
+        mask, query_length, key_length, batch, device, "block_mask"
+    )
     classes = core.block_classes(mask, queries, keys, query_block=BLOCK, key_block=BLOCK)
     partial = _ordered(classes == PARTIAL, device)
     full = _ordered(classes == FULL, device)
@@ -244,7 +256,7 @@ def block_mask(
         *partial,
         *full,
         BLOCK_SIZE=BLOCK,
-        mask_mod=mask_mod(mask, queries, keys, batch=batch, device=device),
+        mask_mod=_built(mask, queries, keys, batch, device),
         seq_lengths=(queries, keys),
     )
 
