@@ -36,6 +36,7 @@ NEEDS = {
     "src/posenc/jax": ("jax",),
     "src/posenc/jax/linen": ("jax", "flax"),
     "src/posenc/plot": ("matplotlib",),
+    "src/posenc/explore": ("plotly",),
     "src/posenc/bench": ("torch",),
 }
 

@@ -20,6 +20,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "jax": ("JAX", "pip install 'posenc[jax]'"),
     "transformers": ("Hugging Face transformers", "pip install 'posenc[transformers]'"),
     "safetensors": ("safetensors", "pip install 'posenc[transformers]'"),
+    "plotly.offline": ("Plotly", "pip install 'posenc[explore]'"),
 }
 # (Flax, matplotlib and tqdm are imported where they are used, whose messages say more:
 # posenc.jax.linen, posenc.plot._figure, posenc.bench.workers.load_tqdm.)

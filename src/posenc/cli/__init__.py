@@ -6,11 +6,12 @@
 ``posenc embed``   run tokens → ids → embedding → + positional encoding on a sentence
 ``posenc demo``    the tutorials' walk-through: tables, every picture, a property report
 ``posenc bench``   train tiny transformers per task, scheme and seed; accuracy by length
+``posenc explore`` write the interactive explorer, one HTML page that works offline
 ``posenc convert-rope``  permute a safetensors checkpoint's q/k projections between RoPE
                   layouts (Meta's interleaved pairs, Hugging Face's halves)
 
 One module per command: :mod:`.table` (with :mod:`.scheme_tables`), :mod:`.plot`,
-:mod:`.demo` (``embed`` and ``demo``), :mod:`.convert` and the bench's own
+:mod:`.demo` (``embed`` and ``demo``), :mod:`.explore`, :mod:`.convert` and the bench's own
 :mod:`posenc.bench.cli`. The
 top parser is built at each :func:`main` call, so the choices that come from registries
 (schemes, RoPE scalings) are current. Frameworks and matplotlib are imported only by the
@@ -35,7 +36,7 @@ from collections.abc import Callable, Sequence
 from .. import __version__
 from .._checks import MemoryLimitError, format_bytes
 from .._files import STDOUT, OutputWriteError
-from . import convert, demo, plot, table
+from . import convert, demo, explore, plot, table
 from .base import Parser, UsageError
 from .plot import PLOT_KINDS
 from .table import SCHEMES
@@ -50,7 +51,7 @@ _PROG = re.compile(r"(posenc(?: [^\s:]+)*): (.*)", re.DOTALL)
 # A missing module -> the extra that brings it, for an ImportError that does not say.
 _EXTRAS = {"torch": "torch", "matplotlib": "plot", "safetensors": "transformers",
            "transformers": "transformers", "keras": "tf", "tensorflow": "tf", "jax": "jax",
-           "flax": "jax", "tqdm": "bench"}  # fmt: skip
+           "flax": "jax", "tqdm": "bench", "plotly": "explore"}  # fmt: skip
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, Parser]]:
@@ -70,6 +71,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Parser]]:
 
     bench_cli.add_parser(commands)
     convert.add_parser(commands)
+    explore.add_parser(commands)
     return parser, dict(commands.choices)
 
 

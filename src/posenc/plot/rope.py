@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["rope_score", "rope_spectrum", "scaling_examples"]
+__all__ = ["offset_scores", "rope_score", "rope_spectrum", "scaling_examples"]
 
 _CHUNK_ELEMENTS = 1 << 20  # float64 angles per chunk in the score's closed form (8 MiB)
 _MAX_SCORE_LENGTH = 1 << 24  # rope_score sums every distance below length for its means
@@ -408,7 +408,7 @@ def rope_score(
         cos, sin = rope_tables(samples, inv_freq, dtype="float64")  # (n, head_dim)
         queries = apply_rope(ones, cos, sin)  # q_rot(Δ)
         key = apply_rope(ones[:1], *rope_tables(1, inv_freq, dtype="float64"))[0]  # k_rot(0)
-        every = _offset_scores(np.arange(1, length), inv_freq)  # Δ = 1 .. length - 1
+        every = offset_scores(np.arange(1, length), inv_freq)  # Δ = 1 .. length - 1
         means = np.add.reduceat(every, starts - 1) / (ends - starts)
         style = _style(name)
         ax.plot(samples, queries @ key, color=style["color"], linewidth=0.6, alpha=0.35)
@@ -435,8 +435,25 @@ def _score_distances(length: int, points: int) -> np.ndarray:
     return np.unique(np.concatenate([np.arange(1, min(65, length), dtype=np.int64), geometric]))
 
 
-def _offset_scores(distances: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
-    """``2 Σ_i cos(Δ θ_i)`` for each distance, in chunks (float64 angles)."""
+def offset_scores(distances: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """RoPE's score ``q_rot(m) · k_rot(n)`` of all-ones ``q`` and ``k`` at each distance.
+
+    The score depends on ``Δ = m - n`` only: ``2 Σ_i cos(Δ θ_i)``, computed in float64
+    chunks of at most 2**20 angles.
+
+    Args:
+        distances: Integer distances ``Δ``, a 1-D array.
+        inv_freq: The frequencies ``θ_i``, a 1-D float64 array (e.g. from
+            :func:`posenc.rope_scaling`).
+
+    Returns:
+        float64 array of the shape of ``distances``.
+
+    Example:
+        >>> import posenc
+        >>> offset_scores(np.arange(3), posenc.rope_frequencies(4, 10000.0)).round(6).tolist()
+        [4.0, 3.080505, 1.167306]
+    """
     out = np.empty(distances.size)
     rows = max(1, _CHUNK_ELEMENTS // inv_freq.size)
     for r0 in range(0, distances.size, rows):
