@@ -72,7 +72,7 @@ def test_torch_export_with_a_dynamic_sequence_length(name):
 
 # CoPE exports with torch.export (above), but PyTorch 2.13's ONNX decomposition of
 # scaled_dot_product_attention with a mask computed from q and k gives its output
-# strides that the following reshape cannot view: README lists the exception.
+# strides that the following reshape cannot view: docs/getting-started/torch.md lists the exception.
 @pytest.mark.parametrize("name", [name for name in NAMES if name != "attention-cope"])
 def test_onnx_export_runs_in_onnxruntime(name, tmp_path):
     pytest.importorskip("onnxscript")
