@@ -39,6 +39,9 @@ GRID: dict[str, dict[str, Any]] = {
         "original_max_position_embeddings": (2048, 4096, 8192),
         "max_distance": 1 << 20,  # the score at 0 .. 64 and ~300 distances up to 2**20
         "score_points": 300,
+        # drawn when the page opens (as in the rope-spectrum picture); every registered
+        # method can be ticked
+        "shown": ("default", "linear", "ntk", "yarn", "llama3", "longrope"),
     },
     "alibi": {"num_heads": tuple(range(1, 33)), "positions": 32, "mode": MODES},
     "t5": {

@@ -280,7 +280,7 @@
     const box = document.createElement("input");
     box.type = "checkbox";
     box.id = `rope-method-${m}`;
-    box.checked = ["default", "linear", "ntk", "yarn", "llama3", "longrope"].includes(m);
+    box.checked = ROPE.shown.includes(m);
     label.append(box, ` ${m}`);
     methods.appendChild(label);
   }
