@@ -179,3 +179,17 @@ def test_an_existing_page_is_kept_when_the_new_one_cannot_be_made(tmp_path, monk
     with pytest.raises(ValueError, match="no page"):
         write_explorer(target)
     assert target.read_text() == "the old page"
+
+
+@pytest.mark.parametrize("started", [True, False])
+def test_posenc_explore_open_shows_the_written_page(tmp_path, monkeypatch, capsys, started):
+    opened = []
+    monkeypatch.setattr("webbrowser.open", lambda url: opened.append(url) or started)
+    page = tmp_path / "page.html"
+    assert main(["explore", "--output", str(page), "--open"]) == 0
+    assert opened == [page.resolve().as_uri()]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"wrote {page} (")
+    assert out[1:] == (
+        [] if started else ["no web browser could be started here; open the file yourself"]
+    )
