@@ -27,6 +27,9 @@ from .core.sinusoidal import sinusoidal
 from .core.t5 import relative_position_bucket
 from .vocab import Vocabulary, tokenize
 
+#: Where ``posenc demo`` writes (in the current folder) unless ``--output`` says otherwise.
+DEMO_FOLDER = "posenc-demo"
+
 
 def _matrix(values: np.ndarray, decimals: int) -> str:
     return np.array2string(
@@ -177,7 +180,7 @@ def other_schemes() -> str:
 
 
 def run_demo(
-    output: Path | str = "posenc-demo", *, plots: bool = True, out: TextIO
+    output: Path | str = DEMO_FOLDER, *, plots: bool = True, out: TextIO
 ) -> dict[str, Any]:
     """Reproduce the tutorials' walk-through into ``output``; returns the property report.
 
