@@ -74,7 +74,6 @@ def test_table_start_and_layout(capsys):
         (["table", "--layout", "halves"], "invalid choice: 'halves'"),
         (["table", "--format", "npy"], "needs --output"),
         (["plot", "nope", "-o", "x.png"], "invalid choice: 'nope'"),
-        (["plot", "heatmap"], "--output"),
         (["frobnicate"], "invalid choice"),
         ([], "required"),
         (["embed", "!!!"], "no words"),
