@@ -60,7 +60,19 @@ def test_table_start_and_layout(capsys):
     )  # fmt: skip
     assert status == 0
     expected = posenc.sinusoidal(np.arange(1000, 1003), 6, layout="split", dtype="float64")
-    np.testing.assert_array_equal(np.array(json.loads(out)["values"]), expected)
+    record = json.loads(out)
+    assert record["positions"] == [1000, 1001, 1002]  # one per row of values
+    np.testing.assert_array_equal(np.array(record["values"]), expected)
+
+
+@pytest.mark.parametrize("scheme", ["sinusoidal", "rope", "nope"])
+def test_table_json_lists_the_position_of_every_row(capsys, scheme):
+    status, out, _ = run(capsys, "table", "--scheme", scheme, "--start", "5", "--length", "3",
+                         "--format", "json")  # fmt: skip
+    assert status == 0
+    assert '"positions": [5, 6, 7]' in out
+    status, out, _ = run(capsys, "table", "--scheme", scheme, "--length", "0", "--format", "json")
+    assert '"positions": []' in out
 
 
 @pytest.mark.parametrize(
@@ -266,7 +278,7 @@ def test_rope_table_round_trips(capsys, tmp_path, options, scaling, params, dtyp
     assert record["scheme"] == "rope"
     assert record["scaling"] == scaling
     assert record["scaling_params"] == params
-    assert record["positions"] == [start, start + length]
+    assert record["positions"] == list(range(start, start + length))
     assert record["rotary_dim"] == 2 * inv_freq.size
     np.testing.assert_array_equal(record["inv_freq"], inv_freq)
     assert record["attention_factor"] == attention

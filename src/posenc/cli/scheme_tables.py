@@ -42,8 +42,10 @@ class Table:
         self.record, self.csv, self.npy, self.text = record, csv, npy, text
 
 
-def _positions(args: argparse.Namespace) -> list[int]:
-    return [args.start, args.start + args.length]
+def _positions(args: argparse.Namespace) -> np.ndarray:
+    """The position of each row, ``start .. start + length - 1``: the JSON record's
+    ``"positions"`` lists them all (``[5, 6, 7]``), never a range that reads as two."""
+    return np.arange(args.start, args.start + args.length, dtype=np.int64)
 
 
 def sinusoidal_table(args: argparse.Namespace) -> Table:
