@@ -224,9 +224,12 @@ def run_demo(
         "table_i_am_a_robot.csv": sinusoidal(4, 4, base=100, dtype=np.float64),
         "table_100x512.csv": sinusoidal(100, 512, dtype=np.float64),
     }
-    for name, values in tables.items():
+    for name, values in tables.items():  # as posenc table --format csv writes them
+        length, width = values.shape
+        header = ",".join(["position", *(f"dim_{j}" for j in range(width))])
+        rows = np.column_stack([np.arange(length), values])
         with atomic_write(output / name) as file:
-            np.savetxt(file, values, delimiter=",", fmt="%.17g")
+            np.savetxt(file, rows, delimiter=",", fmt="%.17g", header=header, comments="")
 
     written = []
     if plots:
