@@ -135,6 +135,30 @@ def test_grid_image_is_seed_004_shape():
     assert fig.axes[0].images[0].get_clim() == (-1.0, 1.0)
 
 
+@pytest.mark.parametrize(("length", "d_model"), [(16, 64), (64, 16), (40, 40), (4, 8)])
+def test_grid_colour_bar_stands_beside_the_image(length, d_model):
+    """0.1 inch right of the image (10 pixels at dpi 100), as tall as it: before, the bar
+    stood at the edge of the space the layout gave the axes, half an inch and more away."""
+    fig = plot.grid(length, d_model)
+    fig.set_dpi(100)
+    fig.draw_without_rendering()  # the layout, and each image's aspect applied
+    image, bar = fig.axes[0], fig.axes[0].child_axes[0]
+    inner, outer = image.get_window_extent(), bar.get_window_extent()
+    assert bar.get_ylabel() == "P(k, j)"
+    assert outer.x0 - inner.x1 == pytest.approx(10, abs=1.5)  # pixels
+    assert (outer.y0, outer.y1) == pytest.approx((inner.y0, inner.y1), abs=1)
+    assert outer.width == pytest.approx(20, abs=2)
+
+
+def test_grid_colour_bar_beside_a_flat_image_is_1_5_inches_tall():
+    fig = plot.grid(1, 64)
+    fig.set_dpi(100)
+    fig.draw_without_rendering()
+    inner, outer = fig.axes[0].get_window_extent(), fig.axes[0].child_axes[0].get_window_extent()
+    assert outer.height == pytest.approx(150, abs=15)
+    assert (outer.y0 + outer.y1) / 2 == pytest.approx((inner.y0 + inner.y1) / 2, abs=1)
+
+
 @pytest.mark.parametrize(("length", "pixels"), [(1000, 10), (1003, 7), (5, 10), (1, 1)])
 def test_long_range_bins_equal_a_direct_reduction(length, pixels):
     fig = plot.long_range(length, 50, pixels=pixels)
