@@ -255,7 +255,10 @@ SMALL = ["table", "-L", "3", "-d", "4", "-n", "100"]
 
 
 def csv_of(text: str) -> np.ndarray:
-    return np.loadtxt(io.StringIO(text), delimiter=",", ndmin=2)
+    """The numbers of a sinusoidal CSV table, below its header and right of its positions."""
+    header, _, rows = text.partition("\n")
+    assert header.split(",")[0] == "position"
+    return np.loadtxt(io.StringIO(rows), delimiter=",", ndmin=2)[:, 1:]
 
 
 @pytest.mark.parametrize("fmt", ["csv", "json", "npy", "text"])

@@ -27,6 +27,9 @@ from .core.sinusoidal import sinusoidal
 from .core.t5 import relative_position_bucket
 from .vocab import Vocabulary, tokenize
 
+#: Where ``posenc demo`` writes (in the current folder) unless ``--output`` says otherwise.
+DEMO_FOLDER = "posenc-demo"
+
 
 def _matrix(values: np.ndarray, decimals: int) -> str:
     return np.array2string(
@@ -177,7 +180,7 @@ def other_schemes() -> str:
 
 
 def run_demo(
-    output: Path | str = "posenc-demo", *, plots: bool = True, out: TextIO
+    output: Path | str = DEMO_FOLDER, *, plots: bool = True, out: TextIO
 ) -> dict[str, Any]:
     """Reproduce the tutorials' walk-through into ``output``; returns the property report.
 
@@ -221,9 +224,12 @@ def run_demo(
         "table_i_am_a_robot.csv": sinusoidal(4, 4, base=100, dtype=np.float64),
         "table_100x512.csv": sinusoidal(100, 512, dtype=np.float64),
     }
-    for name, values in tables.items():
+    for name, values in tables.items():  # as posenc table --format csv writes them
+        length, width = values.shape
+        header = ",".join(["position", *(f"dim_{j}" for j in range(width))])
+        rows = np.column_stack([np.arange(length), values])
         with atomic_write(output / name) as file:
-            np.savetxt(file, values, delimiter=",", fmt="%.17g")
+            np.savetxt(file, rows, delimiter=",", fmt="%.17g", header=header, comments="")
 
     written = []
     if plots:

@@ -829,13 +829,63 @@ def test_docstring_examples(name):
     assert result.attempted > 0
 
 
-def test_every_variant_of_a_plot_has_a_style_of_its_own():
-    from posenc.bench.figure import _style
+def test_the_13_default_schemes_get_13_colours_and_13_markers():
+    from posenc.bench import ROPE_EVAL_SCALINGS, SCHEMES
+    from posenc.bench.figure import Style, style
 
-    assert len({_style(i, False) for i in range(110)}) == 110
-    assert (
-        len({_style(i, True) for i in range(110)} | {_style(i, False) for i in range(110)}) == 220
-    )
+    assert len(SCHEMES) == 13
+    styles = [style(scheme) for scheme in SCHEMES]
+    assert len({s.colour for s in styles}) == 13  # a colour each: none repeats
+    assert len({s.marker for s in styles}) == 13
+    assert {(s.line, s.filled) for s in styles} == {("-", True)}
+    assert style("nope") == Style("tab:blue", "o", "-", True)
+    assert style("cope") == Style("#000080", "d", "-", True)
+    # a scaled RoPE variant: its scheme's colour and marker, hollow, the scaling's line
+    scaled = [f"{s}+{k}" for s in ("rope", "p_rope", "rope_learned") for k in ROPE_EVAL_SCALINGS]
+    assert style("rope+yarn") == Style("tab:red", "v", "-.", False)
+    every = [*styles, *(style(v) for v in scaled)]
+    assert len(set(every)) == 13 + 12
+
+
+def test_a_variant_s_style_depends_on_its_name_only():
+    from posenc.bench.figure import _PLUGIN_COLOURS, style
+
+    assert style("myscheme") == style("myscheme")  # the same in every process (CRC-32)
+    assert style("myscheme").colour in _PLUGIN_COLOURS  # none of the built-ins' colours
+    assert style("myscheme").line == "-"
+    assert style("myscheme+ntk").colour == style("myscheme").colour
+
+
+def test_the_plot_draws_each_variant_in_its_style(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+    from matplotlib.colors import to_rgba
+
+    from posenc.bench import SCHEMES
+    from posenc.bench.figure import plot, style
+
+    drawn: dict[str, dict] = {}
+    real = matplotlib.axes.Axes.plot
+
+    def recording(ax, *args, **kwargs):
+        drawn[kwargs["label"]] = kwargs
+        return real(ax, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording)
+    variants = [*SCHEMES, "rope+ntk"]
+    records = [
+        {"key": v, "spec": {"task": "copy", "scheme": v.split("+")[0], "train_lengths": [2, 4]},
+         "results": [{"variant": v, "length": n, "exact_match": 0.5, "in_distribution": n <= 4}
+                     for n in (2, 8)]}
+        for v in variants
+    ]  # fmt: skip
+    plot(records, tmp_path / "accuracy.png")
+    assert sorted(drawn) == sorted(variants)
+    for variant in variants:
+        expected, line = style(variant), drawn[variant]
+        assert (line["color"], line["marker"], line["linestyle"]) == expected[:3]
+        face = to_rgba(line["markerfacecolor"])
+        assert face == (to_rgba(expected.colour) if expected.filled else (0.0, 0.0, 0.0, 0.0))
 
 
 @pytest.mark.parametrize(

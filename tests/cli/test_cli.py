@@ -26,11 +26,77 @@ def run(capsys, *argv):
     return status, captured.out, captured.err
 
 
+def read_csv(path, index: int = 1, dtype=np.float64):
+    """``(header, index columns, numbers)`` of a CSV table: its header row, its first
+    ``index`` columns (ints) and the rest."""
+    header = path.read_text().splitlines()[0].split(",")
+    rows = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, dtype=dtype)
+    return header, rows[:, :index].astype(np.int64), rows[:, index:]
+
+
+def numbered(name, count):
+    return [f"{name}_{j}" for j in range(count)]
+
+
 def test_table_text_is_the_seed_000_table(capsys):
     status, out, _ = run(capsys, "table", "--length", "4", "--d-model", "4", "--base", "100")
     assert status == 0
-    rows = [[float(v) for v in line.strip(" []").split()] for line in out.strip().splitlines()]
+    heading, *lines = out.strip().splitlines()
+    assert heading == (
+        "sinusoidal: d_model=4, base=100, interleaved layout, paper formula, float64 "
+        "(positions 0..3 x 4)"
+    )
+    rows = [[float(v) for v in line.strip(" []").split()] for line in lines]
     np.testing.assert_allclose(rows, SEED_000_TABLE, rtol=0, atol=5e-9)
+
+
+def test_table_text_heading_says_the_options_and_the_positions(capsys):
+    status, out, _ = run(capsys, "table", "-L", "2", "-d", "6", "--start", "7", "--layout",
+                         "split", "--formula", "tensor2tensor", "--dtype", "float32")  # fmt: skip
+    assert status == 0
+    assert out.splitlines()[0] == (
+        "sinusoidal: d_model=6, base=10000, split layout, tensor2tensor formula, float32 "
+        "(positions 7..8 x 6)"
+    )
+    status, out, _ = run(capsys, "table", "--scheme", "nope", "-L", "2", "-d", "3")
+    assert (
+        out == "NoPE: zeros, d_model=3, float64 (positions 0..1 x 3)\n[[0. 0. 0.]\n [0. 0. 0.]]\n"
+    )
+    status, out, _ = run(capsys, "table", "-L", "0")
+    assert out == (
+        "sinusoidal: d_model=4, base=10000, interleaved layout, paper formula, float64 "
+        "(0 positions x 4)\n[]\n"
+    )
+
+
+def test_table_csv_has_a_header_row_for_every_scheme(capsys):
+    """The exact files: a header naming each column, then the rows (index columns first)."""
+    cases = {
+        ("-L", "2", "-d", "2", "--start", "3", "-n", "100"): (
+            "position,dim_0,dim_1\n3,0.14112000805986721,-0.98999249660044542\n"
+            "4,-0.7568024953079282,-0.65364362086361194\n"
+        ),
+        ("--scheme", "rope", "-L", "2", "--head-dim", "2", "-n", "100"): (
+            "position,cos_0,cos_1,sin_0,sin_1\n0,1,1,0,0\n"
+            "1,0.54030230586813977,0.54030230586813977,0.8414709848078965,0.8414709848078965\n"
+        ),
+        ("--scheme", "alibi", "-L", "2", "--heads", "2"): (
+            "head,query,key_0,key_1\n0,0,0,0\n0,1,-0.0625,0\n1,0,0,0\n1,1,-0.00390625,0\n"
+        ),
+        ("--scheme", "t5", "-L", "3"): "query,key_0,key_1,key_2\n0,0,17,18\n1,1,0,17\n2,2,1,0\n",
+        (
+            "--scheme",
+            "nope",
+            "-L",
+            "2",
+            "-d",
+            "3",
+        ): "position,dim_0,dim_1,dim_2\n0,0,0,0\n1,0,0,0\n",
+        ("-L", "0", "-d", "2"): "position,dim_0,dim_1\n",
+    }
+    for argv, expected in cases.items():
+        status, out, err = run(capsys, "table", *argv, "--format", "csv")
+        assert (status, out, err) == (0, expected, ""), argv
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
@@ -40,8 +106,10 @@ def test_table_csv_json_npy_round_trip(capsys, tmp_path, dtype):
     common = ["table", "-L", "30", "-d", "8", "-n", "100", "--dtype", dtype]
     assert run(capsys, *common, "--format", "csv", "-o", str(tmp_path / "t.csv"))[0] == 0
     # CSV keeps enough digits to give back the same value in the table's dtype.
-    parsed = np.loadtxt(tmp_path / "t.csv", delimiter=",").astype(table.dtype)
-    np.testing.assert_array_equal(parsed.astype(np.float64), expected)
+    header, positions, parsed = read_csv(tmp_path / "t.csv")
+    assert header == ["position", *numbered("dim", 8)]
+    np.testing.assert_array_equal(positions[:, 0], np.arange(30))
+    np.testing.assert_array_equal(parsed.astype(table.dtype).astype(np.float64), expected)
     status, out, _ = run(capsys, *common, "--format", "json")
     record = json.loads(out)
     assert status == 0
@@ -60,7 +128,19 @@ def test_table_start_and_layout(capsys):
     )  # fmt: skip
     assert status == 0
     expected = posenc.sinusoidal(np.arange(1000, 1003), 6, layout="split", dtype="float64")
-    np.testing.assert_array_equal(np.array(json.loads(out)["values"]), expected)
+    record = json.loads(out)
+    assert record["positions"] == [1000, 1001, 1002]  # one per row of values
+    np.testing.assert_array_equal(np.array(record["values"]), expected)
+
+
+@pytest.mark.parametrize("scheme", ["sinusoidal", "rope", "nope"])
+def test_table_json_lists_the_position_of_every_row(capsys, scheme):
+    status, out, _ = run(capsys, "table", "--scheme", scheme, "--start", "5", "--length", "3",
+                         "--format", "json")  # fmt: skip
+    assert status == 0
+    assert '"positions": [5, 6, 7]' in out
+    status, out, _ = run(capsys, "table", "--scheme", scheme, "--length", "0", "--format", "json")
+    assert '"positions": []' in out
 
 
 @pytest.mark.parametrize(
@@ -74,7 +154,6 @@ def test_table_start_and_layout(capsys):
         (["table", "--layout", "halves"], "invalid choice: 'halves'"),
         (["table", "--format", "npy"], "needs --output"),
         (["plot", "nope", "-o", "x.png"], "invalid choice: 'nope'"),
-        (["plot", "heatmap"], "--output"),
         (["frobnicate"], "invalid choice"),
         ([], "required"),
         (["embed", "!!!"], "no words"),
@@ -267,7 +346,7 @@ def test_rope_table_round_trips(capsys, tmp_path, options, scaling, params, dtyp
     assert record["scheme"] == "rope"
     assert record["scaling"] == scaling
     assert record["scaling_params"] == params
-    assert record["positions"] == [start, start + length]
+    assert record["positions"] == list(range(start, start + length))
     assert record["rotary_dim"] == 2 * inv_freq.size
     np.testing.assert_array_equal(record["inv_freq"], inv_freq)
     assert record["attention_factor"] == attention
@@ -285,7 +364,11 @@ def test_rope_table_round_trips(capsys, tmp_path, options, scaling, params, dtyp
     # csv: one row per position, the cos columns then the sin columns.
     assert run(capsys, *common, "--format", "csv", "-o", str(tmp_path / "rope.csv"))[0] == 0
     # CSV keeps enough digits to give back the same value in the table's dtype.
-    parsed = np.loadtxt(tmp_path / "rope.csv", delimiter=",", ndmin=2).astype(CONTAINER[dtype])
+    header, positions, parsed = read_csv(tmp_path / "rope.csv")
+    rotary = 2 * inv_freq.size
+    assert header == ["position", *numbered("cos", rotary), *numbered("sin", rotary)]
+    np.testing.assert_array_equal(positions[:, 0], np.arange(start, start + length))
+    parsed = parsed.astype(CONTAINER[dtype])
     np.testing.assert_array_equal(parsed.astype(np.float64), np.hstack([cos, sin]))
 
 
@@ -329,9 +412,12 @@ def test_alibi_table_round_trips(capsys, tmp_path, heads, mode, dtype):
     np.testing.assert_array_equal(np.array(record["values"]), bias)
     assert run(capsys, *common, "--format", "npy", "-o", str(tmp_path / "a.npy"))[0] == 0
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy").astype(np.float64), bias)
-    # csv: the heads' matrices stacked, row h * length + i.
+    # csv: the heads' matrices stacked, row h * length + i, which its first columns say.
     assert run(capsys, *common, "--format", "csv", "-o", str(tmp_path / "a.csv"))[0] == 0
-    parsed = np.loadtxt(tmp_path / "a.csv", delimiter=",").astype(CONTAINER[dtype])
+    header, index, parsed = read_csv(tmp_path / "a.csv", index=2)
+    assert header == ["head", "query", *numbered("key", length)]
+    np.testing.assert_array_equal(index, [(h, i) for h in range(heads) for i in range(length)])
+    parsed = parsed.astype(CONTAINER[dtype])
     np.testing.assert_array_equal(parsed.reshape(heads, length, length).astype(np.float64), bias)
 
 
@@ -365,8 +451,10 @@ def test_t5_table_round_trips(capsys, tmp_path, options, kwargs):
     assert saved.dtype == np.int64
     np.testing.assert_array_equal(saved, buckets)
     assert run(capsys, *common, "--format", "csv", "-o", str(tmp_path / "t.csv"))[0] == 0
-    np.testing.assert_array_equal(np.loadtxt(tmp_path / "t.csv", delimiter=",", dtype=np.int64),
-                                  buckets)  # fmt: skip
+    header, queries, parsed = read_csv(tmp_path / "t.csv", dtype=np.int64)
+    assert header == ["query", *numbered("key", length)]
+    np.testing.assert_array_equal(queries[:, 0], np.arange(length))
+    np.testing.assert_array_equal(parsed, buckets)
 
 
 def test_t5_table_text(capsys):
@@ -469,7 +557,9 @@ def test_demo_reproduces_the_walk_through(tmp_path, capsys):
         in out
     )
     assert f"yarn x8 attention factor: {0.1 * np.log(8) + 1:.6f}" in out
-    table = np.loadtxt(tmp_path / "demo" / "table_i_am_a_robot.csv", delimiter=",")
+    header, positions, table = read_csv(tmp_path / "demo" / "table_i_am_a_robot.csv")
+    assert header == ["position", "dim_0", "dim_1", "dim_2", "dim_3"]  # as posenc table's
+    np.testing.assert_array_equal(positions[:, 0], [0, 1, 2, 3])
     np.testing.assert_allclose(table, SEED_000_TABLE, rtol=0, atol=5e-9)
 
 
@@ -491,7 +581,8 @@ def test_table_text_prints_every_value_at_its_precision(capsys, precision):
         status, out, _ = run(capsys, *argv)
         assert status == 0
         assert "..." not in out
-        printed = np.array([float(v) for v in out.replace("[", " ").replace("]", " ").split()])
+        numbers = out.partition("\n")[2]  # below the heading
+        printed = np.array([float(v) for v in numbers.replace("[", " ").replace("]", " ").split()])
         table = posenc.sinusoidal(length, width, dtype="float64")
         rounded = np.array([float(f"{v:.{precision}f}") for v in table.ravel()])
         np.testing.assert_array_equal(printed, rounded)
@@ -508,11 +599,14 @@ def test_table_to_a_terminal_needs_full_past_1000_numbers(capsys, monkeypatch):
         ]
     status, out, _ = run(capsys, "table", "-L", "1", "-d", "2000", "--format", "csv", "--full")
     assert status == 0
+    header, row = out.splitlines()
+    assert header.split(",") == ["position", *numbered("dim", 2000)]
     np.testing.assert_array_equal(
-        np.array([[float(v) for v in out.split(",")]]), posenc.sinusoidal(1, 2000, dtype="float64")
+        np.array([[float(v) for v in row.split(",")[1:]]]),
+        posenc.sinusoidal(1, 2000, dtype="float64"),
     )
     status, out, _ = run(capsys, "table", "-L", "1", "-d", "1000", "--format", "csv")
-    assert (status, len(out.split(","))) == (0, 1000)
+    assert (status, len(out.splitlines()[1].split(","))) == (0, 1001)  # the position, 1000
 
 
 @pytest.mark.parametrize("precision", ["-1", "18"])

@@ -135,6 +135,30 @@ def test_grid_image_is_seed_004_shape():
     assert fig.axes[0].images[0].get_clim() == (-1.0, 1.0)
 
 
+@pytest.mark.parametrize(("length", "d_model"), [(16, 64), (64, 16), (40, 40), (4, 8)])
+def test_grid_colour_bar_stands_beside_the_image(length, d_model):
+    """0.1 inch right of the image (10 pixels at dpi 100), as tall as it: before, the bar
+    stood at the edge of the space the layout gave the axes, half an inch and more away."""
+    fig = plot.grid(length, d_model)
+    fig.set_dpi(100)
+    fig.draw_without_rendering()  # the layout, and each image's aspect applied
+    image, bar = fig.axes[0], fig.axes[0].child_axes[0]
+    inner, outer = image.get_window_extent(), bar.get_window_extent()
+    assert bar.get_ylabel() == "P(k, j)"
+    assert outer.x0 - inner.x1 == pytest.approx(10, abs=1.5)  # pixels
+    assert (outer.y0, outer.y1) == pytest.approx((inner.y0, inner.y1), abs=1)
+    assert outer.width == pytest.approx(20, abs=2)
+
+
+def test_grid_colour_bar_beside_a_flat_image_is_1_5_inches_tall():
+    fig = plot.grid(1, 64)
+    fig.set_dpi(100)
+    fig.draw_without_rendering()
+    inner, outer = fig.axes[0].get_window_extent(), fig.axes[0].child_axes[0].get_window_extent()
+    assert outer.height == pytest.approx(150, abs=15)
+    assert (outer.y0 + outer.y1) / 2 == pytest.approx((inner.y0 + inner.y1) / 2, abs=1)
+
+
 @pytest.mark.parametrize(("length", "pixels"), [(1000, 10), (1003, 7), (5, 10), (1, 1)])
 def test_long_range_bins_equal_a_direct_reduction(length, pixels):
     fig = plot.long_range(length, 50, pixels=pixels)
@@ -386,9 +410,34 @@ def test_alibi_images_are_the_bias():
         np.testing.assert_array_equal(np.ma.getdata(array), bias[head])
         np.testing.assert_array_equal(np.ma.getmaskarray(array), future)
         # Press et al.: 8 heads' slopes are 1/2, 1/4, ..., 1/256.
-        assert ax.get_title() == f"head {head}: m = {2.0 ** -(head + 1):.8g}"
         assert array[31, 0] == -31 * 2.0 ** -(head + 1)
-    assert "0.5, 0.25, 0.125" in fig._suptitle.get_text()
+    assert [ax.get_title() for ax in images] == [
+        "head 0: m = $2^{-1}$ = 0.5", "head 2: m = $2^{-3}$ = 0.125",
+        "head 5: m = $2^{-6}$ = 0.015625", "head 7: m = $2^{-8}$ = 0.00390625",
+    ]  # fmt: skip
+    assert fig.get_suptitle() == (
+        "ALiBi bias −m·(i − j), future keys masked: 32 positions, 8 heads\nslopes $m_h$: "
+        "$2^{-1}$, $2^{-2}$, $2^{-3}$, $2^{-4}$, $2^{-5}$, $2^{-6}$, $2^{-7}$, $2^{-8}$"
+    )
+
+
+def test_alibi_titles_give_the_slopes_the_panels_show_exactly():
+    """12 heads: 8 slopes 2^-1 .. 2^-8, then 16 heads' 2^-0.5, 2^-1.5, ...: the figure's
+    title and the panels' give the same exact powers of two, equal to the slopes drawn."""
+    fig = plot.alibi(4, 12, show=(0, 8, 11))
+    listed = fig.get_suptitle().splitlines()[1].removeprefix("slopes $m_h$: ").split(", ")
+    assert listed == ["$2^{-1}$", "$2^{-2}$", "$2^{-3}$", "$2^{-4}$", "$2^{-5}$", "$2^{-6}$",
+                      "$2^{-7}$", "$2^{-8}$", "$2^{-0.5}$", "$2^{-1.5}$", "$2^{-2.5}$",
+                      "$2^{-3.5}$"]  # fmt: skip
+    titles = [ax.get_title() for ax in fig.axes[:3]]
+    assert titles == ["head 0: m = $2^{-1}$ = 0.5", "head 8: m = $2^{-0.5}$",
+                      "head 11: m = $2^{-3.5}$"]  # fmt: skip
+    for title, head in zip(titles, (0, 8, 11), strict=True):
+        assert title.split(" = ")[1] == listed[head]  # the panel's slope is the title's
+    exponents = [float(item.removeprefix("$2^{").removesuffix("}$")) for item in listed]
+    np.testing.assert_array_equal(2.0 ** np.array(exponents), posenc.alibi_slopes(12))
+    many = plot.alibi(4, 17).get_suptitle().splitlines()[1].split(", ")
+    assert (len(many), many[-1]) == (17, "…")  # the first 16 slopes, then …
 
 
 def test_alibi_symmetric_and_chosen_heads():
@@ -399,7 +448,7 @@ def test_alibi_symmetric_and_chosen_heads():
     np.testing.assert_array_equal(np.ma.getdata(array), -slope * np.abs(i[:, None] - i[None, :]))
     assert not np.ma.getmaskarray(array).any()
     assert [ax.get_title() for ax in plot.alibi(8, 2).axes[:2]] == [
-        "head 0: m = 0.0625", "head 1: m = 0.00390625"]  # fmt: skip
+        "head 0: m = $2^{-4}$ = 0.0625", "head 1: m = $2^{-8}$ = 0.00390625"]  # fmt: skip
 
 
 def test_t5_image_and_curve_are_the_buckets():

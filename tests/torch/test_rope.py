@@ -593,6 +593,107 @@ def test_bad_input(call, error, match):
         call()
 
 
+# A (batch, seq, heads, head_dim) tensor given to a "bhsd" module is read with its seq
+# axis as heads: where the shapes then disagree, the error says how the layout read them
+# and, when the other layout fits, to pass it. One check (posenc.torch._arguments.check_qk)
+# for every module that rotates queries and keys.
+
+BSHD_Q, BSHD_K = _randn(2, 10, 8, 16), _randn(2, 10, 2, 16)  # 10 positions, 8 and 2 heads
+BHSD_READ = (
+    "qk_layout='bhsd' reads q (2, 10, 8, 16) as (batch=2, heads=10, seq=8, head_dim=16) and k "
+    "(2, 10, 2, 16) as (batch=2, heads=10, seq=2, head_dim=16)"
+)
+FITS_BSHD = (
+    "; with qk_layout='bshd' (batch, seq, heads, head_dim) they fit: pass qk_layout='bshd' if "
+    "that is their layout"
+)
+
+
+def _layout_error(call) -> str:
+    """The message of the ValueError that ``call()`` raises, which names the layout."""
+    with pytest.raises(ValueError, match="qk_layout=") as caught:
+        call()
+    return str(caught.value)
+
+
+def _rotating_modules():
+    from posenc.torch import AxialRotaryEmbedding, LearnedRotaryEmbedding, XPosRotaryEmbedding
+
+    return {
+        "RotaryEmbedding": lambda layout: RotaryEmbedding(16, max_length=16, qk_layout=layout),
+        "XPosRotaryEmbedding": lambda layout: XPosRotaryEmbedding(16, qk_layout=layout),
+        "LearnedRotaryEmbedding": lambda layout: LearnedRotaryEmbedding(16, qk_layout=layout),
+        "AxialRotaryEmbedding": lambda layout: AxialRotaryEmbedding(16, n_axes=1, qk_layout=layout),
+    }
+
+
+@pytest.mark.parametrize("name", list(_rotating_modules()))
+def test_a_layout_mismatch_says_how_it_read_the_shapes_and_the_layout_that_fits(name):
+    make = _rotating_modules()[name]
+    message = _layout_error(lambda: make("bhsd")(BSHD_Q, BSHD_K))
+    assert message == (
+        f"{name}: q and k must have the same batch and seq sizes; {BHSD_READ}{FITS_BSHD}"
+    )
+    message = _layout_error(lambda: make("bhsd")(BSHD_Q, BSHD_K[..., :8]))
+    assert message == (
+        f"{name} was built for head_dim=16, but k has last dimension 8: qk_layout='bhsd' reads "
+        "its shape (2, 10, 2, 8) as (batch=2, heads=10, seq=2, head_dim=8)"
+    )
+    # in the layout that fits, the call is the bhsd call on the transposed tensors
+    at = {"coords": torch.arange(10)[:, None]} if name == "AxialRotaryEmbedding" else {}
+    q_rot, k_rot = make("bshd")(BSHD_Q, BSHD_K, **at)
+    expected = make("bhsd")(BSHD_Q.transpose(1, 2), BSHD_K.transpose(1, 2), **at)
+    assert torch.equal(q_rot.transpose(1, 2), expected[0])
+    assert torch.equal(k_rot.transpose(1, 2), expected[1])
+
+
+@pytest.mark.parametrize(
+    "name", ["RotaryEmbedding", "XPosRotaryEmbedding", "LearnedRotaryEmbedding"]
+)
+def test_positions_of_the_other_layout_s_length_say_so(name):
+    rope = _rotating_modules()[name]("bhsd")
+    q = BSHD_Q[:, :, :2]  # (2, 10, 2, 16): 10 positions, 2 heads; read as seq=2
+    message = _layout_error(lambda: rope(q, q, positions=torch.arange(10)))
+    assert message == (
+        f"{name}: positions must have shape (seq,) or (batch, seq) with seq=2 (that of q and "
+        "k), got shape (10,); qk_layout='bhsd' reads q (2, 10, 2, 16) as (batch=2, heads=10, "
+        f"seq=2, head_dim=16){FITS_BSHD}"
+    )
+    message = _layout_error(
+        lambda: rope(q, q, positions=torch.arange(7))
+    )  # neither layout fits 7 positions: no advice
+    assert message.endswith(
+        "got shape (7,); qk_layout='bhsd' reads q (2, 10, 2, 16) as (batch=2, heads=10, "
+        "seq=2, head_dim=16)"
+    )
+
+
+def test_axial_coordinates_of_the_other_layout_s_length_say_so():
+    from posenc.torch import AxialRotaryEmbedding
+
+    q = BSHD_Q[:, :, :2]
+    message = _layout_error(
+        lambda: AxialRotaryEmbedding(16, n_axes=1, qk_layout="bhsd")(
+            q, q, coords=torch.arange(10)[:, None]
+        )
+    )
+    assert message == (
+        "AxialRotaryEmbedding: coords must cover seq=2 tokens (and batch 1 or 2), got leading "
+        "shape (10,); qk_layout='bhsd' reads q (2, 10, 2, 16) as (batch=2, heads=10, seq=2, "
+        f"head_dim=16){FITS_BSHD}"
+    )
+
+
+def test_shapes_neither_layout_fits_get_no_advice():
+    q, k = _randn(2, 4, 5, 16), _randn(2, 3, 6, 16)
+    message = _layout_error(lambda: _rope()(q, k))
+    assert message == (
+        "RotaryEmbedding: q and k must have the same batch and seq sizes; qk_layout='bhsd' reads "
+        "q (2, 4, 5, 16) as (batch=2, heads=4, seq=5, head_dim=16) and k (2, 3, 6, 16) as "
+        "(batch=2, heads=3, seq=6, head_dim=16)"
+    )
+
+
 @pytest.mark.parametrize(
     ("make", "error", "match"),
     [

@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import math
 import os
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._checks import check_choice, describe
 from .._files import atomic_write
 from .aggregate import _NAMES, METRICS, _tables, _variant_order, aggregate, headline_metric
+from .spec import ROPE_EVAL_SCALINGS, SCHEMES
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-__all__ = ["plot"]
+__all__ = ["Style", "plot", "style"]
 
 
 def plot(
@@ -81,9 +83,7 @@ def plot(
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, columns, squeeze=False).ravel()
     variants = sorted({r["variant"] for t in tables for r in t["rows"]}, key=_variant_order)
-    # ten colours and eleven markers: no two of the first 110 variants look alike, and
-    # from the eleventh on the lines are dash-dotted as well
-    styles = {v: _style(i, "+" in v) for i, v in enumerate(variants)}
+    styles = {v: style(v) for v in variants}  # each variant's own, whatever else is drawn
     several = {t["task"] for t in tables if sum(u["task"] == t["task"] for u in tables) > 1}
     for number, (ax, table) in enumerate(zip(axes, tables, strict=False), start=1):
         task = table["task"]
@@ -112,9 +112,8 @@ def plot(
     return path
 
 
-# Each variant has its own marker, and its points are shifted by this fraction of the
+# Variants are drawn slightly apart: their points are shifted by this fraction of the
 # length per variant, so that lines and bands that coincide stay visible side by side.
-_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h")
 _DODGE = 0.012
 
 
@@ -141,11 +140,68 @@ def _log_axis(ax: Axes) -> None:
     ax.yaxis.set_minor_formatter(plain if len(labelled) < 2 else NullFormatter())
 
 
-def _style(index: int, scaled: bool) -> tuple[str, str, str]:
-    """Colour, marker and line style of the ``index``-th variant (``scaled``: a RoPE model
-    evaluated with a scaling, dashed)."""
-    line = ("--" if scaled else "-") if index < 10 else (":" if scaled else "-.")
-    return f"C{index % 10}", _MARKERS[index % len(_MARKERS)], line
+# A built-in scheme's colour and marker, by its place in SCHEMES: thirteen colours (tab10's
+# ten, black, gold and navy) and thirteen markers, so that no two schemes share either.
+_COLOURS = (
+    "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+    "tab:gray", "tab:olive", "tab:cyan", "black", "#e6ab02", "#000080",
+)  # fmt: skip
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p", "d")
+# A plugin's scheme: a pale colour none of the built-ins has, and a marker, by its name's hash.
+_PLUGIN_COLOURS = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
+                   "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5")  # fmt: skip
+# A RoPE model evaluated with a scaling: its scheme's colour and marker (hollow), the line
+# of the scaling.
+_SCALED_LINES: tuple[str | tuple[int, tuple[int, ...]], ...] = (
+    "--",
+    ":",
+    "-.",
+    (0, (5, 1, 1, 1, 1, 1)),
+    (0, (1, 3)),
+    (0, (8, 2)),
+)
+
+
+class Style(NamedTuple):
+    """How one variant is drawn, in every panel: its colour, marker, line and whether its
+    markers are filled."""
+
+    colour: str
+    marker: str
+    line: str | tuple[int, tuple[int, ...]]
+    filled: bool
+
+
+def style(variant: str) -> Style:
+    """How ``variant`` (a scheme, or ``scheme+scaling``) is drawn: decided by its name alone,
+    the same in every picture whatever else it shows.
+
+    Each of the built-in schemes (:data:`~posenc.bench.SCHEMES`, thirteen) has a colour and
+    a marker of its own, on a solid line; a scheme a plugin registers gets a pale colour and
+    a marker from its name's CRC-32 (two plugins' schemes may, rarely, share them). A RoPE
+    model evaluated with a scaling (``rope+ntk``) keeps its scheme's colour and marker,
+    hollow, on the dashed or dotted line of the scaling.
+
+    Example:
+        >>> style("nope"), style("alibi").colour, style("rope+ntk")
+        (Style(colour='tab:blue', marker='o', line='-', filled=True), 'tab:pink', \
+Style(colour='tab:red', marker='v', line=':', filled=False))
+    """
+    scheme, _, scaling = variant.partition("+")
+    if scheme in SCHEMES[: len(_COLOURS)]:
+        index = SCHEMES.index(scheme)
+        colour, marker = _COLOURS[index], _MARKERS[index]
+    else:
+        number = zlib.crc32(scheme.encode())
+        colour = _PLUGIN_COLOURS[number % len(_PLUGIN_COLOURS)]
+        marker = _MARKERS[number // len(_PLUGIN_COLOURS) % len(_MARKERS)]
+    if not scaling:
+        return Style(colour, marker, "-", True)
+    if scaling in ROPE_EVAL_SCALINGS:
+        line = _SCALED_LINES[ROPE_EVAL_SCALINGS.index(scaling)]
+    else:  # a scaling registered at run time
+        line = _SCALED_LINES[zlib.crc32(scaling.encode()) % len(_SCALED_LINES)]
+    return Style(colour, marker, line, False)
 
 
 def _plot_variant(
@@ -153,7 +209,7 @@ def _plot_variant(
     table: dict[str, Any],
     variant: str,
     shown: str,
-    style: tuple[str, str, str],
+    style: Style,
     dodge: float,
 ) -> None:
     """One variant's line of ``shown`` in a panel of :func:`plot`, its 95% interval shaded
@@ -166,10 +222,11 @@ def _plot_variant(
     ]
     if not points:
         return
-    colour, marker, line = style
+    colour = style.colour
     x = [p[0] for p in points]
     mean = [p[1] for p in points]
-    ax.plot(x, mean, line, marker=marker, markersize=4, color=colour, label=variant)
+    ax.plot(x, mean, linestyle=style.line, marker=style.marker, markersize=4, color=colour,
+            markerfacecolor=colour if style.filled else "none", label=variant)  # fmt: skip
     if any(p[2] is not None for p in points):
         low = [p[2][0] if p[2] is not None else p[1] for p in points]
         high = [p[2][1] if p[2] is not None else p[1] for p in points]

@@ -2,8 +2,9 @@
 
 A builder takes the parsed, resolved options (:mod:`.table`; ``max_bytes`` from
 ``--max-bytes`` bounds every table it builds) and returns a
-:class:`Table`: the JSON record, the CSV matrix, the ``.npy`` payload and the text
-blocks of one scheme. The numbers come from the scheme's spec (:mod:`posenc.specs`) or
+:class:`Table`: the JSON record, the CSV matrix with its header and index columns, the
+``.npy`` payload and the text blocks of one scheme, each text block under a heading line
+that says what it holds. The numbers come from the scheme's spec (:mod:`posenc.specs`) or
 the core; RoPE's scaling options become a spec through the registry's one parser,
 :func:`posenc.core.rope.as_rope_scaling`, so a scaling registered at run time works here
 as the built-in ones do.
@@ -30,7 +31,12 @@ TextBlocks = list[tuple[str | None, np.ndarray | None]]
 
 
 class Table:
-    """One scheme's output: the JSON record, the CSV matrix, the npy payload, text blocks."""
+    """One scheme's output: the JSON record, the CSV matrix, the npy payload, text blocks.
+
+    The CSV file is a header row, ``columns``, then one row per row of ``csv``, after the
+    integer ``index`` columns (``(rows, k)``: the position, or the head and the query)
+    that the first ``k`` names of ``columns`` name.
+    """
 
     def __init__(
         self,
@@ -38,12 +44,30 @@ class Table:
         csv: np.ndarray,
         npy: np.ndarray | dict[str, np.ndarray],
         text: TextBlocks,
+        *,
+        columns: list[str],
+        index: np.ndarray,
     ) -> None:
         self.record, self.csv, self.npy, self.text = record, csv, npy, text
+        self.columns, self.index = columns, index
 
 
-def _positions(args: argparse.Namespace) -> list[int]:
-    return [args.start, args.start + args.length]
+def _numbered(name: str, count: int) -> list[str]:
+    """CSV column names ``name_0 .. name_{count-1}``."""
+    return [f"{name}_{j}" for j in range(count)]
+
+
+def _span(args: argparse.Namespace, width: int) -> str:
+    """The rows and columns of a table by position, for its text heading."""
+    if not args.length:
+        return f"0 positions x {width}"
+    return f"positions {args.start}..{args.start + args.length - 1} x {width}"
+
+
+def _positions(args: argparse.Namespace) -> np.ndarray:
+    """The position of each row, ``start .. start + length - 1``: the JSON record's
+    ``"positions"`` lists them all (``[5, 6, 7]``), never a range that reads as two."""
+    return np.arange(args.start, args.start + args.length, dtype=np.int64)
 
 
 def sinusoidal_table(args: argparse.Namespace) -> Table:
@@ -52,9 +76,10 @@ def sinusoidal_table(args: argparse.Namespace) -> Table:
         d_model=args.d_model, base=args.base, layout=args.layout, formula=args.formula
     )
     values = spec.table(args.length, fmt=args.dtype, start=args.start, max_bytes=args.max_bytes)
+    positions = _positions(args)
     record = {
         "scheme": "sinusoidal",
-        "positions": _positions(args),
+        "positions": positions,
         "d_model": args.d_model,
         "base": args.base,
         "layout": args.layout,
@@ -62,7 +87,13 @@ def sinusoidal_table(args: argparse.Namespace) -> Table:
         "dtype": args.dtype,
         "values": values,
     }
-    return Table(record, values, values, [(None, values)])
+    heading = (
+        f"sinusoidal: d_model={args.d_model}, base={args.base:g}, {args.layout} layout, "
+        f"{args.formula} formula, {args.dtype} ({_span(args, args.d_model)})"
+    )
+    return Table(record, values, values, [(heading, values)],
+                 columns=["position", *_numbered("dim", args.d_model)],
+                 index=positions[:, None])  # fmt: skip
 
 
 def rope_table(args: argparse.Namespace) -> Table:
@@ -102,7 +133,8 @@ def rope_table(args: argparse.Namespace) -> Table:
         "inv_freq": inv_freq,
         "attention_factor": np.float64(attention),
     }
-    span = f"positions {args.start}..{args.start + args.length - 1} x {rotary_dim}"
+    width = int(cos.shape[1])  # rotary_dim
+    span = _span(args, width)
     scaled = "" if attention == 1.0 else ", times the attention factor"
     shown = "".join(f", {k}={v}" for k, v in params.items() if not isinstance(v, list))
     text: TextBlocks = [
@@ -116,7 +148,9 @@ def rope_table(args: argparse.Namespace) -> Table:
         (f"cos ({span}{scaled}):", cos),
         (f"sin ({span}{scaled}):", sin),
     ]
-    return Table(record, np.hstack([cos, sin]), npz, text)
+    columns = ["position", *_numbered("cos", width), *_numbered("sin", width)]
+    return Table(record, np.hstack([cos, sin]), npz, text, columns=columns,
+                 index=_positions(args)[:, None])  # fmt: skip
 
 
 def scaling_params(args: argparse.Namespace) -> dict[str, Any]:
@@ -207,7 +241,9 @@ def alibi_table(args: argparse.Namespace) -> Table:
     ]
     text += [(f"head {h} (slope {m:.17g}):", bias[h]) for h, m in enumerate(slopes)]
     csv = bias.reshape(args.heads * args.length, args.length)  # row h*L + i
-    return Table(record, csv, bias, text)
+    heads, queries = np.divmod(np.arange(csv.shape[0], dtype=np.int64), args.length or 1)
+    return Table(record, csv, bias, text, columns=["head", "query", *_numbered("key", args.length)],
+                 index=np.stack([heads, queries], axis=1))  # fmt: skip
 
 
 def t5_table(args: argparse.Namespace) -> Table:
@@ -234,7 +270,9 @@ def t5_table(args: argparse.Namespace) -> Table:
         f"T5 buckets: {direction}, num_buckets={args.num_buckets}, "
         f"max_distance={args.max_distance}, compat {args.compat} (bucket of key j - query i)"
     )
-    return Table(record, buckets, buckets, [(heading, buckets)])
+    return Table(record, buckets, buckets, [(heading, buckets)],
+                 columns=["query", *_numbered("key", args.length)],
+                 index=np.arange(args.length, dtype=np.int64)[:, None])  # fmt: skip
 
 
 def nope_table(args: argparse.Namespace) -> Table:
@@ -250,7 +288,10 @@ def nope_table(args: argparse.Namespace) -> Table:
         "dtype": args.dtype,
         "values": values,
     }
-    return Table(record, values, values, [(None, values)])
+    heading = f"NoPE: zeros, d_model={width}, {args.dtype} ({_span(args, width)})"
+    return Table(record, values, values, [(heading, values)],
+                 columns=["position", *_numbered("dim", width)],
+                 index=_positions(args)[:, None])  # fmt: skip
 
 
 #: The builder of each scheme that ``posenc table`` prints (``scheme_names(table=True)``).

@@ -90,18 +90,28 @@ def add_parser(commands: Any) -> None:
             "(length, rotary_dim), multiplied by the scaling's attention factor as in "
             "Hugging Face, with inv_freq and attention_factor. alibi: the slopes and the "
             "(heads, length, length) bias. t5: the (length, length) buckets of key - query. "
-            "nope: zeros of the sinusoidal table's shape. Formats: text; json (one object); "
-            "csv (rope: cos columns then sin columns; alibi: the heads' matrices stacked, "
-            "row h*length + i; t5: integers); npy (one .npy array; rope: an .npz archive "
-            "with cos, sin, inv_freq and attention_factor, at the path given)."
+            "nope: zeros of the sinusoidal table's shape. Formats: text (a heading line with the "
+            "scheme and its options above each block of numbers); json (one object: the "
+            "options, the numbers and, for sinusoidal, rope and nope, positions: the position "
+            "of each row, e.g. [5, 6, 7] for --start 5 --length 3); csv (a header row, then "
+            "one row per position: position,dim_0,dim_1,...; rope: position,cos_0,...,sin_0,"
+            "...; alibi: head,query,key_0,..., the heads' matrices one under the other; t5: "
+            "query,key_0,..., integers); npy (one .npy array; rope: an .npz archive with "
+            "cos, sin, inv_freq and attention_factor, at the path given)."
         ),
     )
     table.set_defaults(handler=run, memory_fix=_memory_fix)
-    table.add_argument("--scheme", choices=scheme_names(table=True), default="sinusoidal")
+    table.add_argument(
+        "--scheme", choices=scheme_names(table=True), default="sinusoidal",
+        help="whose numbers (default sinusoidal)",
+    )  # fmt: skip
     table.add_argument("--length", "-L", type=int, default=4, help="number of positions (4)")
     table.add_argument("--start", type=int, help="first position (0); sinusoidal, rope, nope")
     table.add_argument("--dtype", choices=list(FORMATS), help="float64 (default) ...; not t5")
-    table.add_argument("--format", choices=("text", "csv", "json", "npy"), default="text")
+    table.add_argument(
+        "--format", choices=("text", "csv", "json", "npy"), default="text",
+        help="text (default), csv, json or npy: what each holds is said above",
+    )  # fmt: skip
     table.add_argument("--output", "-o", type=Path, help="write to this file (- : standard output)")
     table.add_argument("--precision", type=int, default=8, help="decimals in text output (8)")
     table.add_argument(
@@ -199,7 +209,7 @@ def run(args: argparse.Namespace) -> None:
 def _text(table: Table, args: argparse.Namespace) -> str:
     """The table in ``args.format`` (text, csv or json), every number of it."""
     if args.format == "csv":
-        return _format_csv(table.csv, args)
+        return _format_csv(table, args)
     if args.format == "json":
         return json.dumps(_jsonable(table.record)) + "\n"
     return "".join(
@@ -287,13 +297,19 @@ def _digits(args: argparse.Namespace) -> int:
     return 17 if args.dtype == "float64" else 9  # enough to round-trip the dtype
 
 
-def _format_csv(values: np.ndarray, args: argparse.Namespace) -> str:
+def _format_csv(table: Table, args: argparse.Namespace) -> str:
+    """A header row naming the columns, then each row: its index columns (integers: the
+    position, or the head and the query), then its numbers."""
+    values = table.csv
     if values.dtype.kind in "iu":
-        rows = [",".join(str(v) for v in row) for row in values.tolist()]
+        cells = [[str(v) for v in row] for row in values.tolist()]
     else:
         digits = _digits(args)
-        rows = [",".join(f"{v:.{digits}g}" for v in row) for row in values.astype(np.float64)]
-    return "\n".join(rows) + ("\n" if rows else "")
+        cells = [[f"{v:.{digits}g}" for v in row] for row in values.astype(np.float64)]
+    index = [[str(v) for v in row] for row in table.index.tolist()]
+    rows = [",".join(table.columns)]
+    rows += [",".join(first + rest) for first, rest in zip(index, cells, strict=True)]
+    return "\n".join(rows) + "\n"
 
 
 def _format_text(values: np.ndarray, args: argparse.Namespace, *, vector: bool = False) -> str:

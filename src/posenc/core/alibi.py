@@ -16,6 +16,7 @@ biases are ``slope × integer distance`` in float64, rounded once to the request
 from __future__ import annotations
 
 import decimal
+from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -75,17 +76,30 @@ def check_heads(num_heads: Any) -> int:
     return number
 
 
+def slope_exponents(num_heads: int) -> tuple[Fraction, ...]:
+    """The exponent ``e_h`` of each head's slope ``m_h = 2^e_h``, exactly: a fraction whose
+    denominator is a power of two, so its decimal form ends (``-0.5``, ``-0.125``).
+
+    Example:
+        >>> [str(e) for e in slope_exponents(6)]  # 4 heads' slopes, then 2 of 8 heads'
+        ['-2', '-4', '-6', '-8', '-1', '-3']
+        >>> [str(e) for e in slope_exponents(12)[8:]]  # 16 heads' 2^-0.5, 2^-1.5, ...
+        ['-1/2', '-3/2', '-5/2', '-7/2']
+    """
+    num_heads = check_heads(num_heads)
+    closest = 1 << (num_heads.bit_length() - 1)  # largest power of two <= num_heads
+    # -8(h+1)/c for the first c heads, -8(2m+1)/(2c) for the rest.
+    first = [Fraction(-8 * (h + 1), closest) for h in range(closest)]
+    return (*first, *(Fraction(-4 * (2 * m + 1), closest) for m in range(num_heads - closest)))
+
+
 @lru_cache(maxsize=64)
 def _slopes(num_heads: int) -> np.ndarray:
-    closest = 1 << (num_heads.bit_length() - 1)  # largest power of two <= num_heads
-    # 2^(-8(h+1)/c) for the first c heads, 2^(-8(2m+1)/(2c)) for the rest.
-    exponents = [(-8 * (h + 1), closest) for h in range(closest)]
-    exponents += [(-4 * (2 * m + 1), closest) for m in range(num_heads - closest)]
     ctx = _CONTEXT
     slopes = np.array(
         [
-            float(ctx.exp(ctx.divide(ctx.multiply(_LN2, numerator), denominator)))
-            for numerator, denominator in exponents
+            float(ctx.exp(ctx.divide(ctx.multiply(_LN2, e.numerator), e.denominator)))
+            for e in slope_exponents(num_heads)
         ]
     )
     slopes.flags.writeable = False

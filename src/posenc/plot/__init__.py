@@ -9,7 +9,8 @@ matplotlib is an optional dependency (``pip install 'posenc[plot]'``) and is imp
 only when a figure is built, so ``import posenc`` and ``import posenc.plot`` never
 import it.
 
-The pictures, by the name the ``posenc plot`` command knows them by (:data:`PLOTS`):
+The pictures, by the name the ``posenc plot`` command knows them by (:data:`PICTURES`, with
+the line ``posenc plot --help`` says of each; :data:`PLOTS`, their functions):
 
 ``heatmap``
     The ``(positions, d_model)`` table as a heat map ([1]).
@@ -68,7 +69,7 @@ import numbers
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -87,7 +88,9 @@ __all__ = [
     "MAX_PIXELS",
     "MAX_POINTS",
     "MAX_VALUES",
+    "PICTURES",
     "PLOTS",
+    "Picture",
     "alibi",
     "dimensions",
     "first_positions",
@@ -104,20 +107,59 @@ __all__ = [
     "wavelength_spectrum",
 ]
 
-#: The figures by the name ``posenc plot KIND`` uses for them.
+
+class Picture(NamedTuple):
+    """One picture of :data:`PICTURES`: the function that draws it and what it shows.
+
+    Example:
+        >>> PICTURES["grid"].function is grid, PICTURES["grid"].draws
+        (True, "the first tokens' encodings, one square cell per value")
+    """
+
+    function: Callable[..., Figure]
+    draws: str  # one line, for ``posenc plot --help``
+
+
+#: Every picture by the name ``posenc plot KIND`` and ``posenc demo`` use for it: its
+#: function and one line on what it draws. ``posenc plot --help`` lists them from here,
+#: with the options each takes (read from the function's signature).
+PICTURES: dict[str, Picture] = {
+    "heatmap": Picture(
+        heatmap, "the sinusoidal table, positions × dimensions, as a heat map in [-1, 1]"
+    ),
+    "sinusoids": Picture(
+        sinusoids, "sin(k / n^(2i/d)) against the pair index i, one panel per position k"
+    ),
+    "dimensions": Picture(
+        dimensions, "columns 0, 1, 2, 4, 6, 8 against position for d_model 20, 50 and 128"
+    ),
+    "first-positions": Picture(
+        first_positions, "the first positions of the table as an image, one row each"
+    ),
+    "long-range": Picture(
+        long_range, "many positions binned per pixel row: each bin's mean and range"
+    ),
+    "wavelengths": Picture(
+        wavelength_spectrum, "the wavelengths 2π·n^(2i/d), 2π towards 2πn, on a log axis"
+    ),
+    "similarity": Picture(
+        similarity, "PE·PEᵀ of the positions, and the dot product against the offset"
+    ),
+    "grid": Picture(grid, "the first tokens' encodings, one square cell per value"),
+    "rope-spectrum": Picture(
+        rope_spectrum,
+        "RoPE's wavelength per frequency pair for each scaling method, against L0",
+    ),
+    "rope-score": Picture(
+        rope_score, "RoPE's score q_rot(m)·k_rot(n) against m − n: the long-term decay"
+    ),
+    "alibi": Picture(alibi, "ALiBi's bias −m·(i − j) of up to four heads, with their slopes"),
+    "t5": Picture(t5, "T5's bucket matrix, and the bucket against key − query"),
+}
+
+#: The pictures' functions by name (:data:`PICTURES` without the words).
 PLOTS: dict[str, Callable[..., Figure]] = {
-    "heatmap": heatmap,
-    "sinusoids": sinusoids,
-    "dimensions": dimensions,
-    "first-positions": first_positions,
-    "long-range": long_range,
-    "wavelengths": wavelength_spectrum,
-    "similarity": similarity,
-    "grid": grid,
-    "rope-spectrum": rope_spectrum,
-    "rope-score": rope_score,
-    "alibi": alibi,
-    "t5": t5,
+    name: picture.function for name, picture in PICTURES.items()
 }
 
 

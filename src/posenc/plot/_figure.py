@@ -157,8 +157,17 @@ def table_image(
     colorbar_label: str,
     interpolation: str = "antialiased",
     aspect: Literal["equal", "auto"] = "auto",
+    image_width: float | None = None,
+    image_height: float | None = None,
 ) -> None:
-    """``values`` (rows = positions, columns = dimensions) on ``ax`` in [-1, 1], with bar."""
+    """``values`` (rows = positions, columns = dimensions) on ``ax`` in [-1, 1], with bar.
+
+    With ``aspect="equal"`` the image is narrower or shorter than the space the layout
+    gives ``ax``, and a colour bar beside that space would stand apart from it; give the
+    image's expected size in inches (``image_width``, ``image_height``) and the bar is
+    drawn against the image itself, about 0.1 inch to its right and 0.2 inch wide, as tall
+    as the image or, beside a flat one, 1.5 inches tall, centred on it.
+    """
     image = ax.imshow(
         values,
         cmap=DIVERGING,
@@ -170,4 +179,11 @@ def table_image(
     )
     ax.set_xlabel("encoding dimension j (column)")
     ax.set_ylabel("position k (row)")
-    fig.colorbar(image, ax=ax, label=colorbar_label)
+    if image_width is None:
+        fig.colorbar(image, ax=ax, label=colorbar_label)
+        return
+    # An inset's bounds are fractions of the image's own box (after its aspect is applied).
+    tall = max(1.0, 1.5 / (image_height or 1.5))  # the bar's height over the image's
+    bounds = (1 + 0.1 / image_width, (1 - tall) / 2, 0.2 / image_width, tall)
+    bar = ax.inset_axes(bounds)
+    fig.colorbar(image, cax=bar, label=colorbar_label)

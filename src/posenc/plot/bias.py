@@ -6,21 +6,50 @@ Each returns a new ``Figure`` built without pyplot; the numbers are the float64 
 
 from __future__ import annotations
 
+import decimal
 from collections.abc import Sequence
+from fractions import Fraction
 from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .._checks import check_choice, check_int
-from ..core.alibi import alibi_bias, alibi_slopes, check_heads
+from ..core.alibi import alibi_bias, check_heads, slope_exponents
 from ..core.t5 import check_bucket_options, relative_position_bucket, relative_positions
 from ._figure import SEQUENTIAL, check_points, check_values, colormap, int_sequence, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["alibi", "t5"]
+__all__ = ["alibi", "power_of_two", "slope_text", "t5"]
+
+
+def power_of_two(exponent: Fraction) -> str:
+    """``2^exponent`` in matplotlib's math text, the exponent exact (its denominator is a
+    power of two, so its decimal form ends).
+
+    Example:
+        >>> power_of_two(Fraction(-1)), power_of_two(Fraction(-3, 8))
+        ('$2^{-1}$', '$2^{-0.375}$')
+    """
+    if exponent.denominator == 1:
+        return f"$2^{{{exponent.numerator}}}$"
+    digits = decimal.Context(prec=60).divide(exponent.numerator, exponent.denominator)
+    return f"$2^{{{digits}}}$"
+
+
+def slope_text(exponent: Fraction) -> str:
+    """A slope for a panel's title: ``2^e``, and its decimal value where that is exact
+    (a whole exponent).
+
+    Example:
+        >>> slope_text(Fraction(-8)), slope_text(Fraction(-1, 2))
+        ('$2^{-8}$ = 0.00390625', '$2^{-0.5}$')
+    """
+    if exponent.denominator != 1:
+        return power_of_two(exponent)
+    return f"{power_of_two(exponent)} = {decimal.Decimal(2) ** exponent.numerator:f}"
 
 
 def alibi(
@@ -34,8 +63,10 @@ def alibi(
     One panel per shown head: the ``(length, length)`` bias of :func:`posenc.alibi_bias`
     (float64) for query ``i`` (row) and key ``j`` (column). In ``"causal"`` mode the
     future keys ``j > i`` are drawn grey: their bias is 0, but the causal mask hides
-    them. Panel titles give each head's slope ``m_h``; the figure title lists all of
-    them.
+    them. Panel titles give each head's slope exactly, as the power of two it is
+    (``m_h = 2^e_h``, :func:`posenc.core.alibi.slope_exponents`) and, for a whole
+    exponent, its decimal value; the figure title lists the slopes (the first 16) the
+    same way, so the two agree.
 
     Args:
         length: Number of positions (queries and keys), an int >= 1.
@@ -52,8 +83,10 @@ def alibi(
 
     Example:
         >>> fig = alibi(8, 8)
-        >>> [ax.get_title() for ax in fig.axes[:4]]
-        ['head 0: m = 0.5', 'head 2: m = 0.125', 'head 5: m = 0.015625', 'head 7: m = 0.00390625']
+        >>> [ax.get_title() for ax in fig.axes[:2]]
+        ['head 0: m = $2^{-1}$ = 0.5', 'head 2: m = $2^{-3}$ = 0.125']
+        >>> print(fig.get_suptitle().splitlines()[1])
+        slopes $m_h$: $2^{-1}$, $2^{-2}$, $2^{-3}$, $2^{-4}$, $2^{-5}$, $2^{-6}$, $2^{-7}$, $2^{-8}$
     """
     length = check_int(length, "length", minimum=1)
     num_heads = check_heads(num_heads)
@@ -69,7 +102,7 @@ def alibi(
         "give a smaller length or fewer heads",
     )
     bias = alibi_bias(length, num_heads=num_heads, mode=mode, dtype="float64")  # (H, L, L)
-    slopes = alibi_slopes(num_heads)
+    exponents = slope_exponents(num_heads)  # m_h = 2^e_h: the titles give them exactly
     future = np.triu(np.ones((length, length), dtype=bool), k=1)
     fig = new_figure((4.2 * len(heads) + 0.6, 4.8))
     axes = fig.subplots(1, len(heads), squeeze=False)[0]
@@ -78,13 +111,13 @@ def alibi(
         cmap = colormap(SEQUENTIAL).with_extremes(bad="lightgrey")  # the masked keys
         image = ax.imshow(values, cmap=cmap, interpolation="nearest", aspect="equal")
         fig.colorbar(image, ax=ax, label="bias", shrink=0.8)
-        ax.set_title(f"head {head}: m = {slopes[head]:.8g}")
+        ax.set_title(f"head {head}: m = {slope_text(exponents[head])}")
         ax.set_xlabel("key position j")
         ax.set_ylabel("query position i")
     formula = "−m·(i − j), future keys masked" if mode == "causal" else "−m·|i − j|"
-    listed = ", ".join(f"{s:.4g}" for s in slopes[:16]) + (", …" if num_heads > 16 else "")
+    listed = ", ".join(power_of_two(e) for e in exponents[:16]) + (", …" if num_heads > 16 else "")
     fig.suptitle(
-        f"ALiBi bias {formula}: {length} positions, {num_heads} heads\nslopes m_h: {listed}"
+        f"ALiBi bias {formula}: {length} positions, {num_heads} heads\nslopes $m_h$: {listed}"
     )
     return fig
 

@@ -289,7 +289,8 @@ def grid(length: int = 16, d_model: int = 64, base: float = 10000.0) -> Figure:
         base: The ``n`` of ``sin(k / n^(2i/d))``: finite, > 0 and not 1.
 
     Returns:
-        A new ``Figure`` with one image axes and its colour bar.
+        A new ``Figure`` with one image axes and its colour bar, drawn against the image
+        (an inset of it: ``fig.axes[0].child_axes[0]``).
 
     Example:
         >>> fig = grid()
@@ -303,14 +304,19 @@ def grid(length: int = 16, d_model: int = 64, base: float = 10000.0) -> Figure:
         length * d_model, f"length={length} × d_model={d_model}", "give a smaller length or d_model"
     )
     table = sinusoidal(length, d_model, base=base, dtype="float64")
-    # Square cells: about 10 inches of image width, height to match (within limits).
-    fig = new_figure((12.0, min(10.0, max(2.5, 10.0 * length / d_model + 1.2))))
+    # Square cells: at most 10 inches of image width, height to match (within limits), the
+    # figure about as wide as the image, its labels and the colour bar beside it.
+    height = min(10.0, max(2.5, 10.0 * length / d_model + 1.2))
+    width = min(10.0, (height - 1.3) * d_model / length)  # the image's, about
+    fig = new_figure((max(7.0, width + 2.0), height))
     ax = fig.add_subplot()
-    table_image(fig, ax, table, colorbar_label="P(k, j)", interpolation="nearest", aspect="equal")
+    table_image(fig, ax, table, colorbar_label="P(k, j)", interpolation="nearest", aspect="equal",
+                image_width=width, image_height=width * length / d_model)  # fmt: skip
     from matplotlib.ticker import MaxNLocator
 
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_locator(MaxNLocator(nbins=16, integer=True))
+    # up to 16 ticks a side, no closer than about half an inch apart
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=min(16, max(2, int(2 * width))), integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=16, integer=True))
     ax.set_ylabel("token position k")
     ax.set_xlabel("embedding dimension j")
     ax.set_title(

@@ -1,5 +1,5 @@
-"""The checks of call arguments every PyTorch module shares: offsets, position tensors and
-attention masks.
+"""The checks of call arguments every PyTorch module shares: offsets, position tensors,
+queries and keys in their layout, and attention masks.
 
 The primitives that move the core's numbers onto tensors are in :mod:`._backend`; the
 tables' lifecycle is in :mod:`._tables`.
@@ -19,14 +19,23 @@ from .._checks import MAX_POSITION, describe, position_error, show_number
 from ._backend import is_traced
 
 __all__ = [
+    "QK_AXES",
     "apply_dropout",
     "check_attn_mask",
     "check_device",
     "check_offset",
     "check_offset_or_positions",
     "check_position_tensor",
+    "check_qk",
+    "layout_reading",
     "positions_range",
 ]
+
+#: What each axis of a 4-D query or key tensor is, in each ``qk_layout``.
+QK_AXES: dict[str, tuple[str, str, str, str]] = {
+    "bhsd": ("batch", "heads", "seq", "head_dim"),  # Hugging Face, scaled_dot_product_attention
+    "bshd": ("batch", "seq", "heads", "head_dim"),  # Meta's Llama, flash-attn
+}
 
 
 def check_offset(offset: Any, name: str, count: int = 1) -> int:
@@ -126,6 +135,90 @@ def check_position_tensor(
         raise ValueError(
             f"{name}: positions has batch size {positions.shape[0]} but {of} {verb} {batch}"
         )
+
+
+def _read(x: Tensor, qk_layout: str) -> str:
+    """How ``qk_layout`` reads the shape of ``x``: ``(batch=2, heads=10, seq=4, head_dim=8)``."""
+    axes = zip(QK_AXES[qk_layout], x.shape, strict=True)
+    return "(" + ", ".join(f"{axis}={size}" for axis, size in axes) + ")"
+
+
+def _batch_seq(x: Tensor, qk_layout: str) -> tuple[int, int]:
+    # shape entries as they are: symbolic sizes stay symbolic under torch.compile/export
+    return x.shape[0], x.shape[QK_AXES[qk_layout].index("seq")]
+
+
+def layout_reading(q: Tensor, k: Tensor, qk_layout: str, length: int | None = None) -> str:
+    """What ``qk_layout`` read 4-D ``q`` and ``k`` as and, when the other layout would fit
+    them (the same batch and seq, and seq ``length`` where another argument sets it), that
+    it would: the end of an error about their shapes."""
+    read = f"qk_layout={qk_layout!r} reads q {tuple(q.shape)} as {_read(q, qk_layout)}"
+    if k is not q:
+        read += f" and k {tuple(k.shape)} as {_read(k, qk_layout)}"
+    (other,) = (layout for layout in QK_AXES if layout != qk_layout)
+    batch, seq = _batch_seq(q, other)
+    if (batch, seq) != _batch_seq(k, other) or length not in (None, seq):
+        return read
+    return (
+        f"{read}; with qk_layout={other!r} ({', '.join(QK_AXES[other])}) they fit: pass "
+        f"qk_layout={other!r} if that is their layout"
+    )
+
+
+def check_qk(
+    q: Any, k: Any, head_dim: int, qk_layout: str, name: str, positions: Any = None
+) -> tuple[int, int]:
+    """Queries and keys of a module that rotates them, read in its ``qk_layout``; returns
+    their ``(batch, seq)``.
+
+    ``(batch, seq, heads, head_dim)`` queries given to a ``"bhsd"`` module would be read
+    with their seq axis as heads: when the shapes disagree (with ``head_dim``, with each
+    other, with the length of ``positions``), the error names the layout in use and what
+    it read each axis as, and, when the other layout would fit, says to pass it
+    (:func:`layout_reading`). The rest of ``positions`` is checked by
+    :func:`check_position_tensor`.
+
+    Example:
+        >>> q, k = torch.zeros(1, 5, 4, 8), torch.zeros(1, 5, 2, 8)  # (batch, seq, heads, d)
+        >>> check_qk(q, k, 8, "bshd", "RotaryEmbedding")
+        (1, 5)
+        >>> check_qk(q, k, 8, "bhsd", "RotaryEmbedding")
+        Traceback (most recent call last):
+        ...
+        ValueError: RotaryEmbedding: q and k must have the same batch and seq sizes; \
+qk_layout='bhsd' reads q (1, 5, 4, 8) as (batch=1, heads=5, seq=4, head_dim=8) and k \
+(1, 5, 2, 8) as (batch=1, heads=5, seq=2, head_dim=8); with qk_layout='bshd' (batch, seq, \
+heads, head_dim) they fit: pass qk_layout='bshd' if that is their layout
+    """
+    for label, x in (("q", q), ("k", k)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name}: {label} must be a torch.Tensor, got {describe(x)}")
+        if x.dim() != 4:
+            raise ValueError(
+                f"{name}: {label} must have shape ({', '.join(QK_AXES[qk_layout])}) "
+                f"(qk_layout={qk_layout!r}), got shape {tuple(x.shape)}"
+            )
+        if x.shape[-1] != head_dim:
+            raise ValueError(
+                f"{name} was built for head_dim={head_dim}, but {label} has last dimension "
+                f"{x.shape[-1]}: qk_layout={qk_layout!r} reads its shape {tuple(x.shape)} as "
+                f"{_read(x, qk_layout)}"
+            )
+        if not x.is_floating_point():
+            raise TypeError(f"{name}: {label} must be a floating-point tensor, got dtype {x.dtype}")
+    batch, seq = _batch_seq(q, qk_layout)
+    if (batch, seq) != _batch_seq(k, qk_layout):
+        raise ValueError(
+            f"{name}: q and k must have the same batch and seq sizes; "
+            f"{layout_reading(q, k, qk_layout)}"
+        )
+    if isinstance(positions, Tensor) and positions.dim() in (1, 2) and positions.shape[-1] != seq:
+        raise ValueError(
+            f"{name}: positions must have shape (seq,) or (batch, seq) with seq={seq} (that of "
+            f"q and k), got shape {tuple(positions.shape)}; "
+            f"{layout_reading(q, k, qk_layout, positions.shape[-1])}"
+        )
+    return batch, seq
 
 
 def positions_range(positions: Tensor, name: str) -> tuple[int, int] | None:

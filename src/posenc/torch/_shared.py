@@ -211,7 +211,7 @@ class DerivedBuffers(nn.Module):
 
         Example:
             >>> from posenc.torch import RotaryEmbedding
-            >>> a, b = RotaryEmbedding(8), RotaryEmbedding(8)
+            >>> a, b = RotaryEmbedding(8, qk_layout="bhsd"), RotaryEmbedding(8, qk_layout="bshd")
             >>> a.cos is b.cos
             True
             >>> b = b.unshare_tables()

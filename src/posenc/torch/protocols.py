@@ -27,7 +27,7 @@ Example:
     >>> class Shift:  # a scheme of its own: every key rotated as if one position later
     ...     head_dim, qk_layout = 8, "bhsd"
     ...     def __init__(self):
-    ...         self.rope = RotaryEmbedding(8)
+    ...         self.rope = RotaryEmbedding(8, qk_layout="bhsd")
     ...     def rotate_queries_keys(self, q, k, *, positions=None, offset=0):
     ...         return self.rope(q, k, offset=offset)[0], self.rope(q, k, offset=offset + 1)[1]
     >>> isinstance(Shift(), QueryKeyRotation)

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .._checks import check_int, describe
 from ..core.plan import plan_scaling
-from ._arguments import check_position_tensor
+from ._arguments import QK_AXES, check_position_tensor
 from ._backend import format_of, to_tensor
 from ._tables import eager_only, table_dtype
 from .rotation import broadcast_tables, rotate
@@ -52,7 +52,7 @@ class MovesCachedKeys:
         Example:
             >>> from posenc.torch import RotaryEmbedding
             >>> rope = RotaryEmbedding(8, scaling="dynamic_ntk", scaling_params={
-            ...     "factor": 2.0, "original_max_position_embeddings": 16})
+            ...     "factor": 2.0, "original_max_position_embeddings": 16}, qk_layout="bhsd")
             >>> rope.frequency_state(16), rope.frequency_state(17)
             (None, 17)
         """
@@ -88,8 +88,8 @@ class MovesCachedKeys:
 
         Example:
             >>> from posenc.torch import RotaryEmbedding
-            >>> rope = RotaryEmbedding(8, base=100.0)
-            >>> k = torch.randn(1, 1, 3, 8, dtype=torch.float64)
+            >>> rope = RotaryEmbedding(8, base=100.0, qk_layout="bhsd")
+            >>> k = torch.randn(1, 1, 3, 8, dtype=torch.float64)  # (batch, heads, seq, head_dim)
             >>> at_5 = rope.rotate_keys(k, positions=torch.tensor([5, 6, 7]))
             >>> moved = rope.rerotate_keys(at_5, positions=torch.tensor([5, 6, 7]),
             ...                            new_positions=torch.tensor([0, 1, 2]))
@@ -124,7 +124,7 @@ class MovesCachedKeys:
                 f"{name}: keys must be a floating 4-D tensor in qk_layout={self.qk_layout!r}, "
                 f"got {describe(keys)}"
             )
-        seq = keys.shape[2 if self.qk_layout == "bhsd" else 1]
+        seq = keys.shape[QK_AXES[self.qk_layout].index("seq")]
         if positions is None:
             return np.arange(seq, dtype=np.int64)
         check_position_tensor(

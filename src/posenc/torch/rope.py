@@ -29,7 +29,13 @@ from .._checks import check_bool, check_choice, check_max_length, describe
 from ..core.plan import plan_rows, plan_scaling
 from ..core.rope import RopeScaling, as_rope_scaling
 from ..specs import FromHFConfig, RopeSpec
-from ._arguments import check_offset_or_positions, check_position_tensor, positions_range
+from ._arguments import (
+    QK_AXES,
+    check_offset_or_positions,
+    check_position_tensor,
+    check_qk,
+    positions_range,
+)
 from ._backend import format_of, is_traced, to_tensor
 from ._tables import PositionTables, core_filled, eager_only, table_dtype
 from .protocols import RotatesQueriesKeys
@@ -39,7 +45,6 @@ from .rope_weights import convert_rope_weights
 from .rotation import (
     SMALL,
     broadcast_tables,
-    check_qk,
     rotate,
     rotate_small_pair,
     signed_sin,
@@ -55,7 +60,7 @@ __all__ = [
     "convert_rope_weights",
 ]
 
-QK_LAYOUTS: tuple[str, ...] = ("bhsd", "bshd")
+QK_LAYOUTS: tuple[str, ...] = tuple(QK_AXES)
 """``"bhsd"``: (batch, heads, seq, head_dim); ``"bshd"``: (batch, seq, heads, head_dim)."""
 
 # Keys other libraries write for derived RoPE state: Hugging Face ``inv_freq`` (persistent
@@ -134,7 +139,8 @@ class RotaryEmbedding(
         max_length: Number of positions the tables hold initially.
         qk_layout: ``"bhsd"`` (batch, heads, seq, head_dim), as Hugging Face and
             ``scaled_dot_product_attention``, or ``"bshd"`` (batch, seq, heads, head_dim),
-            as Meta's Llama and flash-attn.
+            as Meta's Llama and flash-attn. Where q, k and positions disagree as read,
+            the error says how and, if the other layout fits, to pass it.
         fused: Rotate with one kernel per tensor that ``torch.compile`` makes of the
             formula (a single pass over q and k, forward and backward: on one CPU thread
             about 6× faster than the eager operations, near a copy's speed), the same
@@ -162,13 +168,16 @@ class RotaryEmbedding(
         attention_factor: The scaling's factor on the tables (YaRN, LongRoPE; else 1).
 
     Example:
-        >>> rope = RotaryEmbedding(64, max_length=128)
+        >>> rope = RotaryEmbedding(64, max_length=128, qk_layout="bhsd")
         >>> q, k = torch.randn(2, 8, 10, 64), torch.randn(2, 2, 10, 64)  # 8 query, 2 kv heads
         >>> q_rot, k_rot = rope(q, k)
         >>> q_rot.shape, k_rot.shape
         (torch.Size([2, 8, 10, 64]), torch.Size([2, 2, 10, 64]))
         >>> q_last, k_last = rope(q[:, :, 9:], k[:, :, 9:], offset=9)  # KV-cache decoding
         >>> torch.equal(q_last, q_rot[:, :, 9:]) and torch.equal(k_last, k_rot[:, :, 9:])
+        True
+        >>> bshd = RotaryEmbedding(64, max_length=128, qk_layout="bshd")  # (batch, seq, heads, d)
+        >>> torch.equal(bshd(q.transpose(1, 2), k.transpose(1, 2))[0], q_rot.transpose(1, 2))
         True
         >>> rope.half().cos.dtype  # the tables stay float32
         torch.float32
@@ -317,9 +326,7 @@ class RotaryEmbedding(
     ) -> tuple[Tensor, Tensor]:
         name = type(self).__name__
         inplace = check_bool(inplace, "inplace")
-        seq_axis = 2 if self.qk_layout == "bhsd" else 1
-        check_qk(q, k, self.head_dim, self.qk_layout, name)
-        batch, seq = q.shape[0], q.shape[seq_axis]
+        batch, seq = check_qk(q, k, self.head_dim, self.qk_layout, name, positions)
         offset = check_offset_or_positions(offset, positions, name, seq)
         if positions is not None:
             check_rope_positions(positions, batch, seq, name)
@@ -391,7 +398,7 @@ class RotaryEmbedding(
         the largest position, as in :meth:`forward`.
 
         Example:
-            >>> rope = RotaryEmbedding(4, base=100.0)
+            >>> rope = RotaryEmbedding(4, base=100.0, qk_layout="bhsd")
             >>> cos, sin = rope.cos_sin(torch.tensor([[0, 1]]))  # frequencies 1 and 0.1
             >>> sin[0, 1].tolist() == [float(np.float32(np.sin(w))) for w in (1, 0.1, 1, 0.1)]
             True

@@ -22,8 +22,8 @@ from ..core.rope import RopeScaling, as_rope_scaling
 from ..specs import FromSpec, RopeSpec
 from ._arguments import check_offset_or_positions
 from .protocols import RotatesQueriesKeys
-from .rope import QK_LAYOUTS, check_rope_positions
-from .rotation import broadcast_tables, check_qk, rotate
+from .rope import QK_LAYOUTS, check_qk, check_rope_positions
+from .rotation import broadcast_tables, rotate
 
 __all__ = ["LearnedRotaryEmbedding"]
 
@@ -50,12 +50,13 @@ class LearnedRotaryEmbedding(RotatesQueriesKeys, FromSpec):
     float32 under mixed precision, as trained parameters usually are.
 
     Example:
-        >>> rope = LearnedRotaryEmbedding(8)
+        >>> rope = LearnedRotaryEmbedding(8, qk_layout="bhsd")
         >>> rope.inv_freq.requires_grad, rope.inv_freq.shape
         (True, torch.Size([4]))
         >>> from posenc.torch import RotaryEmbedding
         >>> q = torch.randn(1, 2, 5, 8)
-        >>> torch.allclose(rope(q, q)[0], RotaryEmbedding(8)(q, q)[0], atol=1e-6)  # at start
+        >>> fixed = RotaryEmbedding(8, qk_layout="bhsd")
+        >>> torch.allclose(rope(q, q)[0], fixed(q, q)[0], atol=1e-6)  # at the start
         True
     """
 
@@ -112,11 +113,9 @@ class LearnedRotaryEmbedding(RotatesQueriesKeys, FromSpec):
         self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
     ) -> tuple[Tensor, Tensor]:
         name = type(self).__name__
-        check_qk(q, k, self.head_dim, self.qk_layout, name)
+        batch, seq = check_qk(q, k, self.head_dim, self.qk_layout, name, positions)
         if q.device != k.device:
             raise ValueError(f"{name}: q is on {q.device} but k on {k.device}; give both on one")
-        seq_axis = 2 if self.qk_layout == "bhsd" else 1
-        batch, seq = q.shape[0], q.shape[seq_axis]
         offset = check_offset_or_positions(offset, positions, name)
         device = self.inv_freq.device
         if positions is None:

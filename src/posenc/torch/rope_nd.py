@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from .._checks import check_choice, check_max_length, describe
 from ..specs import AxialRopeSpec, FromSpec, XPosSpec
-from ._arguments import check_offset_or_positions
+from ._arguments import check_offset_or_positions, layout_reading
 from ._backend import format_of, to_tensor
 from ._tables import PositionTables, eager_only, table_dtype
 from .protocols import RotatesQueriesKeys
@@ -93,13 +93,13 @@ class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
         q_scale, k_scale: ``ζ^(±(p - centre)/B)``, ``(rows, head_dim)`` in ``layout``.
 
     Example:
-        >>> xpos = XPosRotaryEmbedding(16, max_length=64)
+        >>> xpos = XPosRotaryEmbedding(16, max_length=64, qk_layout="bhsd")
         >>> q, k = torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16)
         >>> qx, kx = xpos(q, k)
         >>> q9, k9 = xpos(q[:, :, 9:], k[:, :, 9:], offset=9)  # KV-cache decoding
         >>> torch.equal(q9, qx[:, :, 9:]) and torch.equal(k9, kx[:, :, 9:])
         True
-        >>> scales = XPosRotaryEmbedding(4, max_length=1024).q_scale[[0, 512]]
+        >>> scales = XPosRotaryEmbedding(4, max_length=1024, qk_layout="bhsd").q_scale[[0, 512]]
         >>> scales.double().round(decimals=4).tolist()  # ζ = (0.4, 0.9)/1.4 at p = B
         [[1.0, 1.0, 1.0, 1.0], [0.2857, 0.2857, 0.6429, 0.6429]]
 
@@ -167,9 +167,7 @@ class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
         self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
     ) -> tuple[Tensor, Tensor]:
         name = type(self).__name__
-        seq_axis = 2 if self.qk_layout == "bhsd" else 1
-        check_qk(q, k, self.head_dim, self.qk_layout, name)
-        batch, seq = q.shape[0], q.shape[seq_axis]
+        batch, seq = check_qk(q, k, self.head_dim, self.qk_layout, name, positions)
         offset = check_offset_or_positions(offset, positions, name, seq)
         if positions is not None:
             check_rope_positions(positions, batch, seq, name)
@@ -246,7 +244,7 @@ class AxialRotaryEmbedding(nn.Module, FromSpec):
 
     Example:
         >>> from posenc.core.rope_nd import grid_coordinates
-        >>> rope = AxialRotaryEmbedding(32, n_axes=2)
+        >>> rope = AxialRotaryEmbedding(32, n_axes=2, qk_layout="bhsd")
         >>> coords = torch.from_numpy(grid_coordinates((4, 6)).reshape(-1, 2))  # (24, 2)
         >>> q, k = torch.randn(1, 8, 24, 32), torch.randn(1, 8, 24, 32)
         >>> q_rot, k_rot = rope(q, k, coords=coords)
@@ -312,7 +310,7 @@ class AxialRotaryEmbedding(nn.Module, FromSpec):
             ``dtype`` on ``coords``' device; every value correctly rounded.
 
         Example:
-            >>> rope = AxialRotaryEmbedding(4, n_axes=2, layout="interleaved")
+            >>> rope = AxialRotaryEmbedding(4, n_axes=2, layout="interleaved", qk_layout="bhsd")
             >>> cos, sin = rope.tables(torch.tensor([[1, 2]]), dtype=torch.float64)
             >>> torch.arccos(cos).round(decimals=6).tolist()  # x turns pair 0 by 1, y pair 1 by 2
             [[1.0, 1.0, 2.0, 2.0]]
@@ -335,9 +333,7 @@ class AxialRotaryEmbedding(nn.Module, FromSpec):
         sin: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         name = type(self).__name__
-        seq_axis = 2 if self.qk_layout == "bhsd" else 1
-        check_qk(q, k, self.head_dim, self.qk_layout, name)
-        batch, seq = q.shape[0], q.shape[seq_axis]
+        batch, seq = check_qk(q, k, self.head_dim, self.qk_layout, name)
         if coords is not None:
             if cos is not None or sin is not None:
                 raise TypeError(f"{name}: pass either coords= or cos= and sin=, not both")
@@ -371,7 +367,7 @@ class AxialRotaryEmbedding(nn.Module, FromSpec):
             given = "coords" if coords is not None else "cos/sin"
             raise ValueError(
                 f"{name}: {given} must cover seq={seq} tokens (and batch 1 or {batch}), got "
-                f"leading shape {tuple(lead)}"
+                f"leading shape {tuple(lead)}; {layout_reading(q, k, self.qk_layout, lead[-1])}"
             )
         if coords is not None:
             cos, sin = self.tables(coords, dtype=dtype)

@@ -19,12 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._checks import describe
-
 __all__ = [
     "SMALL",
     "broadcast_tables",
-    "check_qk",
     "rotate",
     "rotate_small_pair",
     "signed_sin",
@@ -260,28 +257,3 @@ def broadcast_tables(tables: tuple[Tensor, ...], qk_layout: str, device: Any) ->
             t = t.unsqueeze(1)  # (batch, 1, seq, r)
         out.append(t.to(device))
     return tuple(out)
-
-
-def check_qk(q: Any, k: Any, head_dim: int, qk_layout: str, name: str) -> None:
-    axes = "batch, heads, seq, head_dim" if qk_layout == "bhsd" else "batch, seq, heads, head_dim"
-    for label, x in (("q", q), ("k", k)):
-        if not isinstance(x, Tensor):
-            raise TypeError(f"{name}: {label} must be a torch.Tensor, got {describe(x)}")
-        if x.dim() != 4:
-            raise ValueError(
-                f"{name}: {label} must have shape ({axes}) (qk_layout={qk_layout!r}), "
-                f"got shape {tuple(x.shape)}"
-            )
-        if x.shape[-1] != head_dim:
-            raise ValueError(
-                f"{name} was built for head_dim={head_dim}, but {label} has last dimension "
-                f"{x.shape[-1]} (shape {tuple(x.shape)})"
-            )
-        if not x.is_floating_point():
-            raise TypeError(f"{name}: {label} must be a floating-point tensor, got dtype {x.dtype}")
-    seq_axis = 2 if qk_layout == "bhsd" else 1
-    if q.shape[0] != k.shape[0] or q.shape[seq_axis] != k.shape[seq_axis]:
-        raise ValueError(
-            f"{name}: q and k must have the same batch and seq sizes (axes 0 and {seq_axis} "
-            f"for qk_layout={qk_layout!r}), got shapes {tuple(q.shape)} and {tuple(k.shape)}"
-        )
