@@ -108,7 +108,10 @@ def run_bash(block: Block) -> None:
     for argv in commands(block):
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = main(argv)
+            try:
+                status = main(argv)
+            except SystemExit as exit:  # --help and --version end this way
+                status = exit.code or 0
         assert status == 0, (
             f"{block.where}: posenc {shlex.join(argv)} -> {status}: {err.getvalue()}"
         )
