@@ -32,6 +32,7 @@ PICTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "similarity": ("similarity", {}),
     "grid": ("grid", {}),
     "rope-spectrum": ("rope_spectrum", {}),
+    "rope-spectrum-ntk": ("rope_spectrum", {"methods": ("default", "ntk", "dynamic_ntk")}),
     "rope-score": ("rope_score", {}),
     "alibi": ("alibi", {}),
     "alibi-symmetric": ("alibi", {"mode": "symmetric"}),
