@@ -220,7 +220,8 @@ class FIREBias(BiasesScores, FromSpec):
         torch.Size([4, 5, 8])
 
     References:
-        Li, You, Bhojanapalli, Li, Rawat, Reddi, Ye, Chern, Yu, Guo and Kumar,
+        Li, You, Guruganesh, Ainslie, Ontañón, Zaheer, Sanghai, Yang, Kumar and
+        Bhojanapalli,
         "Functional Interpolation for Relative Positions Improves Long Context
         Transformers", ICLR 2024 (arXiv:2310.04418).
     """

@@ -129,8 +129,8 @@ class RotaryEmbedding(
             :func:`convert_rope_weights` converts checkpoints between them.
         scaling: ``None`` (or ``"default"``), a registered name
             (:data:`posenc.ROPE_SCALING_SPECS`: ``"linear"``, ``"ntk"``,
-            ``"dynamic_ntk"``, ``"yarn"``, ``"llama3"``, ``"longrope"``, or one added with
-            :func:`posenc.register_rope_scaling`), a spec such as
+            ``"dynamic_ntk"``, ``"yarn"``, ``"llama3"``, ``"longrope"``, ``"proportional"``,
+            or one added with :func:`posenc.register_rope_scaling`), a spec such as
             ``posenc.YarnScaling(...)`` or its dict form.
         scaling_params: With a name, the method's parameters (the fields of its spec),
             e.g. ``{"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

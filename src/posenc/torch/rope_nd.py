@@ -227,7 +227,8 @@ class AxialRotaryEmbedding(nn.Module, FromSpec):
         n_axes: Number of coordinate axes (>= 1; 1 is plain RoPE).
         base: The RoPE base (10000; 100 in Heo et al.'s ViT experiments).
         sections: Pairs per axis, adding up to ``head_dim // 2``; default an equal split.
-        mode: ``"axial"`` or ``"mrope"``.
+        mode: ``"axial"``, ``"mrope"`` (contiguous sections, Qwen2-VL) or
+            ``"mrope-interleaved"`` (pairs dealt round-robin, Qwen3-VL).
         layout: ``"half"`` (Hugging Face, Qwen2-VL) or ``"interleaved"`` (rope-vit).
         qk_layout: ``"bhsd"`` (batch, heads, seq, head_dim) or ``"bshd"``.
 

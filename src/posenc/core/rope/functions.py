@@ -46,7 +46,7 @@ def rope_scaling(
     Args:
         name: A registered name (:data:`ROPE_SCALING_SPECS`): ``"default"``,
             ``"linear"``, ``"ntk"``, ``"dynamic_ntk"``, ``"yarn"``, ``"llama3"``,
-            ``"longrope"``, or one added with :func:`register_rope_scaling`.
+            ``"longrope"``, ``"proportional"``, or one added with :func:`register_rope_scaling`.
         head_dim, base, rotary_dim: As in :func:`rope_frequencies`.
         **params: The method's parameters (the fields of its spec class), and
             ``seq_len`` for a length-dependent method.

@@ -19,7 +19,7 @@ scales near 1 and cancels in every score. lucidrains' ``rotary-embedding-torch``
 with ``centre="torchscale"`` / ``"lucidrains"``.
 
 **Axial RoPE** splits the ``d/2`` frequency pairs into one contiguous section per
-coordinate axis; the pairs of section ``a`` rotate by coordinate ``a``. Two ways to choose
+coordinate axis; the pairs of section ``a`` rotate by coordinate ``a``. Three ways to choose
 the frequencies are offered by :func:`axial_rope_tables`:
 
 ``mode="axial"``
@@ -31,7 +31,10 @@ the frequencies are offered by :func:`axial_rope_tables`:
     One ladder ``base^(-2j/d)`` over all pairs, cut into contiguous sections: Qwen2-VL's
     multimodal RoPE (``mrope_section = [16, 24, 24]`` for temporal, height, width with
     ``d = 128``; Hugging Face ``Qwen2VLRotaryEmbedding.recomposition_frequencies``).
-    The round-robin ("interleaved M-RoPE") assignment of Qwen3-VL is not offered.
+``mode="mrope-interleaved"``
+    The same ladder, its pairs dealt to the axes in turn instead of in contiguous
+    sections (Qwen3-VL's interleaved M-RoPE): axis ``a >= 1`` takes pairs ``a, a + n,
+    a + 2n, ...`` (``sections[a]`` of them, for ``n`` axes), axis 0 the others.
 
 The tables have the usual RoPE shape ``(..., rotary_dim)`` in ``layout`` ``"half"`` or
 ``"interleaved"``, so :func:`apply_rope` applies them and every identity of 1-D RoPE
