@@ -232,7 +232,7 @@ def test_register_adds_longrope_with_its_own_switch(registered):
         )
 
     ours, theirs = config("posenc_longrope"), config("longrope")
-    for seq_len in (None, 1, 4096, 4097, 131072):
+    for seq_len in (None, 0, 1, 4096, 4097, 131072):  # 0: no length, as for Hugging Face
         mine, factor = ROPE_INIT_FUNCTIONS["posenc_longrope"](ours, None, seq_len=seq_len)
         hf, hf_factor = ROPE_INIT_FUNCTIONS["longrope"](theirs, None, seq_len=seq_len)
         torch.testing.assert_close(mine, hf, rtol=1.2e-7, atol=0)
@@ -249,7 +249,7 @@ def test_register_keeps_dynamic_ntks_rule_and_a_users_scaling_its_own(registered
                                         rope_parameters={"rope_type": kind, "rope_theta": 1e4,
                                                          **extra})  # fmt: skip
 
-    for seq_len in (None, 1, 1024, 3000):
+    for seq_len in (None, 0, 1, 1024, 3000):  # 0: no length, as for Hugging Face
         mine = ROPE_INIT_FUNCTIONS["posenc_dynamic"](config("posenc_dynamic", factor=2.0),
                                                      None, seq_len=seq_len)[0]  # fmt: skip
         hf = ROPE_INIT_FUNCTIONS["dynamic"](config("dynamic", factor=2.0), None, seq_len=seq_len)[0]

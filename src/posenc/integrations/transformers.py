@@ -384,7 +384,9 @@ def _init_function(
 ) -> tuple[Tensor, float]:
     """A ``ROPE_INIT_FUNCTIONS`` entry: ``(inv_freq, attention_factor)`` of the config."""
     spec = RopeSpec.from_hf_config(config, layer_type=layer_type)
-    # each method's own length rule (its frequencies(seq_len)); a fixed method takes none
-    length = int(seq_len) if seq_len is not None and spec.scaling.length_dependent else None
+    # each method's own length rule (its frequencies(seq_len)); a fixed method takes none.
+    # A length of 0 is no length, as for Hugging Face (`if seq_len and ...`): the
+    # frequencies of the original context.
+    length = int(seq_len) if seq_len and spec.scaling.length_dependent else None
     inv_freq, attention = spec.frequencies(length)
     return torch.tensor(inv_freq, dtype=torch.float32, device=device), float(attention)
