@@ -22,10 +22,18 @@ _HEADING = re.compile(r"^(\s*)Example:\s*$", re.MULTILINE)
 _ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|exc|obj|const):`[~.]?([^`]+)`")
 
 
+def rewrite(obj: griffe.Object) -> None:
+    """Rewrite ``obj``'s docstring in place (see the module's docstring)."""
+    if obj.docstring is not None:
+        text = _HEADING.sub(r"\1Examples:", obj.docstring.value)
+        obj.docstring.value = _ROLE.sub(r"`\1`", text)
+
+
 class PosencDocstrings(griffe.Extension):
     """``Example:`` → ``Examples:``, and roles → code, in every docstring griffe loads."""
 
     def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
-        if obj.docstring is not None:
-            text = _HEADING.sub(r"\1Examples:", obj.docstring.value)
-            obj.docstring.value = _ROLE.sub(r"`\1`", text)
+        rewrite(obj)
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        rewrite(pkg)  # the top package, which on_object is not called for

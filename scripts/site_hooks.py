@@ -13,11 +13,19 @@
 from __future__ import annotations
 
 import io
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
+from mkdocs.structure.pages import Page
+
+LOG = logging.getLogger("mkdocs.hooks.posenc")
+# What a docstring looks like when scripts/griffe_docstrings.py missed it: a Sphinx role
+# left as text, or an "Example:" section drawn as a note instead of code.
+UNREAD = re.compile(r":(?:func|class|mod|meth|attr|data|exc):<code>|<details class=\"example\"")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,3 +81,11 @@ def on_files(files: Files, config: MkDocsConfig, **kwargs: Any) -> Files:
     for uri, path in REPOSITORY.items():
         files.append(File.generated(config, uri, abs_src_path=str(ROOT / path)))
     return files
+
+
+def on_post_page(output: str, page: Page, config: MkDocsConfig, **kwargs: Any) -> str:
+    """Warn (an error under ``--strict``) about a docstring rendered without the rewrite."""
+    found = UNREAD.search(output)
+    if found:
+        LOG.warning("%s: a docstring is rendered unread: %r", page.file.src_uri, found[0])
+    return output

@@ -12,7 +12,7 @@ arrays of the chosen setting and hands them to Plotly, whose script is inlined, 
 file works offline, from disk, with nothing fetched. Needs Plotly
 (``pip install "posenc[explore]"``) to write the page, nothing to view it.
 
-The page is about 7.5 MB: Plotly's script is 4.8 MB of it, the numbers 2.7 MB (base64
+The page is about 7.6 MB: Plotly's script is 4.8 MB of it, the numbers 2.7 MB (base64
 of the float32 tables and float64 curves, each distinct array once). A grid that would
 take the page past :data:`MAX_PAGE_BYTES` is refused when the page is written: a page
 grows with the product of its controls' ranges, and one that a browser (or a reader of
