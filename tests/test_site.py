@@ -7,7 +7,9 @@ must be a ``posenc`` command (``\\`` continues a line, ``#`` starts a comment), 
 the CLI's ``main`` and expected to exit with status 0. What a page registers (a bench
 task, a scheme, a RoPE scaling) is unregistered after it. A block that cannot run says why
 in an HTML comment on the line before it: ``<!-- not run: the reason -->``. Blocks of
-other languages (``text``, plain) are output, not examples.
+other languages (``text``, plain) are output, not examples: a Python block that prints
+is followed by the ``text`` block of what it prints (the next block of the page), and
+the two must agree.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^(\s*)```(\w*)")
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(.+?)\s*-->\s*$")
-PACKAGES = ("torch", "keras", "tensorflow", "jax", "flax", "ml_dtypes", "matplotlib")
+PACKAGES = ("torch", "keras", "tensorflow", "jax", "flax", "ml_dtypes", "matplotlib", "plotly",
+            "transformers", "safetensors")  # fmt: skip
 
 
 @dataclass
@@ -37,6 +40,7 @@ class Block:
     language: str
     code: str
     not_run: str | None  # the reason, for a block that cannot run
+    shown: str | None = None  # a text block that follows it: the output it shows
 
     @property
     def where(self) -> str:
@@ -60,6 +64,11 @@ def blocks(page: Path) -> list[Block]:
             body.append(lines[i].removeprefix(indent))
             i += 1
         i += 1
+        if language == "text" and found and found[-1].shown is None:
+            found[-1].shown = "\n".join(body)
+            continue
+        if found and found[-1].shown is None:
+            found[-1].shown = ""  # another block came first: it shows no output
         if language in ("python", "bash", "sh"):
             previous = lines[start - 2] if start >= 2 else ""
             match = NOT_RUN.search(previous)
@@ -96,10 +105,17 @@ def test_the_pages_have_examples_and_each_not_run_block_says_why():
 
 
 def run_python(block: Block, namespace: dict[str, object]) -> None:
+    out = io.StringIO()
     try:
-        exec(compile(block.code, block.where, "exec"), namespace)
+        with contextlib.redirect_stdout(out):
+            exec(compile(block.code, block.where, "exec"), namespace)
     except Exception as error:
         raise AssertionError(f"the block at {block.where} failed: {error!r}") from error
+    printed = out.getvalue().rstrip("\n")
+    if printed and block.shown:
+        assert printed == block.shown.rstrip("\n"), (
+            f"{block.where} prints what its text block does not show"
+        )
 
 
 def run_bash(block: Block) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 
@@ -11,7 +12,7 @@ import pytest
 
 import posenc
 from posenc.cli import main
-from posenc.explore import GRID, MAX_PAGE_BYTES, explorer_html, write_explorer
+from posenc.explore import GRID, MAX_DATA_BYTES, explorer_html, write_explorer
 from posenc.explore._data import Store, explorer_data
 from posenc.plot.rope import scaling_examples
 
@@ -135,14 +136,16 @@ def test_identical_arrays_are_stored_once():
 
 
 def test_the_page_is_self_contained_and_within_its_size_limit():
+    from plotly.offline import get_plotlyjs
+
     page = explorer_html()
-    size = len(page.encode())
-    assert 7_000_000 < size <= MAX_PAGE_BYTES
+    assert get_plotlyjs() in page  # inlined whole
     scripts = re.findall(r"<script([^>]*)>", page)
     assert scripts == ["", ' type="application/json" id="posenc-data"', ""]
     assert "src=" not in "".join(scripts)
     assert "<link" not in page
     payload = re.search(r'id="posenc-data">(.*?)</script>', page, re.DOTALL)[1]
+    assert 2_000_000 < len(payload) <= MAX_DATA_BYTES  # the numbers: 2.7 MB
     assert json.loads(payload) == json.loads(json.dumps(explorer_data()))
     assert f"posenc {posenc.__version__}" in page
 
@@ -193,3 +196,32 @@ def test_posenc_explore_open_shows_the_written_page(tmp_path, monkeypatch, capsy
     assert out[1:] == (
         [] if started else ["no web browser could be started here; open the file yourself"]
     )
+
+
+def test_a_registered_scaling_without_an_example_is_left_out_saying_why():
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Tilted(posenc.RopeScaling):  # needs alpha: no example for a context extension
+        alpha: float
+
+        def _inv_freq(self, rotary_dim, base, seq_len):
+            return posenc.rope_frequencies(rotary_dim, base) * self.alpha, 1.0
+
+    posenc.register_rope_scaling("tilted", Tilted)
+    try:
+        data = explorer_data()
+    finally:
+        posenc.unregister_rope_scaling("tilted")
+    panel = data["rope"]
+    assert panel["methods"] == list(posenc.ROPE_SCALING_SPECS)  # every built-in one
+    assert list(panel["left_out"]) == ["tilted"]
+    assert "alpha" in panel["left_out"]["tilted"]
+    assert all("tilted" not in case for case in panel["case"].values())
+
+
+def test_numbers_past_the_limit_are_refused(monkeypatch):
+    monkeypatch.setattr("posenc.explore.MAX_DATA_BYTES", 1000)
+    with pytest.raises(
+        ValueError,
+        match=r"the explorer's numbers would take [\d,]+ bytes, more than MAX_DATA_BYTES = 1,000",
+    ):
+        explorer_html()

@@ -107,13 +107,30 @@ def _rope_distances(grid: dict[str, Any]) -> np.ndarray:
     return np.unique(np.concatenate([np.arange(65), geometric])).astype(np.int64)
 
 
+def _drawable(grid: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """The registered methods with parameters for a context extension (their spec's
+    ``example``), and why each other one cannot be drawn (a method of a user's own that
+    needs parameters besides ``factor`` and ``L₀``)."""
+    drawn, left_out = [], {}
+    first = (grid["head_dim"], grid["base"][0], grid["factor"][0],
+             grid["original_max_position_embeddings"][0])  # fmt: skip
+    for name in ROPE_SCALING_SPECS:
+        try:
+            scaling_examples(*first, methods=[name])
+        except TypeError as error:
+            left_out[name] = str(error)
+        else:
+            drawn.append(name)
+    return drawn, left_out
+
+
 def _rope(store: Store) -> dict[str, Any]:
     """Each ``(base, factor, L₀)`` and scaling method: the wavelength ``2π/θ_i`` of each
     pair (NaN for a pair left unrotated, θ = 0), the attention factor, and the score
     ``2 Σ_i cos(Δ θ_i)`` of all-ones query and key at each distance Δ."""
     grid = GRID["rope"]
     head_dim = grid["head_dim"]
-    methods = list(ROPE_SCALING_SPECS)
+    methods, left_out = _drawable(grid)
     distances = _rope_distances(grid)
     cases: dict[str, dict[str, Any]] = {}
     for base in grid["base"]:
@@ -131,8 +148,8 @@ def _rope(store: Store) -> dict[str, Any]:
                         "attention": attention,
                     }
                 cases[f"{base}/{factor}/{original}"] = case
-    return {**grid, "methods": methods, "distances": store.add(distances.astype(np.float64)),
-            "case": cases}  # fmt: skip
+    return {**grid, "methods": methods, "left_out": left_out,
+            "distances": store.add(distances.astype(np.float64)), "case": cases}  # fmt: skip
 
 
 def _alibi(store: Store) -> dict[str, Any]:

@@ -136,7 +136,9 @@
     const length = table.shape[0];
     const chosen = chosenColumns(d);
     show("col-error", chosen.error || "");
-    if (!chosen.error) {
+    if (chosen.error) {
+      Plotly.purge("col-lines"); // no drawing of other settings under these controls
+    } else {
       draw("col-lines", chosen.columns.map((j) => ({ type: "scatter", mode: "lines",
         x: range(length), y: column(table, j, length),
         name: `column ${j} (${j % 2 ? "cos" : "sin"}, i = ${Math.floor(j / 2)})` })), {
@@ -274,6 +276,8 @@
   const heads = document.getElementById("alibi-heads");
   heads.max = String(ALIBI.num_heads[ALIBI.num_heads.length - 1]);
   heads.min = String(ALIBI.num_heads[0]);
+  const leftOut = Object.entries(ROPE.left_out).map(([m, why]) => `${m}: ${why}`);
+  show("rope-left-out", leftOut.length ? `Not drawn: ${leftOut.join("; ")}` : "");
   const methods = document.getElementById("rope-methods");
   for (const m of ROPE.methods) {
     const label = document.createElement("label");
