@@ -46,6 +46,8 @@ PICTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "alibi-symmetric": ("alibi", {"mode": "symmetric"}),
     "t5": ("t5", {}),
     "t5-causal": ("t5", {"bidirectional": False}),
+    "sandwich": ("sandwich", {}),
+    "xpos": ("xpos", {}),
 }
 """The pictures of the site: ``pictures/NAME.png`` is ``posenc.plot.FUNCTION(**kwargs)``."""
 

@@ -545,7 +545,7 @@ def test_demo_reproduces_the_walk_through(tmp_path, capsys):
     assert report["float32_angle_max_abs_error"] > 0.2
     pngs = sorted(p.name for p in (tmp_path / "demo").glob("*.png"))
     assert pngs == sorted(f"{kind}.png" for kind in posenc.plot.PLOTS)
-    assert len(pngs) == 12
+    assert len(pngs) == 14
     # The relative schemes: ALiBi's 12 heads end with 2^-0.5 ... (Press et al.'s
     # get_slopes), T5's buckets for d = -10..10, YaRN's attention factor 0.1 ln 8 + 1.
     assert (

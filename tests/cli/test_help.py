@@ -128,6 +128,10 @@ kinds (what each draws, and the options it takes with their defaults):
                    options: --length 32, --heads 8
   t5               T5's bucket matrix, and the bucket against key − query
                    options: --length 64, --num-buckets 32, --max-distance 128
+  sandwich         Sandwich's bias: one head's matrix, every head's against the distance
+                   options: --length 64, --d-model 128, --heads 8
+  xpos             xPos's decay ζ_i^(Δ/B) of a few frequency pairs' scores
+                   options: --length 4096, --head-dim 64
 every kind also takes --output (default KIND.png) and --dpi (default 100)
 """
 

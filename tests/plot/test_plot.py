@@ -26,7 +26,7 @@ from posenc import plot
 
 KINDS = ["heatmap", "sinusoids", "dimensions", "first-positions", "long-range",
          "wavelengths", "similarity", "grid", "rope-spectrum", "rope-score", "alibi",
-         "t5"]  # fmt: skip
+         "t5", "sandwich", "xpos"]  # fmt: skip
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -525,3 +525,43 @@ def test_figures_do_not_use_pyplot():
         "assert 'matplotlib.pyplot' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_sandwich_draws_the_cores_bias_for_every_head():
+    fig = posenc.plot.sandwich(16, 4, 32)
+    bias = posenc.sandwich_bias(16, num_heads=4, dim=32, fmt="float64")
+    image = fig.axes[0].images[0].get_array()
+    np.testing.assert_array_equal(image.data, bias[0])
+    np.testing.assert_array_equal(image.mask, np.triu(np.ones((16, 16), dtype=bool), k=1))
+    for head, line in enumerate(fig.axes[1].lines):
+        np.testing.assert_array_equal(line.get_xdata(), np.arange(16))
+        np.testing.assert_array_equal(line.get_ydata(), bias[head, 15, 15 - np.arange(16)])
+    assert len(fig.axes[1].lines) == 4
+
+
+def test_xpos_draws_each_pairs_factor_the_closed_form():
+    fig = posenc.plot.xpos(2000, 16, gamma=0.5, scale_base=256.0)
+    distances = np.arange(2000)
+    assert [line.get_label() for line in fig.axes[0].lines] == [
+        "pair 0 (ζ = 0.3333)",
+        "pair 2 (ζ = 0.5)",
+        "pair 4 (ζ = 0.6667)",
+        "pair 7 (ζ = 0.9167)",
+    ]
+    for pair, line in zip((0, 2, 4, 7), fig.axes[0].lines, strict=True):
+        zeta = (2 * pair / 16 + 0.5) / 1.5
+        np.testing.assert_allclose(line.get_ydata(), zeta ** (distances / 256.0), rtol=1e-13)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: posenc.plot.xpos(10, 7), "head_dim must be even"),
+        (lambda: posenc.plot.xpos(1, 8), "length must be"),
+        (lambda: posenc.plot.sandwich(0), "length must be"),
+        (lambda: posenc.plot.sandwich(8, 2, 5), "even"),
+    ],
+)
+def test_sandwich_and_xpos_refuse_bad_sizes(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -41,6 +41,10 @@ the line ``posenc plot --help`` says of each; :data:`PLOTS`, their functions):
     ALiBi bias matrices of a few heads, with their slopes.
 ``t5``
     T5's bucket matrix and the bucket against the relative distance.
+``sandwich``
+    Sandwich's bias matrix of one head, and every head's bias against the distance.
+``xpos``
+    xPos's factor ``ζ_i^(Δ/B)`` on a few frequency pairs' scores against the distance.
 
 Limits: a picture computes at most :data:`MAX_VALUES` (2**24) numbers and its lines join
 at most :data:`MAX_POINTS` (2**20) points, so a ``length`` or width that would need more
@@ -49,8 +53,9 @@ is refused at once (each function's docstring says which product counts), and
 each side.
 
 The families live in submodules: :mod:`.sinusoidal` (the table as images),
-:mod:`.frequencies` (the sinusoids' frequencies), :mod:`.rope` (RoPE and its scalings)
-and :mod:`.bias` (ALiBi and T5); every picture is importable from here.
+:mod:`.frequencies` (the sinusoids' frequencies), :mod:`.rope` (RoPE and its scalings),
+:mod:`.bias` (ALiBi and T5) and :mod:`.relative` (Sandwich and xPos); every picture is
+importable from here.
 
 References:
     [1] M. Saeed, "A Gentle Introduction to Positional Encoding in Transformer Models,
@@ -78,6 +83,7 @@ from .._files import atomic_write
 from ._figure import MAX_PIXELS, MAX_POINTS, MAX_VALUES, check_pixels, figure_class
 from .bias import alibi, t5
 from .frequencies import dimensions, similarity, sinusoids, wavelength_spectrum
+from .relative import sandwich, xpos
 from .rope import rope_score, rope_spectrum, scaling_examples
 from .sinusoidal import first_positions, grid, heatmap, long_range
 
@@ -99,12 +105,14 @@ __all__ = [
     "long_range",
     "rope_score",
     "rope_spectrum",
+    "sandwich",
     "save",
     "scaling_examples",
     "similarity",
     "sinusoids",
     "t5",
     "wavelength_spectrum",
+    "xpos",
 ]
 
 
@@ -155,6 +163,10 @@ PICTURES: dict[str, Picture] = {
     ),
     "alibi": Picture(alibi, "ALiBi's bias −m·(i − j) of up to four heads, with their slopes"),
     "t5": Picture(t5, "T5's bucket matrix, and the bucket against key − query"),
+    "sandwich": Picture(
+        sandwich, "Sandwich's bias: one head's matrix, every head's against the distance"
+    ),
+    "xpos": Picture(xpos, "xPos's decay ζ_i^(Δ/B) of a few frequency pairs' scores"),
 }
 
 #: The pictures' functions by name (:data:`PICTURES` without the words).
