@@ -100,12 +100,11 @@ class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, Fr
         layout: ``"half"`` (Hugging Face, GPT-NeoX, keras-hub) or ``"interleaved"``
             (Meta Llama, GPT-J). :func:`posenc.core.rope.rope_permutation` converts
             projection weights between them.
-        scaling: ``None`` (or ``"default"``), a registered name
-            (:data:`posenc.ROPE_SCALING_SPECS`: ``"linear"`` (keras-hub's
-            ``scaling_factor``), ``"ntk"``, ``"dynamic_ntk"``, ``"yarn"``, ``"llama3"``,
-            ``"longrope"``, ``"proportional"``, or one added with
-            :func:`posenc.register_rope_scaling`), a spec such as
-            ``posenc.YarnScaling(...)`` or its dict form.
+        scaling: ``None`` (or ``"default"``), a registered name (:data:`posenc.ROPE_SCALING_SPECS`:
+            ``"linear"`` (keras-hub's ``scaling_factor``), ``"ntk"``, ``"dynamic_ntk"``,
+            ``"yarn"``, ``"llama3"``, ``"longrope"``, ``"proportional"``, or one added with
+            :func:`posenc.register_rope_scaling`), a spec such as ``posenc.YarnScaling(...)``
+            or its dict form.
         scaling_params: With a name, the method's parameters (the fields of its spec),
             e.g. ``{"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192}`` for ``"llama3"``. ``seq_len`` is
