@@ -65,12 +65,12 @@ def add_parser(commands: Any) -> None:
     plot.add_argument("--length", "-L", type=int, help="number of positions")
     plot.add_argument("--d-model", "-d", type=int, help="encoding width")
     plot.add_argument("--base", "-n", type=float, help="the n of k / n^(2i/d); RoPE's base")
-    plot.add_argument("--head-dim", type=int, help="RoPE: features per head")
+    plot.add_argument("--head-dim", type=int, help="RoPE, xPos: features per head")
     plot.add_argument("--factor", type=float, help="RoPE: the context extension")
     plot.add_argument(
         "--original-max-position-embeddings", type=int, metavar="L0", help="RoPE: trained length"
     )
-    plot.add_argument("--heads", type=int, help="ALiBi: number of heads")
+    plot.add_argument("--heads", type=int, help="ALiBi, Sandwich: number of heads")
     plot.add_argument("--num-buckets", type=int, help="T5: number of buckets")
     plot.add_argument("--max-distance", type=int, help="T5: where buckets saturate")
     plot.add_argument(
