@@ -98,7 +98,7 @@ ALL = {page: blocks(page) for page in PAGES}
 
 
 def test_the_pages_have_examples_and_each_not_run_block_says_why():
-    assert sum(len(found) for found in ALL.values()) >= 15
+    assert sum(len(found) for found in ALL.values()) >= 80  # 86 when written
     for found in ALL.values():
         for block in found:
             assert block.not_run is None or len(block.not_run) > 10, f"{block.where}: say why"
