@@ -1,7 +1,8 @@
 """MkDocs hooks of the documentation site: what posenc makes each time the site is built.
 
-* The pictures: each entry of :data:`PICTURES` is drawn by :mod:`posenc.plot` and added
-  to the site as ``pictures/NAME.png``, so a page shows what the code draws today,
+* The pictures: every kind of ``posenc plot`` with its defaults, and each entry of
+  :data:`VARIANTS`, is drawn by :mod:`posenc.plot` and added to the site as
+  ``pictures/NAME.png``, so a page shows what the code draws today,
   never a checked-in copy. A page links one as ``![...](pictures/NAME.png)`` (with as
   many ``../`` as the page is deep).
 * The explorer: ``posenc-explorer.html`` (:func:`posenc.explore.explorer_html`),
@@ -29,27 +30,14 @@ UNREAD = re.compile(r":(?:func|class|mod|meth|attr|data|exc):<code>|<details cla
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PICTURES: dict[str, tuple[str, dict[str, Any]]] = {
-    # name: (function of posenc.plot, its keyword arguments)
-    "heatmap": ("heatmap", {}),
-    "sinusoids": ("sinusoids", {}),
-    "dimensions": ("dimensions", {}),
-    "first-positions": ("first_positions", {}),
-    "long-range": ("long_range", {}),
-    "wavelengths": ("wavelength_spectrum", {}),
-    "similarity": ("similarity", {}),
-    "grid": ("grid", {}),
-    "rope-spectrum": ("rope_spectrum", {}),
-    "rope-spectrum-ntk": ("rope_spectrum", {"methods": ("default", "ntk", "dynamic_ntk")}),
-    "rope-score": ("rope_score", {}),
-    "alibi": ("alibi", {}),
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    # name: (a kind of `posenc plot`, the keyword arguments of its function)
+    "rope-spectrum-ntk": ("rope-spectrum", {"methods": ("default", "ntk", "dynamic_ntk")}),
     "alibi-symmetric": ("alibi", {"mode": "symmetric"}),
-    "t5": ("t5", {}),
     "t5-causal": ("t5", {"bidirectional": False}),
-    "sandwich": ("sandwich", {}),
-    "xpos": ("xpos", {}),
 }
-"""The pictures of the site: ``pictures/NAME.png`` is ``posenc.plot.FUNCTION(**kwargs)``."""
+"""The site's pictures besides every kind of ``posenc plot`` with its defaults
+(``pictures/KIND.png``, one per :data:`posenc.plot.PICTURES` entry)."""
 
 REPOSITORY: dict[str, str] = {
     # site path: repository path
@@ -59,11 +47,12 @@ REPOSITORY: dict[str, str] = {
 """Files of the repository outside ``docs/`` that the site publishes as they are."""
 
 
-def picture(function: str, kwargs: dict[str, Any]) -> bytes:
-    """The PNG of ``posenc.plot.FUNCTION(**kwargs)`` at the size ``posenc plot`` saves."""
-    from posenc import plot
+def picture(kind: str, kwargs: dict[str, Any]) -> bytes:
+    """The PNG of the ``posenc plot`` KIND's function with ``kwargs``, at the size
+    ``posenc plot`` saves."""
+    from posenc.plot import PICTURES
 
-    figure = getattr(plot, function)(**kwargs)
+    figure = PICTURES[kind].function(**kwargs)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     return buffer.getvalue()
@@ -75,9 +64,11 @@ def on_files(files: Files, config: MkDocsConfig, **kwargs: Any) -> Files:
 
     matplotlib.use("Agg")
     from posenc.explore import DEFAULT_PATH, explorer_html
+    from posenc.plot import PICTURES
 
-    for name, (function, arguments) in PICTURES.items():
-        content = picture(function, arguments)
+    pictures = {kind: (kind, {}) for kind in PICTURES} | VARIANTS
+    for name, (kind, arguments) in pictures.items():
+        content = picture(kind, arguments)
         files.append(File.generated(config, f"pictures/{name}.png", content=content))
     files.append(File.generated(config, DEFAULT_PATH, content=explorer_html()))
     for uri, path in REPOSITORY.items():
