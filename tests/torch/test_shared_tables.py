@@ -188,6 +188,58 @@ def test_growing_the_tables_for_one_module_grows_them_for_all(kind):
         np.testing.assert_array_equal(out[0].numpy(), expected)
 
 
+FAR_APART = [[0, 3_000_000], [5, 10**9], [2_999_999]]  # two far apart, one at 10**9, one far
+
+
+@pytest.mark.parametrize("positions", FAR_APART, ids=["0-3e6", "5-1e9", "one-far"])
+@pytest.mark.parametrize("batch", [1, 2], ids=["decode-step", "batch-2"])
+def test_far_apart_positions_get_their_rows_and_grow_no_table(positions, batch):
+    # The one growth rule (posenc.core.plan.plan_rows): a call grows the shared tables only
+    # when its rows end within twice the table plus the rows it reads. [0, 3_000_000] reads
+    # two rows: growing to 3,000,001 rows (366 MiB at head_dim 16, for every module of the
+    # spec) is what the rule forbids. A batch of 1 takes RoPE's decoding step, 2 the other.
+    rope, other = (RotaryEmbedding(16, base=2468.5, max_length=256) for _ in range(2))
+    at = torch.tensor(positions)
+    q = torch.randn(batch, 4, len(positions), 16, dtype=torch.float64)
+    q_rot, k_rot = rope(q.float(), q[:, :2].float(), positions=at)
+    cos, sin = exact_rope(np.array(positions), 16, 2468.5, fmt="float64")
+    turned = torch.cat([-q[..., 8:], q[..., :8]], dim=-1)
+    expected = q * torch.from_numpy(cos) + turned * torch.from_numpy(sin)
+    torch.testing.assert_close(q_rot.double(), expected, rtol=0, atol=4e-7)
+    torch.testing.assert_close(k_rot.double(), expected[:, :2], rtol=0, atol=4e-7)
+    cos32, sin32 = exact_rope(np.array(positions), 16, 2468.5)
+    got = rope.cos_sin(at)
+    np.testing.assert_array_equal(got[0].numpy(), cos32)
+    np.testing.assert_array_equal(got[1].numpy(), sin32)
+    sinusoidal = SinusoidalPositionalEncoding(8, 0.0, 256, 2468.5)
+    out = sinusoidal(torch.zeros(1, len(positions), 8), positions=at)
+    np.testing.assert_array_equal(
+        out[0].numpy(),
+        posenc.sinusoidal(np.array(positions), 8, base=2468.5, dtype="float32"),
+    )
+    assert rope.table_length == other.table_length == sinusoidal.table_length == 256
+    sandwich = SandwichBias(4, dim=8, max_length=64)  # a table of distances
+    with torch.no_grad():
+        bias = sandwich(len(positions), positions=at, key_positions=at)  # (heads, q, k)
+    distance = np.maximum(np.subtract.outer(positions, positions), 0)  # causal: query - key
+    expected = sandwich.spec.distance_bias(distance.ravel()).reshape(4, *distance.shape)
+    np.testing.assert_array_equal(bias.numpy(), expected.astype(np.float32))
+    assert sandwich.table.shape[0] == 64
+
+
+def test_positions_that_read_most_of_the_new_rows_still_grow_the_tables():
+    # The same rule grows a table for gathered positions that cover the rows it adds:
+    # a packed batch running past the table (0 .. 299 on 256 rows: 300 rows read).
+    rope = RotaryEmbedding(8, base=1470.5, max_length=256)
+    q = torch.randn(2, 2, 300, 8)
+    rope(q, q, positions=torch.arange(300).expand(2, 300))
+    assert rope.table_length == 512  # doubled (posenc.core.positions.grown_length)
+    rope(q[:, :, :2], q[:, :, :2], positions=torch.tensor([0, 1100]))  # 1101 - 2 > 2·512
+    assert rope.table_length == 512
+    rope(q[:, :, :2], q[:, :, :2], positions=torch.tensor([0, 1025]))  # 1026 - 2 <= 2·512
+    assert rope.table_length == 1026
+
+
 def test_a_new_module_reads_its_own_max_length_of_longer_shared_tables():
     # As the Keras layers: what a module gives never depends on the longer tables other
     # modules of its spec asked for, until the tables grow for all of them.

@@ -253,18 +253,30 @@ def plan_rows(
 
     A contiguous call gives ``start`` and ``count`` (positions ``start .. start +
     count - 1``); a gathered one gives the ``low``-est and ``high``-est of its positions
-    (``None`` for no positions). ``past`` is what the table can do about rows past it:
-    ``"grow"`` (a module's table: grow, or compute the rows of a call far past it, one
-    that starts beyond twice the table), ``"compute"`` (a table that never grows: the
-    core computes the call's rows), ``"refuse"`` (a learned embedding; a table under
-    ``torch.compile``). A negative position is computed by the core directly (only the
-    NumPy and JAX functions accept one; the modules refuse it before planning).
+    (``None`` for no positions) and ``count``, how many positions it reads (a tensor's
+    ``numel()``). ``past`` is what the table can do about rows past it: ``"grow"`` (a
+    module's table), ``"compute"`` (a table that never grows: the core computes the
+    call's rows), ``"refuse"`` (a learned embedding; a table under ``torch.compile``).
+    A negative position is computed by the core directly (only the NumPy and JAX
+    functions accept one; the modules refuse it before planning).
+
+    **The growth rule**, one for every way positions arrive: a table grows for a call
+    whose rows end within twice the table plus the rows the call reads (``end - count
+    <= 2 * rows``). For a contiguous call that is one that starts within twice the table
+    (a longer prompt, decoding one token after another); for gathered positions it
+    bounds the growth by what the call reads: ``[0, 3_000_000]`` on a 256-row table, one
+    far position or a far offset get only their own rows from the core (``"direct"``),
+    and the table stays as it was.
 
     Example:
         >>> plan_rows(8, start=2, count=4), plan_rows(8, start=6, count=4)
         (RowsPlan(action='slice', start=2, end=6), RowsPlan(action='grow', start=6, end=10))
-        >>> plan_rows(8, start=1000, count=1).action, plan_rows(8, low=3, high=7).action
+        >>> plan_rows(8, start=1000, count=1).action, plan_rows(8, low=3, high=7, count=2).action
         ('direct', 'gather')
+        >>> plan_rows(8, low=0, high=20, count=5).action  # 21 rows for 5 positions: grow
+        'grow'
+        >>> plan_rows(8, low=0, high=3_000_000, count=2).action  # two far-apart positions
+        'direct'
         >>> plan_rows(8, start=6, count=4, past="refuse").action
         'refuse'
     """
@@ -279,7 +291,7 @@ def plan_rows(
         return RowsPlan(action, first, end)
     if past == "refuse":
         return RowsPlan("refuse", first, end)
-    if past == "compute" or first < 0 or first > 2 * rows:
+    if past == "compute" or first < 0 or end - count > 2 * rows:
         return RowsPlan("direct", first, end)
     return RowsPlan("grow", first, end)
 

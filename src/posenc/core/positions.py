@@ -8,13 +8,17 @@ same way:
 get the exact rows, at any position:
 
 * inside the table: gathered from it;
-* past it, for a call that starts within twice the table's length (a longer prompt,
-  decoding one token after another): the table grows to hold them, at least doubling so
-  that decoding one token at a time grows it rarely (:func:`grown_length`; a doubled
-  table the memory limit refuses falls back to the length needed);
+* past it, for a call whose rows end within twice the table's length plus the number
+  of rows the call reads (a contiguous call that starts within twice the table: a longer
+  prompt, decoding one token after another): the table grows to hold them, at least
+  doubling so that decoding one token at a time grows it rarely (:func:`grown_length`;
+  a doubled table the memory limit refuses falls back to the length needed); the rule
+  is :func:`posenc.core.plan.plan_rows`'s;
 * for a call that starts farther (decoding at position 10**7 with a table of 2048
-  rows), or when the memory limit refuses even the length needed: only the rows of the
-  call are computed by the core, and the table stays as it was.
+  rows), explicit positions far apart (``[0, 3_000_000]`` reads two rows, and growing
+  to three million would cost every module of the spec 366 MiB at head_dim 16), or when
+  the memory limit refuses even the length needed: only the rows of the call are
+  computed by the core, and the table stays as it was.
 
 A learned embedding has no rows past its table: there a ``ValueError`` says so.
 

@@ -149,7 +149,12 @@ class ExactRotaryEmbedding(nn.Module):
             # anything else (rows to grow or compute) takes the full path.
             span = positions_range(position_ids, self.original_class)
             if span is not None:
-                plan = plan_rows(int(tables[0].shape[0]), low=span[0], high=span[1])
+                plan = plan_rows(
+                    int(tables[0].shape[0]),
+                    low=span[0],
+                    high=span[1],
+                    count=position_ids.numel(),
+                )
                 if plan.action == "gather":
                     cos, sin = tables
                     return gather_rows(cos, position_ids), gather_rows(sin, position_ids)

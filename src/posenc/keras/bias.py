@@ -292,7 +292,7 @@ class ALiBiBias(_ScoreBias, FromSpec):
     def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
         tables = self._held_tables()
         if _all_ints(q, k, start):  # every position known: exact, no NaN possible
-            plan = plan_rows(tables.length, low=0, high=max(start + q, k) - 1)
+            plan = plan_rows(tables.length, start=0, count=max(start + q, k))
             if not tables.holds(plan, fmt):
                 return self._direct(q, k, start, fmt)  # a table that long is refused
             try:
@@ -303,7 +303,7 @@ class ALiBiBias(_ScoreBias, FromSpec):
             index = _relative_positions(q, k, start) + (int(table.shape[1]) - 1) // 2
             return ops.take(table, index, axis=1)  # (H, q, k)
         if isinstance(k, int):  # static keys (a traced start): cover them if possible
-            tables.holds(plan_rows(tables.length, low=0, high=k - 1), fmt)
+            tables.holds(plan_rows(tables.length, start=0, count=k), fmt)
         length = tables.length  # before the table: never more than it holds
         (table,) = tables.get(fmt)  # (H, 2R - 1), R >= length rows when shared
         keys = ops.arange(k, dtype="int32")  # (k,)

@@ -384,13 +384,11 @@ class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, Fr
         start: Any,
         seq: Any,
     ) -> tuple[Any, Any]:
-        """The rows of one call, by the planner (:mod:`posenc.core.plan`): which rows, and
-        which of the scaling's variants.
-
-        ``known``: the lowest position and one past the largest (``None``: traced);
-        ``exact``: the core's ``(positions, start)`` (an int ``positions``: a run from
-        ``start``) to compute the rows; the table rows: ``start .. start+seq-1``
-        (``where`` None) or at ``where``."""
+        """The rows of one call, by the planner (:mod:`posenc.core.plan`), and which of the
+        scaling's variants. ``known``: the lowest position and one past the largest
+        (``None``: traced); ``exact``: the core's ``(positions, start)`` (an int
+        ``positions``: a run from ``start``) to compute the rows; the table rows: ``start ..
+        start+seq-1`` (``where`` None) or at ``where``."""
         assert self._tables is not None  # built
         end = None if known is None else known[1]
         plan = plan_scaling(self._scaling, end, name="RotaryEmbedding: ")
@@ -400,8 +398,9 @@ class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, Fr
             variant = "base"
         else:  # the long factors past the switch; a traced length selects in the graph
             variant = "" if plan.switch is not None else "long" if plan.seq_len else "short"
+        count = exact[0] if isinstance(exact[0], int) else int(np.size(exact[0]))
         if known is not None and not self._tables.holds(  # far, or refused
-            plan_rows(self._tables.length, low=known[0], high=known[1] - 1), fmt
+            plan_rows(self._tables.length, low=known[0], high=known[1] - 1, count=count), fmt
         ):
             return self._values(exact[0], self._frequencies[variant], fmt, start=exact[1])
         length = self._tables.length  # read before the tables: never more than they hold

@@ -435,15 +435,16 @@ class SandwichBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
             index = plan_index(dtype_name(distance), self._length, wide=wide_index())
         elif distance.numel():
             longest = self._longest(distance, offset, positions is None and key_positions is None)
-            plan = plan_rows(self._length, low=0, high=longest - 1)
-            if plan.action == "grow":  # the one out-of-range policy (posenc.core.positions)
+            plan = plan_rows(self._length, low=0, high=longest - 1, count=distance.numel())
+            grown = None  # the one out-of-range policy (posenc.core.positions)
+            if plan.action == "grow":
                 grown = grow(lambda length: self._install(length, own), plan.end, self._length)
-                if grown is not None:
-                    table = grown
-                else:  # the memory limit refused the table: this call's distances only
-                    distinct, where = np.unique(distance.cpu().numpy(), return_inverse=True)
-                    table = self._rows(distinct, own)
-                    distance = torch.from_numpy(where).to(own).view(distance.shape)
+                table = table if grown is None else grown
+            if plan.action == "direct" or (plan.action == "grow" and grown is None):
+                # far apart, or a table the memory limit refused: this call's distances only
+                distinct, where = np.unique(distance.cpu().numpy(), return_inverse=True)
+                table = self._rows(distinct, own)
+                distance = torch.from_numpy(where).to(own).view(distance.shape)
         bias = gather_rows(table, distance, index)  # (..., q, k, H), float64
         return bias.movedim(-1, -3).to(device=device, dtype=dtype)  # (..., H, q, k), rounded once
 

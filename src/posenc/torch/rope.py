@@ -340,7 +340,7 @@ class RotaryEmbedding(
             if span is None:
                 plan = plan_rows(rows, start=offset, count=seq)
             else:
-                plan = plan_rows(rows, low=span[0], high=span[1])
+                plan = plan_rows(rows, low=span[0], high=span[1], count=positions.numel())
             if plan.action == "slice":
                 return self._step(q, k, slice(plan.start, plan.end))
             if plan.action == "gather":
