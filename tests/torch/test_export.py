@@ -25,6 +25,7 @@ from posenc.torch import (  # noqa: E402
     SinusoidalPositionalEncoding,
     SinusoidalPositionalEncodingND,
     T5RelativeBias,
+    XPosRotaryEmbedding,
 )
 
 
@@ -227,3 +228,94 @@ def test_the_frequencies_per_length_are_built_by_extend_once_per_spec():
         assert torch.equal(program.module()(x, x)[0], b(x, x)[0])
     twin = copy.deepcopy(b)
     assert twin._lengths is None  # derived: not copied, found again by extend()
+
+
+# -- one program for every length up to the table, at the shapes of real models --------------
+
+LLAMA3 = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 512,
+}
+# (head_dim, query heads, key heads, max_length, scaling, qk_layout): Llama 3 8B's attention
+# (128, 32 heads, 8 key heads), a llama3-scaled one in Meta's layout, a small one.
+REAL_ROPES = {
+    "llama3-8b": (128, 32, 8, 8192, None, "bhsd"),
+    "llama3-scaled-bshd": (64, 8, 2, 4096, "llama3", "bshd"),
+    "small": (16, 2, 2, 4096, None, "bhsd"),
+}
+# decoding steps and prefills: 1 and 2 tokens, odd lengths, either side of 512 (where
+# q's elements pass the eager decoding path's bound at head_dim 16), the whole table
+EXPORT_LENGTHS = (1, 2, 7, 33, 512, 513)
+
+
+def _qk(head_dim, heads, kv_heads, length, qk_layout, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    shape = (1, heads, length, head_dim) if qk_layout == "bhsd" else (1, length, heads, head_dim)
+    q = torch.randn(shape, generator=generator)
+    k_shape = list(shape)
+    k_shape[1 if qk_layout == "bhsd" else 2] = kv_heads
+    return q, torch.randn(k_shape, generator=generator)
+
+
+@pytest.mark.parametrize("name", REAL_ROPES)
+def test_one_exported_rope_serves_every_length_up_to_its_table(name):
+    head_dim, heads, kv_heads, max_length, scaling, qk_layout = REAL_ROPES[name]
+    params = LLAMA3 if scaling else None
+    rope = RotaryEmbedding(
+        head_dim, max_length=max_length, scaling=scaling, scaling_params=params,
+        qk_layout=qk_layout,
+    )  # fmt: skip
+    if name == "small":  # grown before exporting, as the docs say to
+        rope = RotaryEmbedding(head_dim, max_length=256, qk_layout=qk_layout)
+        rope.extend(max_length)
+    axis = 2 if qk_layout == "bhsd" else 1
+    seq = torch.export.Dim("seq", max=max_length)
+    q, k = _qk(head_dim, heads, kv_heads, 64, qk_layout)
+    program = torch.export.export(rope, (q, k), dynamic_shapes=({axis: seq}, {axis: seq}))
+    positions = torch.export.export(
+        rope,
+        (q, k),
+        {"positions": torch.arange(64)},
+        dynamic_shapes={"q": {axis: seq}, "k": {axis: seq}, "positions": {0: seq}},
+    )
+    for length in (*EXPORT_LENGTHS, max_length):
+        q, k = _qk(head_dim, heads, kv_heads, length, qk_layout, seed=length)
+        for got, want in zip(program.module()(q, k), rope(q, k), strict=True):
+            assert torch.equal(got, want), length
+        at = torch.arange(max_length - length, max_length)  # the last rows: a decode step
+        for got, want in zip(
+            positions.module()(q, k, positions=at), rope(q, k, positions=at), strict=True
+        ):
+            assert torch.equal(got, want), length
+
+
+def test_one_compiled_rope_serves_every_length_up_to_its_table():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    head_dim, heads, kv_heads, max_length, _, qk_layout = REAL_ROPES["llama3-8b"]
+    rope = RotaryEmbedding(head_dim, max_length=max_length, qk_layout=qk_layout)
+    compiled = torch.compile(rope, dynamic=True)
+    for length in (3, *EXPORT_LENGTHS, max_length):
+        q, k = _qk(head_dim, heads, kv_heads, length, qk_layout, seed=length)
+        for got, want in zip(compiled(q, k), rope(q, k), strict=True):
+            assert torch.equal(got, want), length
+    # one program for lengths 2 .. max_length, and PyTorch's own for length 1 (torch.compile
+    # specialises sizes 0 and 1; an exported program serves 1 too, above)
+    assert counters["stats"]["unique_graphs"] == 2
+
+
+@pytest.mark.parametrize("position", ["rope", "xpos"])
+def test_an_exported_attention_with_rotations_serves_every_length(position):
+    torch.manual_seed(0)
+    make = RotaryEmbedding if position == "rope" else XPosRotaryEmbedding
+    module = MultiHeadAttention(512, 8, position=make(64, max_length=1024)).eval()
+    seq = torch.export.Dim("seq", max=1024)
+    program = torch.export.export(module, (torch.randn(1, 64, 512),), dynamic_shapes=({1: seq},))
+    for length in (*EXPORT_LENGTHS, 1024):
+        x = torch.randn(1, length, 512)
+        with torch.no_grad():
+            assert torch.equal(program.module()(x), module(x)), length

@@ -146,7 +146,9 @@ def _turn(
     sin subtracted or added, in place on the product (negation is exact, so these are
     the roundings of ``x·cos + turn(x)·sin``)."""
     compute = torch.promote_types(x.dtype, cos.dtype)
-    if not inverse and not inplace and x.numel() <= SMALL:
+    # (never while compiling: a branch on the size would put a guard on the length into
+    # the graph, and one compiled or exported program must serve every length)
+    if not inverse and not inplace and not torch.compiler.is_compiling() and x.numel() <= SMALL:
         return _turn_small(x, cos, sin, layout, rotary_dim, compute)
     if layout == "half":
         half = rotary_dim // 2  # the sin table repeats each frequency in both halves
