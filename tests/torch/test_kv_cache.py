@@ -66,6 +66,56 @@ def test_decoding_across_a_frequency_change_equals_the_full_call(scaling, mode):
     assert_close(got, want, rtol=0, atol=2e-7)
 
 
+# Positions that go back: the length a length-dependent scaling sees is the largest
+# position of everything attended, cached keys included (posenc.core.plan.scaling_length).
+BACK = [0, 1, 30, 31, 2, 3, 40, 4]
+
+
+@pytest.mark.parametrize("scaling", ["dynamic_ntk", "longrope"])
+@pytest.mark.parametrize("mode", ["rerotate", "recompute"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_decoding_at_positions_that_go_back_equals_the_full_call(scaling, mode, batch):
+    # a real head: 8 heads of 64 features (d_model 512); one token a step
+    torch.manual_seed(1)
+    params = SCALINGS[scaling]
+    if scaling == "longrope":  # its factors are per frequency pair: 32 of them
+        factors = {"short_factor": [1 + i / 32 for i in range(32)], "long_factor": range(1, 33)}
+        params = {**params, **factors}
+    rope = RotaryEmbedding(64, scaling=scaling, scaling_params=params)
+    module = MultiHeadAttention(512, 8, position=rope).eval()
+    x = torch.randn(batch, len(BACK), 512)
+    positions = torch.tensor(BACK)
+    cache = KVCache(on_frequency_change=mode)
+    with torch.no_grad():
+        steps = [
+            module(x[:, t : t + 1], positions=positions[t : t + 1], cache=cache)
+            for t in range(len(BACK))
+        ]
+        full = [module(x[:, : t + 1], positions=positions[: t + 1])[:, -1:] for t in range(8)]
+    for t, (step, whole) in enumerate(zip(steps, full, strict=True)):
+        assert_close(step, whole, rtol=0, atol=2e-6, msg=f"step {t} at position {BACK[t]}")
+
+
+def test_attention_of_your_own_passes_the_caches_length_to_the_rotation():
+    # KVCache.update with the rotation's length= from the cache: the same keys, and the
+    # same scores, as one rotation of every token at once
+    rope = RotaryEmbedding(64, scaling="dynamic_ntk", scaling_params=SCALINGS["dynamic_ntk"])
+    q, k = torch.randn(1, 8, len(BACK), 64), torch.randn(1, 2, len(BACK), 64)
+    positions = torch.tensor(BACK)
+    cache = KVCache()
+    for t in range(len(BACK)):
+        at = positions[t : t + 1]
+        length = cache.scaling_length(1, at)
+        assert length == max(BACK[: t + 1]) + 1
+        q_t, k_t = rope(q[:, :, t : t + 1], k[:, :, t : t + 1], positions=at, length=length)
+        keys, _ = cache.update(k_t, k_t, positions=at, rotation=rope)
+        q_all, k_all = rope(q[:, :, : t + 1], k[:, :, : t + 1], positions=positions[: t + 1])
+        assert_close(q_t, q_all[:, :, -1:], rtol=0, atol=1e-6)
+        assert_close(keys, k_all, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=r"length=3 is shorter than .* \(41: its largest"):
+        rope(q[:, :, :1], k[:, :, :1], positions=torch.tensor([40]), length=3)
+
+
 @pytest.mark.parametrize("scaling", ["dynamic_ntk", "longrope"])
 def test_keep_is_what_other_caches_do_and_is_far_off_past_the_switch(scaling):
     module = attention(scaling)

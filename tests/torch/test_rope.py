@@ -256,11 +256,19 @@ def test_packed_positions_equal_separate_sequences():
 
 def test_tables_grow_in_eager_mode_and_are_exact():
     module = RotaryEmbedding(16, max_length=4)
-    module(_randn(1, 1, 3, 16), _randn(1, 1, 3, 16), positions=torch.tensor([0, 1, 1000]))
-    assert module.cos.shape == (1001, 16)
-    cos, sin = rope_tables(1001, module.inv_freq, dtype="float32")
+    q, k = _randn(1, 1, 3, 16), _randn(1, 1, 3, 16)
+    module(q, k, positions=torch.tensor([0, 1, 10]))  # 11 rows - 3 read <= 2 · 4: grows
+    assert module.cos.shape == (11, 16)
+    cos, sin = rope_tables(11, module.inv_freq, dtype="float32")
     assert np.array_equal(module.cos.numpy(), cos)
     assert np.array_equal(module.sin.numpy(), sin)
+    far = torch.tensor([0, 1, 1000])  # 1001 rows for 3 read: the core's rows, no growth
+    module(q, k, positions=far)
+    got = module.cos_sin(far)
+    assert module.cos.shape == (11, 16)
+    want = rope_tables(far.numpy(), module.inv_freq, dtype="float32")
+    assert np.array_equal(got[0].numpy(), want[0])
+    assert np.array_equal(got[1].numpy(), want[1])
 
 
 # ---------------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ names in every front end) and decides nothing itself:
 
 * :func:`align_queries`: where the queries sit among the keys when no offset is given
   (the last ``Q`` of the ``K`` positions);
-* :func:`plan_scaling`: the length whose frequencies a length-dependent RoPE scaling
-  uses for a call (the call's own length), or how a traced length selects them;
+* :func:`scaling_length` and :func:`plan_scaling`: the length whose frequencies a
+  length-dependent RoPE scaling uses for a call (the largest position of everything it
+  attends to, + 1), or how a traced length selects them;
 * :func:`table_format`: the format a table is kept in for an input's format;
 * :func:`plan_rows`: which rows of a table a call with known positions reads: a slice,
   a gather, a table grown first, rows the core computes directly, or a refusal (the
@@ -36,6 +37,7 @@ __all__ = [
     "plan_index",
     "plan_rows",
     "plan_scaling",
+    "scaling_length",
     "table_format",
     "traced_offset",
 ]
@@ -144,17 +146,48 @@ class ScalingPlan:
 _FIXED = ScalingPlan()
 
 
+def scaling_length(own: int | None, attended: int | None = None, *, name: str = "") -> int | None:
+    """The length ``L`` whose frequencies a length-dependent RoPE scaling uses for a call.
+
+    ``L`` is the largest position of everything the call attends to, + 1: its own
+    positions' (``own``: ``offset + seq``, or ``max(positions) + 1``; ``None`` where they
+    are only traced) and those of the keys it attends to besides its own (``attended``:
+    a KV cache's, cached keys included, :meth:`posenc.torch.KVCache.scaling_length`).
+    Without a cache that is the call's own length, Hugging Face's rule. With one, a step
+    whose position goes back (positions ``0, 1, 30, 31, 2``) still sees ``L = 32``, as the
+    full call over every token does, so decoding equals the full call.
+
+    ``attended`` below ``own`` is an error: it must count every key attended, the call's
+    own included.
+
+    Example:
+        >>> scaling_length(3), scaling_length(3, 32), scaling_length(None, None)
+        (3, 32, None)
+    """
+    if attended is None:
+        return own
+    attended = check_int(attended, f"{name}length", minimum=1)
+    if own is not None and attended < own:
+        raise ValueError(
+            f"{name}length={attended} is shorter than the call's own positions need "
+            f"({own}: its largest position + 1); length is the largest position of every key "
+            "attended + 1, the call's own included (a KVCache's scaling_length(...))"
+        )
+    return attended
+
+
 def plan_scaling(
     scaling: Any, length: int | None, *, name: str = "", by_length: bool = False
 ) -> ScalingPlan:
     """The frequencies of ``scaling`` for a call of ``length`` positions.
 
-    The length is the call's own: its largest position + 1 (``offset + seq``, or
-    ``max(positions) + 1``), as Hugging Face's ``dynamic_rope_update`` computes it, in
-    every front end and with no state kept between calls (Hugging Face's module also
-    keeps the longest length seen until a call falls back under the original length;
-    the two agree whenever the length does not decrease above it: a prompt, then
-    decoding). ``None``: the length is known only inside a trace. Then a scaling with
+    The length is :func:`scaling_length`'s: the call's own largest position + 1
+    (``offset + seq``, or ``max(positions) + 1``), as Hugging Face's
+    ``dynamic_rope_update`` computes it, or with a KV cache the largest position of every
+    key attended + 1; in every front end and with no state kept between calls (Hugging
+    Face's module also keeps the longest length seen until a call falls back under the
+    original length; the two agree whenever the length does not decrease above it: a
+    prompt, then decoding). ``None``: the length is known only inside a trace. Then a scaling with
     two sets of frequencies (:attr:`~posenc.RopeScaling.switch_length`, LongRoPE)
     selects one in the graph, and any other length-dependent scaling (dynamic NTK), whose
     frequencies differ for every length, selects the traced length's from a table of

@@ -193,7 +193,9 @@ class MultiHeadAttention(nn.Module):
         raw = k
         if rotate is not None:
             start = 0 if positions is not None else offset + past
-            q, k = rotate(q, k, positions=positions, offset=start)
+            # with a cache, a length-dependent scaling sees every key attended (the cache's)
+            length = {} if held is None or held.attended is None else {"length": held.attended}
+            q, k = rotate(q, k, positions=positions, offset=start, **length)
         key_positions = positions
         extended = None
         if cache is not None and held is not None:  # every key: (B, nh, S, hs), S = past + T

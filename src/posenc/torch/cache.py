@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_choice, check_int, describe
+from ..core.plan import scaling_length
 from ._arguments import check_position_tensor
 
 __all__ = ["ON_FREQUENCY_CHANGE", "KVCache"]
@@ -57,6 +58,7 @@ class _Held:
     frequencies: Any  # the frequency state the keys hold
     evicted: int  # tokens evicted in all, this call's evictions included
     spec: Any = None  # the spec of the rotation (None: none given)
+    attended: int | None = None  # the length a length-dependent scaling sees (None: no such)
 
     @property
     def length(self) -> int:
@@ -147,6 +149,38 @@ class KVCache:
         held, first = self.length, min(self.sinks, self.length)
         start = first + self.evicted
         return torch.cat([torch.arange(first), torch.arange(start, start + held - first)])
+
+    def scaling_length(self, count: int, positions: Tensor | None = None) -> int:
+        """The length ``L`` a length-dependent RoPE scaling (dynamic NTK, LongRoPE) uses
+        for a call of ``count`` new tokens at ``positions`` (``None``: after the keys
+        held): the largest position of every key the call attends to, those held (after
+        the call's evictions) and its own, + 1 (:func:`posenc.core.plan.scaling_length`).
+        The full call over every token uses the same ``L``, so a step whose position goes
+        back (``0, 1, 30, 31, 2``) rotates as it does.
+
+        :class:`~posenc.torch.MultiHeadAttention` passes it itself; attention of your own
+        that rotates before :meth:`update` passes it to the rotation::
+
+            length = cache.scaling_length(seq, positions)
+            q, k = rope(q, k, positions=positions, length=length)
+            k, v = cache.update(k, v, positions=positions, rotation=rope)
+
+        Example:
+            >>> cache = KVCache()
+            >>> _ = cache.update(torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 4, 2),
+            ...                  positions=torch.tensor([0, 1, 30, 31]))
+            >>> cache.scaling_length(1, torch.tensor([2])), cache.scaling_length(1)
+            (32, 33)
+        """
+        count = check_int(count, "count", minimum=0)
+        if positions is not None:
+            check_position_tensor(positions, 1, count, "KVCache.scaling_length", of="tokens")
+        drop = self._to_evict(count)
+        held = self.length - drop
+        recorded = self._positions
+        if positions is None and recorded is not None:
+            positions = _after(recorded, count)
+        return _attended(held, recorded, positions, count)
 
     def next_positions(self, count: int) -> Tensor | None:
         """The positions ``count`` new tokens get when a call gives none: ``None`` (at the
@@ -241,11 +275,8 @@ class KVCache:
             held.frequencies = None  # a fixed scaling has only its construction frequencies
         if not moves.frequencies_change:
             return None  # the construction frequencies, the only ones of most scalings
-        if positions is None:
-            end = held.length + count
-        else:
-            end = int(positions.max()) + 1 if positions.numel() else held.length
-        return moves.frequency_state(end)
+        held.attended = _attended(held.length, held.positions, positions, count)
+        return moves.frequency_state(held.attended)
 
     def _check_rotation(self, rotation: Any, moves: Any, drop: int, name: str) -> None:
         """A rotation that works on the cache's ``(batch, heads, seq, head_dim)`` keys, the
@@ -415,6 +446,19 @@ class KVCache:
         if self.window is not None:
             text += f", window={self.window}, sinks={self.sinks}, evicted={self.evicted}"
         return text + ")"
+
+
+def _attended(held: int, recorded: Tensor | None, positions: Tensor | None, count: int) -> int:
+    """The largest position + 1 of ``held`` keys (at ``recorded`` positions, or their
+    indices) and ``count`` new ones (at ``positions``, or after the keys held), by the
+    planner's rule (:func:`posenc.core.plan.scaling_length`)."""
+    own = held + count if positions is None else int(positions.max()) + 1 if count else 0
+    if not held:
+        return own
+    cached = held if recorded is None else int(recorded.max()) + 1
+    length = scaling_length(own, max(own, cached))
+    assert length is not None  # known positions: a known length
+    return length
 
 
 def _after(positions: Tensor | None, count: int) -> Tensor | None:

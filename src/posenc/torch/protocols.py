@@ -94,6 +94,10 @@ class CachedKeyRotation(Protocol):
     positions (evictions). :class:`~posenc.torch.RotaryEmbedding` is one
     (:class:`posenc.torch.rerotation.MovesCachedKeys`).
 
+    One whose ``frequencies_change`` also takes ``length=`` in ``rotate_queries_keys``:
+    the length whose frequencies the call uses, which a KV cache gives (the largest
+    position of every key attended + 1, :func:`posenc.core.plan.scaling_length`).
+
     Attributes:
         frequencies_change: Whether the frequencies depend on the call's length.
     """
@@ -222,10 +226,11 @@ class RotatesQueriesKeys(nn.Module):
     qk_layout: str
 
     def rotate_queries_keys(
-        self, q: Tensor, k: Tensor, *, positions: Any = None, offset: int = 0
+        self, q: Tensor, k: Tensor, *, positions: Any = None, offset: int = 0, **options: Any
     ) -> tuple[Tensor, Tensor]:
-        """The :class:`QueryKeyRotation` role: this module's call."""
-        rotated: tuple[Tensor, Tensor] = self(q, k, positions=positions, offset=offset)
+        """The :class:`QueryKeyRotation` role: this module's call (``options``: the
+        call's own keywords, such as a :class:`CachedKeyRotation`'s ``length=``)."""
+        rotated: tuple[Tensor, Tensor] = self(q, k, positions=positions, offset=offset, **options)
         return rotated
 
 

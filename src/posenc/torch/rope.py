@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import check_bool, check_choice, check_max_length, describe
-from ..core.plan import plan_rows, plan_scaling
+from ..core.plan import plan_rows, plan_scaling, scaling_length
 from ..core.rope import RopeScaling, as_rope_scaling
 from ..specs import FromHFConfig, RopeSpec
 from ._arguments import (
@@ -101,23 +101,17 @@ class RotaryEmbedding(
       the first ``rotary_dim`` features rotate (partial rotary), the rest pass through.
 
     Length-dependent scalings follow the length ``L`` of each call (``offset + seq``, or
-    ``max(positions) + 1``: Hugging Face's rule), the same in every front end
-    (:func:`posenc.core.plan.plan_scaling`), with no state kept between calls:
-    ``"longrope"`` uses ``long_factor`` while ``L > original_max_position_embeddings``
-    and ``short_factor`` otherwise, each from a table of its own (the buffers ``cos`` and
-    ``sin`` hold the short one, ``cos_long`` and ``sin_long`` the long one); under
-    ``torch.compile`` with traced positions the two are selected in the graph.
-    ``"dynamic_ntk"`` (Hugging Face ``"dynamic"``) and any other registered method whose
-    frequencies change with every length get, past the original length, the rows of the
-    call computed by the core at ``seq_len=L``; under ``torch.compile``/``torch.export``
-    the module reads the frequencies of ``L`` from those :meth:`extend` keeps per length
-    and forms the rows in the graph, the same bits (:mod:`posenc.torch.rope_lengths`).
-    (Hugging Face's module also keeps the longest ``L`` seen until a call falls back under
-    the original length; the two agree whenever ``L`` does not decrease above it: a
-    prompt, then decoding.)
-    Keys cached while the length was shorter hold earlier frequencies; a
-    :class:`KVCache` moves them to the new ones (``on_frequency_change="rerotate"``, the
-    default), so that decoding equals the full-sequence call, as Hugging Face's does not.
+    ``max(positions) + 1``: Hugging Face's rule; with a KV cache, every key attended:
+    ``length=``), in every front end (:func:`posenc.core.plan.plan_scaling`), with no
+    state kept between calls: ``"longrope"`` uses ``long_factor`` while ``L >
+    original_max_position_embeddings``, from a table of its own (``cos_long``,
+    ``sin_long``); compiled code selects between the two in the graph. ``"dynamic_ntk"``
+    and any registered method whose frequencies change with every length get, past the
+    original length, the call's rows from the core at ``seq_len=L``; compiled code reads
+    the frequencies of ``L`` from those :meth:`extend` keeps per length, the same bits
+    (:mod:`posenc.torch.rope_lengths`). Keys cached while the length was shorter hold
+    earlier frequencies: a :class:`KVCache` moves them to the new ones, so that decoding
+    equals the full-sequence call, as Hugging Face's does not.
 
     Args:
         head_dim: Features per attention head (int >= 1).
@@ -152,6 +146,10 @@ class RotaryEmbedding(
         k: Keys, same batch, seq and head_dim as ``q``; any number of heads.
         positions: Optional integer tensor ``(seq,)`` or ``(batch, seq)``, each >= 0.
         offset: Optional int >= 0: positions ``offset .. offset+seq-1``.
+        length: Optional int, at least the call's own length (its largest position + 1,
+            the default): the length whose frequencies a length-dependent scaling uses. A
+            KV cache gives that of every key attended (:meth:`KVCache.scaling_length`).
+            Eager calls only; a fixed scaling ignores it.
         inplace: Write the rotated values into ``q`` and ``k`` and return them (saves
             the outputs' memory, as fused kernels' ``inplace=True``); default False.
 
@@ -322,10 +320,13 @@ class RotaryEmbedding(
         *,
         positions: Tensor | None = None,
         offset: int = 0,
+        length: int | None = None,
         inplace: bool = False,
     ) -> tuple[Tensor, Tensor]:
         name = type(self).__name__
         inplace = check_bool(inplace, "inplace")
+        if length is not None and is_traced():
+            raise ValueError(f"{name}: length= (a KV cache's) is for eager calls only")
         batch, seq = check_qk(q, k, self.head_dim, self.qk_layout, name, positions)
         offset = check_offset_or_positions(offset, positions, name, seq)
         if positions is not None:
@@ -337,7 +338,7 @@ class RotaryEmbedding(
             and self._small_step(q, k, inplace)
         ):  # a decoding step: the planner's slice or gather of the tables, q and k together
             rows = self._table("cos").shape[0]
-            if span is None:
+            if span is None or positions is None:
                 plan = plan_rows(rows, start=offset, count=seq)
             else:
                 plan = plan_rows(rows, low=span[0], high=span[1], count=positions.numel())
@@ -348,7 +349,7 @@ class RotaryEmbedding(
                 if positions.numel() == 1:  # one position: a slice of the tables
                     return self._step(q, k, slice(plan.start, plan.end))
                 return self._step(q, k, positions.long())  # int8, int32, ...: an index
-        cos, sin = self._rows(seq, offset, positions, span, name)  # (seq|batch, seq, r)
+        cos, sin = self._rows(seq, offset, positions, span, name, length=length)
         cos, sin = broadcast_tables((cos, sin), self.qk_layout, q.device)
         return (
             rotate(q, cos, sin, self.layout, self.rotary_dim, inplace=inplace, fused=self.fused),
@@ -431,9 +432,12 @@ class RotaryEmbedding(
         span: tuple[int, int] | None,
         name: str,
         dtype: torch.dtype | None = None,
+        length: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The tables' rows of a call: ``offset .. offset+seq-1`` or ``positions``, whose
-        lowest and highest are ``span`` (``None``: traced positions)."""
+        lowest and highest are ``span`` (``None``: traced positions), with the frequencies
+        of ``length`` (:func:`posenc.core.plan.scaling_length`; ``None``: the call's own)
+        for a length-dependent scaling: ``(seq|batch, seq, rotary_dim)`` each."""
         dtype = self.cos.dtype if dtype is None else dtype
         if (
             positions is None
@@ -447,6 +451,7 @@ class RotaryEmbedding(
             end: int | None = offset + seq
         else:
             end = None if span is None else span[1] + 1
+        end = scaling_length(end, length, name=f"{name}: ")
         plan = plan_scaling(self.spec.scaling, end, name=f"{name}: ", by_length=True)
         if plan.by_length:  # a traced length: its frequencies, selected in the graph
             assert positions is not None  # a known offset and a static seq give a known end
