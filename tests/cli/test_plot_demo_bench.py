@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -57,13 +58,13 @@ def test_plot_sinusoids_draws_every_width(capsys, tmp_path, d_model):
     [
         (["heatmap", "--dpi", "100000"], "--dpi=100000 makes a picture of 900000 × 500000"),
         (["t5", "--dpi", "100000"], "--dpi=100000 makes a picture"),
-        (["heatmap", "--length", "1000000000"], "length=1000000000 × d_model=512"),
-        (["long-range", "--length", "1000000000"], "length=1000000000 × d_model=50"),
-        (["similarity", "--length", "99999999999999999999"], "length must be at most"),
-        (["alibi", "--length", "1000000000"], "length=1000000000"),
-        (["rope-score", "--length", "16777216"], "length=16777216 × head_dim=128/2"),
-        (["grid", "-d", "16777216"], "length=16 × d_model=16777216"),
-        (["t5", "--max-distance", "1000000000000"], "max_distance=1000000000000"),
+        (["heatmap", "--length", "1000000000"], "--length=1000000000 × --d-model=512"),
+        (["long-range", "--length", "1000000000"], "--length=1000000000 × --d-model=50"),
+        (["similarity", "--length", "99999999999999999999"], "--length must be at most"),
+        (["alibi", "--length", "1000000000"], "--length=1000000000"),
+        (["rope-score", "--length", "16777216"], "--length=16777216 × --head-dim=128/2"),
+        (["grid", "-d", "16777216"], "--length=16 × --d-model=16777216"),
+        (["t5", "--max-distance", "1000000000000"], "--max-distance=1000000000000"),
     ],
 )
 def test_plot_too_large_is_refused_in_one_line_within_seconds(capsys, tmp_path, argv, named):
@@ -74,6 +75,41 @@ def test_plot_too_large_is_refused_in_one_line_within_seconds(capsys, tmp_path, 
     assert status == 2
     assert named in one_line(err)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        # the function's checks, said of the options that set them
+        (["sandwich", "--d-model", "7"],
+         "--d-model must be even (sinusoids come in sin/cos pairs), got 7"),
+        (["alibi", "--heads", "0"], "--heads must be an int >= 1, got 0"),
+        (["rope-spectrum", "--head-dim", "7"], "--head-dim must be even (RoPE rotates pairs), got 7"),
+        # matplotlib cannot draw text under a pixel per em: refused before drawing
+        (["alibi", "--dpi", "1"], "--dpi=1 draws this picture's smallest text (10 points) under "
+         "one pixel; dpi must be at least 8 for a .png"),
+        (["alibi", "--dpi", "2"], "--dpi=2 draws this picture's smallest text"),
+    ],
+)  # fmt: skip
+def test_plot_errors_name_the_options_as_given(capsys, tmp_path, argv, line):
+    pytest.importorskip("matplotlib")
+    status, stdout, err = run(capsys, "plot", *argv, "-o", str(tmp_path / "p.png"))
+    assert (status, stdout) == (2, "")
+    assert one_line(err).startswith(f"posenc plot: error: {line}")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["dimensions", "alibi", "rope-score"])  # 6.94, 10, 8.33 pt
+def test_plot_draws_at_the_smallest_dpi_it_accepts(capsys, tmp_path, kind):
+    # the bound is a pixel per em of the smallest text: the dpi it names draws, and a
+    # vector format takes any dpi
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "p.png"
+    status, _, err = run(capsys, "plot", kind, "-o", str(out), "--dpi", "1")
+    assert status == 2
+    least = int(re.search(r"dpi must be at least (\d+)", one_line(err)).group(1))
+    assert run(capsys, "plot", kind, "-o", str(out), "--dpi", str(least))[0] == 0
+    assert run(capsys, "plot", kind, "-o", str(tmp_path / "p.svg"), "--dpi", "1")[0] == 0
 
 
 # --------------------------------------------------------------------------------------

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
 
 from ..plot import PICTURES, save
-from ..plot._figure import check_pixels
+from ..plot._figure import check_pixels, check_text
 from .base import UsageError
 
 __all__ = ["PLOT_KINDS", "add_parser", "kinds_help", "run"]
@@ -82,6 +83,18 @@ def _flag(option: str) -> str:
     return "--" + option.replace("_", "-")
 
 
+def _as_flags(message: str) -> str:
+    """A picture function's error with its keywords named as the options that set them.
+
+    Example:
+        >>> _as_flags("num_heads must be an int >= 1, got 0; length=3 × d_model=7")
+        '--heads must be an int >= 1, got 0; --length=3 × --d-model=7'
+    """
+    for option, parameter in _PLOT_OPTIONS.items():
+        message = re.sub(rf"(?<![\w-]){parameter}\b", _flag(option), message)
+    return message
+
+
 def _default(value: Any) -> str:
     """A default as the command line writes it: 10000.0 -> 10000, 2.5 -> 2.5."""
     if isinstance(value, float) and value.is_integer():
@@ -134,10 +147,14 @@ def run(args: argparse.Namespace) -> None:
     if args.dpi <= 0:
         raise UsageError(f"posenc plot: --dpi must be > 0, got {args.dpi}")
     output = Path(f"{args.kind}.png") if args.output is None else args.output
-    fig = function(**kwargs)
+    try:
+        fig = function(**kwargs)
+    except (ValueError, TypeError) as exc:  # said of the options, as given on the line
+        raise type(exc)(_as_flags(str(exc))) from None
     width, height = fig.get_size_inches()
     try:  # before anything is drawn, said of the option
         check_pixels((float(width), float(height)), args.dpi)
+        check_text(fig, args.dpi, output.suffix.lower().lstrip("."))
     except ValueError as exc:
         raise ValueError(f"--{exc}") from None
     path = save(fig, output, dpi=args.dpi)

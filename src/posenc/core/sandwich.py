@@ -40,13 +40,15 @@ def _block(count: int, dim: int) -> int:
     return min(dim // 2, max(1, _BLOCK // max(count, 1)))
 
 
-def check_sandwich_options(num_heads: Any, dim: Any, base: Any) -> tuple[int, int, float]:
+def check_sandwich_options(
+    num_heads: Any, dim: Any, base: Any, *, dim_name: str = "dim"
+) -> tuple[int, int, float]:
     """Validated ``(num_heads, dim, base)``: heads as ALiBi's, an even ``dim >= 2``, a
-    finite ``base > 0`` other than 1."""
+    finite ``base > 0`` other than 1; ``dim_name``: what the caller calls ``dim``."""
     heads = check_heads(num_heads)
-    width = check_int(dim, "dim", minimum=2)
+    width = check_int(dim, dim_name, minimum=2)
     if width % 2:
-        raise ValueError(f"dim must be even (sinusoids come in sin/cos pairs), got {width}")
+        raise ValueError(f"{dim_name} must be even (sinusoids come in sin/cos pairs), got {width}")
     return heads, width, check_base(base)
 
 

@@ -80,7 +80,7 @@ import numpy as np
 
 from .._checks import describe
 from .._files import atomic_write
-from ._figure import MAX_PIXELS, MAX_POINTS, MAX_VALUES, check_pixels, figure_class
+from ._figure import MAX_PIXELS, MAX_POINTS, MAX_VALUES, check_pixels, check_text, figure_class
 from .bias import alibi, t5
 from .frequencies import dimensions, similarity, sinusoids, wavelength_spectrum
 from .relative import sandwich, xpos
@@ -179,8 +179,9 @@ def save(fig: Figure, path: str | os.PathLike[str], dpi: float = 100) -> Path:
     """Write ``fig`` to ``path``; the format follows the extension (png, svg, pdf, ...).
 
     The image is ``fig.get_size_inches() * dpi`` pixels (no tight bounding box): 1 to
-    ``2**16 - 1`` on each side and at most :data:`MAX_PIXELS` (2**26) in all, checked
-    before anything is drawn.
+    ``2**16 - 1`` on each side and at most :data:`MAX_PIXELS` (2**26) in all, with at
+    least a pixel per em for the smallest text in a raster format, checked before
+    anything is drawn.
 
     Args:
         fig: A figure from this module (any ``matplotlib.figure.Figure``).
@@ -215,6 +216,7 @@ def save(fig: Figure, path: str | os.PathLike[str], dpi: float = 100) -> Path:
             f"path must end in one of {sorted('.' + s for s in supported)} to pick the "
             f"format, got {str(path)!r}"
         )
+    check_text(fig, float(dpi), suffix)
     with atomic_write(path, "wb") as file:
         fig.savefig(file, dpi=dpi, format=suffix)
     return path

@@ -104,6 +104,43 @@ pixels in all)
     )
 
 
+#: The formats drawn in pixels, whose text needs a pixel per em (vector formats keep text
+#: as text at any dpi).
+RASTER = ("png", "jpg", "jpeg", "tif", "tiff", "webp", "raw", "rgba")
+
+
+def check_text(fig: Figure, dpi: float, fmt: str) -> None:
+    """Refuse a ``dpi`` at which the figure's smallest text is under one pixel per em in a
+    raster ``fmt`` (FreeType cannot draw it: matplotlib fails deep inside with "invalid
+    ppem value"), saying the smallest ``dpi`` that draws it.
+
+    Example:
+        >>> fig = new_figure((4.0, 3.0))
+        >>> _ = fig.suptitle("ALiBi", fontsize=9)
+        >>> check_text(fig, 8, "png")
+        >>> check_text(fig, 2, "png")
+        Traceback (most recent call last):
+        ...
+        ValueError: dpi=2 draws this picture's smallest text (9 points) under one pixel; \
+dpi must be at least 8 for a .png (a vector format, .svg or .pdf, takes any dpi)
+    """
+    if fmt not in RASTER:
+        return
+    from matplotlib.text import Text
+
+    sizes = [float(t.get_fontsize()) for t in fig.findobj(Text) if t.get_text()]
+    if not sizes:
+        return
+    smallest = min(sizes)
+    least = math.ceil(72 / smallest)  # 72 points an inch: one pixel per em
+    if dpi < least:
+        raise ValueError(
+            f"dpi={dpi:g} draws this picture's smallest text ({smallest:g} points) under one "
+            f"pixel; dpi must be at least {least} for a .{fmt} (a vector format, .svg or "
+            ".pdf, takes any dpi)"
+        )
+
+
 def figure_class() -> type[Figure]:
     """``matplotlib.figure.Figure``, or an ``ImportError`` that says how to install it."""
     try:

@@ -51,7 +51,7 @@ def sandwich(length: int = 64, num_heads: int = 8, d_model: int = 128) -> Figure
         0.0
     """
     length = check_int(length, "length", minimum=1)
-    num_heads, d_model, _ = check_sandwich_options(num_heads, d_model, 10000.0)
+    num_heads, d_model, _ = check_sandwich_options(num_heads, d_model, 10000.0, dim_name="d_model")
     check_values(num_heads * length * length, f"num_heads={num_heads} × length={length}²",
                  "give a smaller length or fewer heads")  # fmt: skip
     bias = sandwich_bias(length, num_heads=num_heads, dim=d_model, fmt="float64")  # (H, L, L)
