@@ -392,3 +392,67 @@ def test_a_refused_table_in_another_dtype_gives_the_calls_rows(monkeypatch):
     out = pe(torch.zeros(1, 2, 8, dtype=torch.bfloat16), positions=positions)
     assert torch.equal(out[0], exact_table(64, 8, dtype=torch.bfloat16)[[1, 50]])
     assert pe.table_length == 64
+
+
+# -- batch_first=False: the layout of PyTorch's nn.Transformer layers and tutorial ----------
+
+
+SEQ_FIRST = {
+    "sinusoidal": lambda first: SinusoidalPositionalEncoding(32, 0.0, 64, batch_first=first),
+    "learned": lambda first: LearnedPositionalEmbedding(64, 32, batch_first=first),
+    "nope": lambda first: NoPositionalEncoding(32, batch_first=first),
+}
+
+
+def test_a_seq_first_sinusoidal_encoding_adds_position_rows_along_the_first_axis():
+    # (seq, batch, d): what nn.TransformerEncoderLayer takes by default. Each sequence
+    # position gets its row of the core's table, the same for every batch member.
+    x = torch.randn(10, 3, 32)
+    out = SinusoidalPositionalEncoding(32, 0.0, batch_first=False)(x)
+    table = torch.from_numpy(posenc.sinusoidal(10, 32, dtype="float32"))  # (seq, d)
+    assert torch.equal(out, x + table[:, None, :])
+    decoded = SinusoidalPositionalEncoding(32, 0.0, batch_first=False)(x[7:8], offset=7)
+    assert torch.equal(decoded, out[7:8])
+    layer = torch.nn.TransformerEncoderLayer(32, 4, dropout=0.0).eval()  # batch_first=False
+    with torch.no_grad():
+        assert layer(out).shape == (10, 3, 32)
+
+
+@pytest.mark.parametrize("kind", SEQ_FIRST)
+def test_batch_first_false_is_the_batch_first_call_on_the_transpose(kind):
+    torch.manual_seed(0)
+    seq_first, batch_first = SEQ_FIRST[kind](False), SEQ_FIRST[kind](True)
+    if kind == "learned":
+        batch_first.load_state_dict(seq_first.state_dict())
+    x = torch.randn(9, 4, 32)  # (seq, batch, d)
+    positions = torch.randint(0, 64, (9, 4))  # (seq, batch)
+    for given, want in (
+        ({}, {}),
+        ({"offset": 5}, {"offset": 5}),
+        ({"positions": positions}, {"positions": positions.T}),
+        ({"positions": positions[:, :1]}, {"positions": positions[:, :1].T}),
+        ({"positions": positions[:, 0]}, {"positions": positions[:, 0]}),
+    ):
+        got = seq_first(x, **given)
+        assert torch.equal(got, batch_first(x.transpose(0, 1), **want).transpose(0, 1))
+    unbatched = x[:, 0]  # (seq, d): the same either way
+    assert torch.equal(seq_first(unbatched), batch_first(unbatched))
+    with pytest.raises(ValueError, match=r"batch_first=False, x \(9, 4, 32\) is \(seq, batch, "
+                       r"d_model\) and positions must have shape \(seq,\) or \(seq, batch\) = "
+                       r"\(9,\) or \(9, 4\), got \(4, 9\)"):  # fmt: skip
+        seq_first(x, positions=positions.T)
+    with pytest.raises(ValueError, match=r"\(seq, batch, d_model\) or \(seq, d_model\)"):
+        seq_first(x[None])
+    assert "batch_first=False" in repr(seq_first)
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned", "nope"])
+def test_input_embedding_reads_token_ids_seq_first_too(positional):
+    torch.manual_seed(0)
+    seq_first = InputEmbedding(50, 32, positional=positional, dropout=0.0, batch_first=False)
+    batch_first = InputEmbedding(50, 32, positional=positional, dropout=0.0)
+    batch_first.load_state_dict(seq_first.state_dict())
+    ids = torch.randint(0, 50, (7, 3))  # (seq, batch)
+    assert torch.equal(seq_first(ids), batch_first(ids.T).transpose(0, 1))
+    with pytest.raises(ValueError, match="batch_first=True.*batch_first=False"):
+        InputEmbedding(50, 32, positional=SinusoidalPositionalEncoding(32, batch_first=False))

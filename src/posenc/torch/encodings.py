@@ -5,6 +5,10 @@ float64 with exact angle reduction and rounded once to the module's dtype. Conve
 shared by every module here:
 
 * input ``x`` is ``(batch, seq, d_model)`` or ``(seq, d_model)`` and floating point;
+  ``batch_first=False`` (as PyTorch's ``nn.TransformerEncoderLayer`` and its tutorial
+  take) reads ``(seq, batch, d_model)`` instead, with positions ``(seq,)`` or ``(seq,
+  batch)``: a default module given a seq-first input would read the positions along the
+  batch axis, which no shape check can catch;
 * positions are keyword-only: ``offset=`` (an int, for KV-cache decoding) or
   ``positions=`` (an integer tensor ``(seq,)`` or ``(batch, seq)``, for packed
   sequences); both default to ``0 .. seq-1``;
@@ -72,13 +76,14 @@ def exact_table(
     return to_tensor(spec.table(length, fmt=fmt, start=start), fmt, device)
 
 
-def _check_input(x: Any, d_model: int, name: str) -> None:
+def _check_input(x: Any, d_model: int, name: str, batch_first: bool = True) -> None:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} expects a torch.Tensor, got {describe(x)}")
     if x.dim() not in (2, 3):
+        shape = "(batch, seq, d_model)" if batch_first else "(seq, batch, d_model)"
         raise ValueError(
-            f"{name} expects x of shape (batch, seq, d_model) or (seq, d_model), "
-            f"got shape {tuple(x.shape)}"
+            f"{name} expects x of shape {shape} or (seq, d_model) (batch_first="
+            f"{batch_first}), got shape {tuple(x.shape)}"
         )
     if x.shape[-1] != d_model:
         raise ValueError(
@@ -90,6 +95,24 @@ def _check_input(x: Any, d_model: int, name: str) -> None:
             f"{name} expects floating-point embeddings, got dtype {x.dtype}; "
             "token ids go through TokenEmbedding first"
         )
+
+
+def _batch_first(x: Any, positions: Any, batch_first: bool, name: str) -> tuple[Any, Any, bool]:
+    """A call's ``x`` and ``positions`` as the batch-first call takes them, and whether
+    its output goes back to seq-first: a ``batch_first=False`` module's ``(seq, batch,
+    d)`` input and ``(seq, batch)`` positions are read through transposed views."""
+    if batch_first or not isinstance(x, Tensor) or x.dim() != 3:
+        return x, positions, False
+    if isinstance(positions, Tensor) and positions.dim() == 2:
+        seq, batch = x.shape[0], x.shape[1]
+        if positions.shape[0] != seq or positions.shape[1] not in (1, batch):
+            raise ValueError(
+                f"{name}: with batch_first=False, x {tuple(x.shape)} is (seq, batch, "
+                f"d_model) and positions must have shape (seq,) or (seq, batch) = ({seq},) or "
+                f"({seq}, {batch}), got {tuple(positions.shape)}"
+            )
+        positions = positions.transpose(0, 1)  # (batch, seq)
+    return x.transpose(0, 1), positions, True  # (batch, seq, d)
 
 
 def _check_positions(positions: Any, x: Tensor, name: str) -> None:
@@ -122,10 +145,16 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput, FromSpec):
         base: The ``n`` of ``sin(k / n^(2i/d))``.
         layout: ``"interleaved"`` (paper) or ``"split"`` (tensor2tensor / fairseq).
         formula: ``"paper"`` or ``"tensor2tensor"`` frequency spacing.
+        batch_first: ``True`` (default): ``x`` is ``(batch, seq, d_model)``; ``False``:
+            ``(seq, batch, d_model)``, as PyTorch's ``nn.Transformer`` layers and
+            tutorial take by default (a batch-first module reads such an input's batch
+            axis as its positions, silently).
 
     Call arguments:
-        x: ``(batch, seq, d_model)`` or ``(seq, d_model)`` floating-point embeddings.
-        positions: Optional integer tensor ``(seq,)`` or ``(batch, seq)``, each >= 0.
+        x: ``(batch, seq, d_model)`` (``(seq, batch, d_model)`` with
+            ``batch_first=False``) or ``(seq, d_model)`` floating-point embeddings.
+        positions: Optional integer tensor ``(seq,)`` or ``(batch, seq)`` (``(seq,
+            batch)`` with ``batch_first=False``), each >= 0.
         offset: Optional int: positions ``offset .. offset+seq-1``.
 
     Shapes:
@@ -154,9 +183,11 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput, FromSpec):
         *,
         layout: str = "interleaved",
         formula: str = "paper",
+        batch_first: bool = True,
     ) -> None:
         super().__init__()
         self.spec = SinusoidalSpec(d_model=d_model, base=base, layout=layout, formula=formula)
+        self.batch_first = check_bool(batch_first, "batch_first")
         self.d_model, self.base = self.spec.d_model, self.spec.base
         self.layout, self.formula = self.spec.layout, self.spec.formula
         self.max_length = check_max_length(max_length)
@@ -191,20 +222,22 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput, FromSpec):
 
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         name = type(self).__name__
-        _check_input(x, self.d_model, name)
+        _check_input(x, self.d_model, name, self.batch_first)
+        x, positions, back = _batch_first(x, positions, self.batch_first, name)
         offset = check_offset_or_positions(offset, positions, name, x.shape[-2])
         if positions is not None:
             _check_positions(positions, x, name)
         (pe,) = self._table_rows(
             x.dtype, x.device, offset=offset, count=x.shape[-2], positions=positions, name=name
         )  # (seq, d) or (B, seq, d)
-        return apply_dropout(self.dropout, x + pe)
+        out = apply_dropout(self.dropout, x + pe)  # (B, seq, d) or (seq, d)
+        return out.transpose(0, 1) if back else out  # (seq, B, d) for batch_first=False
 
     def extra_repr(self) -> str:
         return (
             f"d_model={self.d_model}, max_length={self.max_length}, base={self.base:g}, "
             f"layout={self.layout!r}, formula={self.formula!r}"
-        )
+        ) + ("" if self.batch_first else ", batch_first=False")
 
 
 class LearnedPositionalEmbedding(EncodesInput, FromSpec):
@@ -218,6 +251,8 @@ class LearnedPositionalEmbedding(EncodesInput, FromSpec):
         d_model: Width of the embeddings.
         dropout: Dropout probability applied after the addition.
         init_std: Standard deviation of the normal initialisation (GPT-2 uses 0.02).
+        batch_first: As for :class:`SinusoidalPositionalEncoding`: ``False`` reads ``x``
+            as ``(seq, batch, d_model)``.
 
     Call arguments:
         x, positions, offset: As for :class:`SinusoidalPositionalEncoding`.
@@ -231,10 +266,17 @@ class LearnedPositionalEmbedding(EncodesInput, FromSpec):
     spec_class = LearnedSpec
 
     def __init__(
-        self, max_length: int, d_model: int, dropout: float = 0.0, *, init_std: float = 0.02
+        self,
+        max_length: int,
+        d_model: int,
+        dropout: float = 0.0,
+        *,
+        init_std: float = 0.02,
+        batch_first: bool = True,
     ) -> None:
         super().__init__()
         self.spec = LearnedSpec(max_length=max_length, d_model=d_model, init_std=init_std)
+        self.batch_first = check_bool(batch_first, "batch_first")
         self.max_length, self.d_model = self.spec.max_length, self.spec.d_model
         self.init_std = self.spec.init_std
         self.weight = nn.Parameter(torch.empty(self.max_length, self.d_model))
@@ -252,7 +294,13 @@ class LearnedPositionalEmbedding(EncodesInput, FromSpec):
         )
 
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
-        _check_input(x, self.d_model, type(self).__name__)
+        name = type(self).__name__
+        _check_input(x, self.d_model, name, self.batch_first)
+        x, positions, back = _batch_first(x, positions, self.batch_first, name)
+        out = self._add(x, positions, offset)  # (B, seq, d) or (seq, d)
+        return out.transpose(0, 1) if back else out  # (seq, B, d) for batch_first=False
+
+    def _add(self, x: Tensor, positions: Tensor | None, offset: int) -> Tensor:
         seq = x.shape[-2]
         offset = check_offset_or_positions(offset, positions, type(self).__name__, seq)
         if positions is None:
@@ -271,7 +319,8 @@ class LearnedPositionalEmbedding(EncodesInput, FromSpec):
         return apply_dropout(self.dropout, x + pe.to(x.dtype))
 
     def extra_repr(self) -> str:
-        return f"max_length={self.max_length}, d_model={self.d_model}"
+        text = f"max_length={self.max_length}, d_model={self.d_model}"
+        return text + ("" if self.batch_first else ", batch_first=False")
 
 
 class NoPositionalEncoding(EncodesInput, FromSpec):
@@ -280,7 +329,8 @@ class NoPositionalEncoding(EncodesInput, FromSpec):
     Causal attention can infer positions on its own (Kazemnejad et al., 2023, "The
     Impact of Positional Encoding on Length Generalization in Transformers"); naming
     the choice lets experiments and models swap it in wherever an encoding module goes.
-    It takes the same arguments as the other modules and checks its input the same way.
+    It takes the same arguments as the other modules (``batch_first`` included) and
+    checks its input the same way.
 
     Example:
         >>> x = torch.randn(2, 5, 8)
@@ -290,21 +340,24 @@ class NoPositionalEncoding(EncodesInput, FromSpec):
 
     spec_class = NopeSpec
 
-    def __init__(self, d_model: int, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, dropout: float = 0.0, *, batch_first: bool = True) -> None:
         super().__init__()
         self.spec = NopeSpec(d_model=d_model)
+        self.batch_first = check_bool(batch_first, "batch_first")
         self.d_model = self.spec.d_model
         self.dropout = nn.Dropout(check_probability(dropout))
 
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
-        _check_input(x, self.d_model, type(self).__name__)
-        check_offset_or_positions(offset, positions, type(self).__name__)
+        name = type(self).__name__
+        _check_input(x, self.d_model, name, self.batch_first)
+        at, positions, _ = _batch_first(x, positions, self.batch_first, name)
+        check_offset_or_positions(offset, positions, name)
         if positions is not None:
-            _check_positions(positions, x, type(self).__name__)
+            _check_positions(positions, at, name)
         return apply_dropout(self.dropout, x)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}"
+        return f"d_model={self.d_model}" + ("" if self.batch_first else ", batch_first=False")
 
 
 class TokenEmbedding(nn.Module):
@@ -373,6 +426,9 @@ class InputEmbedding(nn.Module):
         base: Sinusoid base ``n``.
         scale: Scale token vectors by ``√d_model``.
         padding_idx: Optional padding id for the token embedding.
+        batch_first: ``True`` (default): ids are ``(batch, seq)``; ``False``: ``(seq,
+            batch)``, for a named ``positional`` (a module given keeps its own, which
+            must agree).
 
     Example:
         >>> layer = InputEmbedding(100, 16, dropout=0.0)
@@ -391,28 +447,44 @@ class InputEmbedding(nn.Module):
         base: float = 10000.0,
         scale: bool = True,
         padding_idx: int | None = None,
+        batch_first: bool = True,
     ) -> None:
         super().__init__()
         self.tokens = TokenEmbedding(vocab_size, d_model, scale=scale, padding_idx=padding_idx)
+        batch_first = check_bool(batch_first, "batch_first")
         if isinstance(positional, str):
-            positional = self._named(positional, d_model, dropout, max_length, base)
+            positional = self._named(positional, d_model, dropout, max_length, base, batch_first)
         elif not isinstance(positional, nn.Module):
             raise TypeError(
                 "positional must be a name or an nn.Module (an input encoding such as "
                 f"SinusoidalPositionalEncoding), got {describe(positional)}"
             )
+        elif getattr(positional, "batch_first", batch_first) != batch_first:
+            raise ValueError(
+                f"InputEmbedding(batch_first={batch_first}) was given a "
+                f"{type(positional).__name__} with batch_first={not batch_first}: the two "
+                "must read one layout"
+            )
         self.positional = positional
+        self.batch_first = batch_first
 
     @staticmethod
     def _named(
-        positional: str, d_model: int, dropout: float, max_length: int, base: float
+        positional: str,
+        d_model: int,
+        dropout: float,
+        max_length: int,
+        base: float,
+        batch_first: bool,
     ) -> nn.Module:
         if positional == "sinusoidal":
-            return SinusoidalPositionalEncoding(d_model, dropout, max_length, base)
+            return SinusoidalPositionalEncoding(
+                d_model, dropout, max_length, base, batch_first=batch_first
+            )
         if positional == "learned":
-            return LearnedPositionalEmbedding(max_length, d_model, dropout)
+            return LearnedPositionalEmbedding(max_length, d_model, dropout, batch_first=batch_first)
         if positional in ("none", "nope"):
-            return NoPositionalEncoding(d_model, dropout)
+            return NoPositionalEncoding(d_model, dropout, batch_first=batch_first)
         raise ValueError(
             "positional must be 'sinusoidal', 'learned', 'none', 'nope' or an "
             f"nn.Module, got {describe(positional)}"
