@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-FILES = ["test_embeddings_and_bias.py", "test_rope.py"]
+FILES = ["test_embeddings_and_bias.py", "test_rope.py", "test_lengths.py"]
 
 
 def _in_process_backend() -> str | None:

@@ -34,11 +34,11 @@ import numpy as np
 from keras import ops
 
 from .._checks import DEFAULT_MAX_BYTES, MemoryLimitError, check_int, check_max_length, format_bytes
-from ..core.plan import align_queries, plan_index, plan_rows, traced_offset
+from ..core.plan import align_queries, plan_rows, traced_offset
 from ..specs import AlibiSpec, FromSpec, T5Spec
 from ._arguments import ChecksPlainArguments, check_float, get_initializer, start_position
-from ._backend import dtype_name, format_of, index_range, to_tensor, wide_index
-from ._tables import SharesTables
+from ._backend import format_of, index_range, to_tensor
+from ._tables import SharesTables, start_plan
 
 __all__ = ["ALiBiBias", "T5RelativeBias"]
 
@@ -155,7 +155,7 @@ def _all_ints(*values: Any) -> bool:
 def _query_rows(q: Any, start: Any, length: int | None = None) -> Any:
     """Which query rows sit at a valid position: ``0 <= start + i`` (and ``< length``),
     ``(q,)`` bool. A sum that overflows int32 wraps negative: invalid, as it should be."""
-    position = index_range(start, q, plan_index(dtype_name(start), wide=wide_index()))
+    position = index_range(start, q, start_plan(start))
     valid = ops.greater_equal(position, 0)  # (q,)
     return valid if length is None else ops.logical_and(valid, ops.less(position, length))
 

@@ -100,9 +100,11 @@ class SinusoidalPositionalEncoding(
     Positions past the table follow posenc's one policy (:mod:`posenc.core.positions`):
     positions known when the call runs get the exact rows (the table grows, or the
     core computes the call's rows when a table that long would pass the memory limit);
-    positions known only inside a trace give NaN rows past the table. Call
-    :meth:`extend` before tracing to cover longer sequences (the config saves the
-    extended length).
+    positions known only inside a trace give NaN rows past the table. A sequence length
+    left ``None`` in a graph is such a trace: a ``tf.function`` with an
+    ``input_signature``, and TensorFlow's ``fit``/``predict``, which retrace a model for
+    any length once they have seen two. Call :meth:`extend` before tracing to cover
+    longer sequences (the config saves the extended length).
 
     Args:
         max_length: Number of positions the table covers initially (int >= 1).
