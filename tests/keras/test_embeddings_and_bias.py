@@ -29,7 +29,7 @@ import posenc.keras.nd  # noqa: E402
 from conformance import keras_traced as traced  # noqa: E402
 from posenc.keras import SinusoidalPositionalEncoding  # noqa: E402
 from posenc.keras.bias import ALiBiBias, T5RelativeBias  # noqa: E402
-from posenc.keras.encodings import LearnedPositionalEmbedding  # noqa: E402
+from posenc.keras.learned import LearnedPositionalEmbedding  # noqa: E402
 from posenc.keras.nd import SinusoidalPositionalEncodingND  # noqa: E402
 
 ops = keras.ops
