@@ -1,5 +1,6 @@
 """The checks of call arguments the Keras layers share: dtypes, initializers, start indices
-and positions (int32 everywhere in the Keras layers).
+and positions (int32 everywhere in the Keras layers), and the output spec of a layer that
+keeps its input's shape and dtype.
 
 The primitives are in :mod:`._backend`, the tables' lifecycle in :mod:`._tables`.
 """
@@ -20,6 +21,7 @@ from ._backend import dtype_name, known_value, to_index, wide_index
 __all__ = [
     "INT32_END",
     "ChecksPlainArguments",
+    "OutputLikeInput",
     "check_float",
     "check_known_positions",
     "check_plain_positions",
@@ -27,6 +29,7 @@ __all__ = [
     "check_position",
     "get_initializer",
     "known_int",
+    "output_spec",
     "start_position",
 ]
 
@@ -152,6 +155,27 @@ def check_known_positions(known: np.ndarray) -> None:
             f"positions must be below 2**31 = {INT32_END} (positions are int32 in the Keras "
             f"layers), got {int(known.max())}"
         )
+
+
+def output_spec(layer: keras.layers.Layer, inputs: Any) -> keras.KerasTensor:
+    """The output spec of a layer whose output has its input's shape and dtype: the dtype
+    the input has once ``Layer.__call__`` converts it (the compute dtype for a floating
+    input of an autocasting layer: float16 under ``"mixed_float16"``)."""
+    dtype = keras.backend.standardize_dtype(inputs.dtype)
+    if layer.autocast and keras.backend.is_float_dtype(dtype):
+        dtype = keras.backend.standardize_dtype(layer.input_dtype)
+    return keras.KerasTensor(inputs.shape, dtype=dtype)
+
+
+class OutputLikeInput:
+    """A Keras layer whose output has its input's shape, in the dtype the call returns
+    (:func:`output_spec`), also when Keras asks for it symbolically."""
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
+
+    def compute_output_spec(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        return output_spec(self, inputs)
 
 
 class ChecksPlainArguments:

@@ -36,14 +36,20 @@ from keras import ops
 from .._checks import DEFAULT_MAX_BYTES, MemoryLimitError, check_int, check_max_length, format_bytes
 from ..core.plan import align_queries, plan_rows, traced_offset
 from ..specs import AlibiSpec, FromSpec, T5Spec
-from ._arguments import ChecksPlainArguments, check_float, get_initializer, start_position
+from ._arguments import (
+    ChecksPlainArguments,
+    OutputLikeInput,
+    check_float,
+    get_initializer,
+    start_position,
+)
 from ._backend import format_of, index_range, to_tensor
 from ._tables import SharesTables, start_plan
 
 __all__ = ["ALiBiBias", "T5RelativeBias"]
 
 
-class _ScoreBias(SharesTables, ChecksPlainArguments, keras.layers.Layer):
+class _ScoreBias(SharesTables, ChecksPlainArguments, OutputLikeInput, keras.layers.Layer):
     """What the two bias layers share: checks, query/key/start resolution, the addition.
 
     Subclasses set ``num_heads`` and implement ``_bias(q, k, start, fmt)`` returning the
@@ -137,19 +143,12 @@ class _ScoreBias(SharesTables, ChecksPlainArguments, keras.layers.Layer):
     def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
         raise NotImplementedError
 
-    def compute_output_shape(self, input_shape: Any) -> Any:
-        return input_shape
-
 
 def _relative_positions(q: Any, k: Any, start: Any) -> Any:
     """``key position - query position``, ``(q, k)`` int32: ``j - (start + i)``."""
     keys = ops.expand_dims(ops.arange(k, dtype="int32"), 0)  # (1, k)
     queries = ops.expand_dims(ops.arange(q, dtype="int32"), 1)  # (q, 1)
     return keys - queries - start  # (q, k)
-
-
-def _all_ints(*values: Any) -> bool:
-    return all(isinstance(value, int) for value in values)
 
 
 def _query_rows(q: Any, start: Any, length: int | None = None) -> Any:
@@ -291,7 +290,7 @@ class ALiBiBias(_ScoreBias, FromSpec):
 
     def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
         tables = self._held_tables()
-        if _all_ints(q, k, start):  # every position known: exact, no NaN possible
+        if all(isinstance(n, int) for n in (q, k, start)):  # known: exact, no NaN possible
             plan = plan_rows(tables.length, low=0, high=max(start + q, k) - 1)
             if not tables.holds(plan, fmt):
                 return self._direct(q, k, start, fmt)  # a table that long is refused

@@ -20,7 +20,7 @@ from keras import ops
 from .._checks import check_int, check_max_length, check_probability
 from ..core.plan import plan_rows
 from ..specs import FromSpec, SinusoidalSpec
-from ._arguments import ChecksPlainArguments, start_position
+from ._arguments import ChecksPlainArguments, OutputLikeInput, start_position
 from ._backend import format_of, to_tensor
 from ._tables import SharesTables, span_rows
 
@@ -72,7 +72,7 @@ def generate_positional_encoding(
 
 @keras.saving.register_keras_serializable(package="posenc")
 class SinusoidalPositionalEncoding(
-    SharesTables, ChecksPlainArguments, keras.layers.Layer, FromSpec
+    SharesTables, ChecksPlainArguments, OutputLikeInput, keras.layers.Layer, FromSpec
 ):
     """Adds the sinusoidal positional encoding of "Attention Is All You Need" to its input.
 
@@ -134,7 +134,8 @@ class SinusoidalPositionalEncoding(
         training: Whether dropout is active (Keras sets it during ``fit``).
 
     Returns:
-        A tensor of the input's shape and dtype.
+        A tensor of the input's shape and dtype: the compute dtype under a mixed policy,
+        as :meth:`compute_output_spec` says.
 
     Attributes:
         d_model, spec: The width and the spec (``None`` until the layer is built).
@@ -268,9 +269,6 @@ class SinusoidalPositionalEncoding(
         if self._dropout_layer is not None:
             outputs = self._dropout_layer(outputs, training=training)
         return outputs
-
-    def compute_output_shape(self, input_shape: Any) -> Any:
-        return input_shape
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -15,7 +15,13 @@ import keras
 from keras import ops
 
 from .._checks import check_int, check_max_length, check_probability, check_weights
-from ._arguments import ChecksPlainArguments, check_float, get_initializer, start_position
+from ._arguments import (
+    ChecksPlainArguments,
+    OutputLikeInput,
+    check_float,
+    get_initializer,
+    start_position,
+)
 from ._tables import table_rows
 from .encodings import _dropout_layer
 
@@ -23,7 +29,7 @@ __all__ = ["LearnedPositionalEmbedding"]
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class LearnedPositionalEmbedding(ChecksPlainArguments, keras.layers.Layer):
+class LearnedPositionalEmbedding(ChecksPlainArguments, OutputLikeInput, keras.layers.Layer):
     """Adds a trained embedding per position (GPT-2, BERT), then dropout.
 
     ``output = dropout(inputs + embeddings[start_index : start_index + seq])``. The weight
@@ -141,9 +147,6 @@ class LearnedPositionalEmbedding(ChecksPlainArguments, keras.layers.Layer):
             )
 
         return message
-
-    def compute_output_shape(self, input_shape: Any) -> Any:
-        return input_shape
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -15,7 +15,7 @@ from keras import ops
 from .._checks import check_probability
 from ..core.nd import check_channels, check_shape
 from ..specs import SinusoidalNDSpec
-from ._arguments import check_float
+from ._arguments import OutputLikeInput, check_float
 from ._backend import format_of, to_tensor
 from ._tables import cacheable, outside_traces
 from .encodings import _dropout_layer
@@ -30,7 +30,7 @@ _CACHE_SIZE = 16  # N-D tables kept per layer (one per grid shape and format in 
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class SinusoidalPositionalEncodingND(keras.layers.Layer):
+class SinusoidalPositionalEncodingND(OutputLikeInput, keras.layers.Layer):
     """Adds an N-D sinusoidal encoding to channels-last input (images, video), then dropout.
 
     ``output = dropout(inputs + table)`` with ``table`` of shape ``(*spatial, channels)``
@@ -202,9 +202,6 @@ class SinusoidalPositionalEncodingND(keras.layers.Layer):
         if self._dropout_layer is not None:
             outputs = self._dropout_layer(outputs, training=training)
         return outputs
-
-    def compute_output_shape(self, input_shape: Any) -> Any:
-        return input_shape
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -19,7 +19,7 @@ from .._checks import check_base, check_choice, check_int, check_max_length, che
 from ..core.plan import plan_index, plan_rows, plan_scaling, table_format
 from ..core.rope import ROPE_LAYOUTS, as_rope_scaling
 from ..specs import FromHFConfig, RopeSpec
-from ._arguments import ChecksPlainArguments, start_position
+from ._arguments import ChecksPlainArguments, OutputLikeInput, output_spec, start_position
 from ._backend import (
     dtype_name,
     format_of,
@@ -47,7 +47,9 @@ __all__ = ["RotaryEmbedding"]
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
+class RotaryEmbedding(
+    SharesTables, ChecksPlainArguments, OutputLikeInput, keras.layers.Layer, FromHFConfig
+):
     """Rotary position embedding: turns each feature pair of its input by ``position × θ_i``.
 
     One tensor per call, as keras-hub's ``RotaryEmbedding``: apply the layer to the
@@ -65,7 +67,8 @@ class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, Fr
       of one spec (width, base, layout, scaling), and grown for all of them.
     * Under ``"mixed_float16"``/``"mixed_bfloat16"`` the tables stay float32: the input
       is rotated in float32 and cast back, as in Hugging Face and
-      :class:`posenc.torch.RotaryEmbedding`.
+      :class:`posenc.torch.RotaryEmbedding`; the output has the compute dtype, as
+      :meth:`compute_output_spec` says.
     * Positions follow posenc's one policy (:mod:`posenc.core.positions`). Known when the
       call runs (a Python int or eager tensor ``start_index`` with a static sequence
       length, or concrete positions): checked (``0 .. 2**31 - 1``) and exact, the tables
@@ -446,12 +449,9 @@ class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, Fr
 
     # -- symbolic use and serialization ----------------------------------------------------
 
-    def compute_output_shape(self, input_shape: Any) -> Any:
-        return input_shape
-
     def compute_output_spec(self, inputs: Any, start_index: Any = 0, positions: Any = None) -> Any:
-        """The output spec of a symbolic call, after the checks that hold symbolically."""
-        shape, dtype = self._check_inputs(inputs)
+        """The output spec (the dtype the call returns), after the checks that hold here."""
+        shape, _ = self._check_inputs(inputs)
         if positions is None:
             start = start_position(start_index, "RotaryEmbedding")
             if not isinstance(start, int):  # a symbolic start: a traced length
@@ -462,7 +462,7 @@ class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, Fr
             positions = check_positions(positions, shape[0], shape[self._axes[0]])
             if known_value(positions) is None:  # symbolic positions: a traced length
                 plan_scaling(self._scaling, None, name="RotaryEmbedding: ")
-        return keras.KerasTensor(shape, dtype=dtype)
+        return output_spec(self, inputs)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
