@@ -18,10 +18,17 @@ import numpy as np
 from keras import ops
 
 from .._checks import check_int, check_max_length, check_probability
-from ..core.plan import plan_rows
+from ..core.plan import plan_index, plan_rows
 from ..specs import FromSpec, SinusoidalSpec
-from ._arguments import ChecksPlainArguments, OutputLikeInput, start_position
-from ._backend import format_of, to_tensor
+from ._arguments import (
+    ChecksPlainArguments,
+    OutputLikeInput,
+    no_start_with,
+    place_rows,
+    read_positions,
+    start_position,
+)
+from ._backend import format_of, gather_rows, to_tensor, wide_index
 from ._tables import SharesTables, span_rows
 
 __all__ = ["SinusoidalPositionalEncoding", "generate_positional_encoding"]
@@ -115,9 +122,11 @@ class SinusoidalPositionalEncoding(
         **kwargs: Standard layer arguments (``name``, ``dtype``, ...).
 
     Call arguments:
-        inputs: A floating tensor of shape ``(batch, seq, d_model)``; ``d_model`` is
-            taken from the last axis when the layer is built. Rank 3 only: Keras reads
-            a rank-2 tensor as ``(batch, features)``, so treating its first axis as
+        inputs: A floating tensor of shape ``(batch, ..., seq, d_model)``, the positions
+            on axis -2 (keras-hub's ``SinePositionEncoding`` convention; e.g. ``(batch,
+            seq, d_model)`` or ``(batch, heads, seq, d_model)``); ``d_model`` is taken
+            from the last axis when the layer is built. Rank 3 at least: Keras reads a
+            rank-2 tensor as ``(batch, features)``, so treating its first axis as
             positions would silently encode the batch index; add a batch axis with
             ``keras.ops.expand_dims(x, 0)`` for one unbatched sequence.
         start_index: Position of the first token, a Python int or an integer scalar
@@ -132,6 +141,14 @@ class SinusoidalPositionalEncoding(
             row). A traced tensor is read as int32: wider integers outside the int32
             range saturate, so they give NaN rows too.
         training: Whether dropout is active (Keras sets it during ``fit``).
+        positions: Optional positions (``0 .. 2**31 - 1``) replacing ``start_index``, a
+            tensor, list or NumPy array of shape ``(seq,)`` or ``(batch, seq)`` (batch 1
+            broadcasts), for packed sequences; rows are gathered from the table (grown
+            for known positions past it; NaN rows past it when traced). Any integer
+            dtype, or whole numbers in a floating one, read exactly (the mixed policy
+            never rounds them); a fractional, NaN or infinite value is a
+            ``ValueError`` when known and a NaN row in a trace (rows at fractional
+            positions: :func:`posenc.sinusoidal`).
 
     Returns:
         A tensor of the input's shape and dtype: the compute dtype under a mixed policy,
@@ -157,6 +174,9 @@ class SinusoidalPositionalEncoding(
         >>> next_token = layer(np.zeros((2, 1, 16), "float32"), start_index=10)
         >>> tuple(next_token.shape)
         (2, 1, 16)
+        >>> packed = layer(np.zeros((1, 2, 5, 16), "float32"), positions=[0, 1, 2, 0, 1])
+        >>> bool(np.array_equal(keras.ops.convert_to_numpy(packed)[0, 1, 3], out[0, 0]))
+        True
 
     References:
         Vaswani et al., "Attention Is All You Need", NeurIPS 2017, §3.5.
@@ -164,6 +184,7 @@ class SinusoidalPositionalEncoding(
     """
 
     spec_class = SinusoidalSpec
+    _plain_arguments = ("start_index", "training", "positions")
 
     def __init__(
         self,
@@ -195,7 +216,7 @@ class SinusoidalPositionalEncoding(
 
     def build(self, input_shape: Any) -> None:
         shape = tuple(input_shape)
-        if len(shape) != 3:
+        if len(shape) < 3:
             raise ValueError(_sinusoidal_rank_message(shape))
         if shape[-1] is None:
             raise ValueError(
@@ -235,11 +256,28 @@ class SinusoidalPositionalEncoding(
             raise ValueError("build the layer (or call it once) before extending its table")
         self._tables.extend(length, (format_of(self.compute_dtype, "the compute dtype"),))
 
-    def call(self, inputs: Any, start_index: Any = 0, training: Any = None) -> Any:
+    def call(
+        self, inputs: Any, start_index: Any = 0, training: Any = None, positions: Any = None
+    ) -> Any:
         shape = tuple(inputs.shape)
-        if len(shape) != 3:
+        fmt = format_of(self._check_inputs(shape, inputs.dtype), "the input dtype")
+        seq = ops.shape(inputs)[-2]  # an int, or a scalar tensor in a graph with seq None
+        if positions is None:
+            rows = self._run(start_position(start_index, type(self).__name__), seq, fmt)
+        else:
+            no_start_with(start_index)
+            rows = self._rows_at(positions, shape[0], shape[-2], fmt)  # (seq, d) or (b, seq, d)
+        # (..., seq, d) + rows on the last two axes (and the batch axis): broadcast
+        outputs = ops.add(inputs, place_rows(rows, len(shape), len(shape) - 2))
+        if self._dropout_layer is not None:
+            outputs = self._dropout_layer(outputs, training=training)
+        return outputs
+
+    def _check_inputs(self, shape: tuple[Any, ...], dtype: Any) -> str:
+        """The dtype name of floating inputs ``(batch, ..., seq, d_model)``, checked."""
+        if len(shape) < 3:
             raise ValueError(_sinusoidal_rank_message(shape))
-        dtype = keras.backend.standardize_dtype(inputs.dtype)
+        dtype = keras.backend.standardize_dtype(dtype)
         if not keras.backend.is_float_dtype(dtype):
             raise TypeError(
                 f"SinusoidalPositionalEncoding adds the encoding to floating embeddings, got "
@@ -250,25 +288,34 @@ class SinusoidalPositionalEncoding(
                 f"the last axis of the input is {shape[-1]} but the layer was built for "
                 f"d_model={self.d_model} (input shape {shape}); use a new layer per width"
             )
-        fmt = format_of(dtype, "the input dtype")
-        seq = ops.shape(inputs)[1]  # an int, or a scalar tensor in a graph with seq None
-        start = start_position(start_index, type(self).__name__)
-        assert self.spec is not None  # built by Keras before the first call
-        assert self._tables is not None
+        return str(dtype)
+
+    def _run(self, start: Any, seq: Any, fmt: str) -> Any:
+        """Rows ``start .. start+seq-1`` of the encoding, ``(seq, d)``."""
+        assert self.spec is not None and self._tables is not None  # noqa: PT018 (built)
         if (
             isinstance(start, int)
             and isinstance(seq, int)
             and not self._tables.holds(plan_rows(self._tables.length, start=start, count=seq), fmt)
         ):  # far past the table, or refused: the rows of this call, from the core
-            rows = to_tensor(self.spec.table(seq, fmt=fmt, start=start), fmt)
-        else:
-            length = self._tables.length  # before the table: never more than it holds
-            (table,) = self._tables.get(fmt)  # (rows >= length, d)
-            rows = span_rows(table, start, seq, length)  # (seq, d), NaN past length if traced
-        outputs = ops.add(inputs, rows)  # (batch, seq, d), rows broadcast over batch
-        if self._dropout_layer is not None:
-            outputs = self._dropout_layer(outputs, training=training)
-        return outputs
+            return to_tensor(self.spec.table(seq, fmt=fmt, start=start), fmt)
+        length = self._tables.length  # before the table: never more than it holds
+        (table,) = self._tables.get(fmt)  # (rows >= length, d)
+        return span_rows(table, start, seq, length)  # (seq, d), NaN past length if traced
+
+    def _rows_at(self, positions: Any, batch: Any, seq: Any, fmt: str) -> Any:
+        """Rows at ``positions``: ``(seq, d)`` or ``(batch, seq, d)``."""
+        assert self.spec is not None and self._tables is not None  # noqa: PT018 (built)
+        index, known = read_positions(positions, batch, seq)  # int32, (seq,) or (batch, seq)
+        plan = None  # traced positions: NaN rows outside the layer's length
+        if known is None:
+            plan = plan_index(wide_index(), self._tables.length, wide=wide_index())
+        elif known.size and not self._tables.holds(
+            plan_rows(self._tables.length, low=int(known.min()), high=int(known.max())), fmt
+        ):  # far past the table, or refused: the rows of this call, from the core
+            return to_tensor(self.spec.table(known, fmt=fmt), fmt)
+        (table,) = self._tables.get(fmt)  # (rows >= length, d)
+        return gather_rows(table, index, plan)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -294,9 +341,9 @@ def _sinusoidal_table(spec: SinusoidalSpec, length: int, fmt: str) -> tuple[np.n
 
 def _sinusoidal_rank_message(shape: tuple[Any, ...]) -> str:
     return (
-        f"SinusoidalPositionalEncoding expects inputs of rank 3, (batch, seq, d_model), got "
-        f"shape {shape} (rank {len(shape)}); for one unbatched (seq, d_model) sequence add a "
-        "batch axis with keras.ops.expand_dims(x, 0)"
+        f"SinusoidalPositionalEncoding expects inputs of rank >= 3, (batch, ..., seq, "
+        f"d_model), got shape {shape} (rank {len(shape)}); for one unbatched (seq, d_model) "
+        "sequence add a batch axis with keras.ops.expand_dims(x, 0)"
     )
 
 
