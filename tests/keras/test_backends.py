@@ -18,7 +18,12 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-FILES = ["test_embeddings_and_bias.py", "test_rope.py"]
+FILES = [
+    "test_embeddings_and_bias.py",
+    "test_rope.py",
+    "test_lengths.py",
+    "test_keras_hub_swaps.py",
+]
 
 
 def _in_process_backend() -> str | None:

@@ -741,13 +741,13 @@ def test_bad_inputs():
         layer(x, start_index=ops.convert_to_tensor(1.0))
     with pytest.raises(ValueError, match=r"start_index must be a scalar.*\(2,\)"):
         layer(x, start_index=int_tensor([1, 2]))
-    with pytest.raises(TypeError, match="positions must be an integer tensor.*float"):
-        layer(x, positions=np.arange(4.0))
-    with pytest.raises(TypeError, match="positions must be an integer tensor.*bool"):
+    with pytest.raises(ValueError, match=r"positions must be whole numbers.*2\.5"):
+        layer(x, positions=np.array([0.0, 1.0, 2.5, 3.0]))
+    with pytest.raises(TypeError, match="positions must be an integer or floating tensor.*bool"):
         layer(x, positions=[True, False, True, False])
-    with pytest.raises(TypeError, match="positions must be an integer tensor.*float32"):
-        layer(x, positions=ops.convert_to_tensor(np.arange(4.0, dtype=np.float32)))
-    with pytest.raises(TypeError, match=r"positions must be an integer tensor.*'0:4'"):
+    with pytest.raises(ValueError, match=r"positions must be whole numbers.*nan"):
+        layer(x, positions=ops.convert_to_tensor(np.array([0, 1, np.nan, 3], np.float32)))
+    with pytest.raises(TypeError, match=r"positions must be an integer or floating.*'0:4'"):
         layer(x, positions="0:4")
     with pytest.raises(ValueError, match=r"seq=4, got shape \(5,\)"):
         layer(x, positions=np.arange(5))

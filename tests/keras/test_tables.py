@@ -189,6 +189,24 @@ def test_growth_reaches_every_kind_and_the_other_layers_outputs_stay_right():
     np.testing.assert_array_equal(to_numpy(d(scores)), scores + core)
 
 
+def test_far_apart_positions_get_their_rows_and_grow_no_table():
+    # The one growth rule (posenc.core.plan.plan_rows): [0, 3_000_000] reads two rows, so
+    # the shared tables stay at 8 rows instead of growing every layer to three million.
+    at = np.array([[0, 3_000_000]])
+    a, b = rope(base=2718.5), rope(base=2718.5)
+    out = a(X[:, :2], positions=int_tensor(at))
+    inv_freq = posenc.rope_frequencies(HEAD_DIM, 2718.5)
+    cos, sin = rope_tables(at[0], inv_freq, dtype="float64")
+    want = apply_rope(X[:, :2].astype(np.float64), cos[:, None, :], sin[:, None, :])
+    np.testing.assert_allclose(to_numpy(out), want, rtol=0, atol=4e-7 * np.abs(X).max())
+    assert a.table_length == b.table_length == 8
+    c = sinusoidal(base=2718.5)
+    spec = SinusoidalSpec(d_model=HEAD_DIM, base=2718.5)
+    got = to_numpy(c(E[:, :2], positions=int_tensor(at)))
+    np.testing.assert_array_equal(got, E[:, :2] + spec.table(at[0], fmt="float32"))
+    assert c.table_length == 8
+
+
 def test_a_new_layer_reads_its_own_max_length_of_longer_shared_tables():
     a = sinusoidal(base=2000.0)
     a.extend(32)

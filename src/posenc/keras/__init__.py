@@ -25,11 +25,8 @@ except ImportError as exc:
     raise missing("keras", "posenc.keras", exc) from exc
 
 from .bias import ALiBiBias, T5RelativeBias
-from .encodings import (
-    LearnedPositionalEmbedding,
-    SinusoidalPositionalEncoding,
-    generate_positional_encoding,
-)
+from .encodings import SinusoidalPositionalEncoding, generate_positional_encoding
+from .learned import LearnedPositionalEmbedding
 from .nd import SinusoidalPositionalEncodingND
 from .packing import (
     mrope_positions,

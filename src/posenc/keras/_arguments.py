@@ -1,5 +1,7 @@
 """The checks of call arguments the Keras layers share: dtypes, initializers, start indices
-and positions (int32 everywhere in the Keras layers).
+and positions (int32 everywhere in the Keras layers; whole numbers of any dtype accepted),
+where a call's rows go in its input, and the output spec of a layer that keeps its input's
+shape and dtype.
 
 The primitives are in :mod:`._backend`, the tables' lifecycle in :mod:`._tables`.
 """
@@ -20,13 +22,20 @@ from ._backend import dtype_name, known_value, to_index, wide_index
 __all__ = [
     "INT32_END",
     "ChecksPlainArguments",
+    "OutputLikeInput",
     "check_float",
     "check_known_positions",
     "check_plain_positions",
     "check_plain_start",
     "check_position",
+    "check_positions",
     "get_initializer",
+    "is_default_start",
     "known_int",
+    "no_start_with",
+    "output_spec",
+    "place_rows",
+    "read_positions",
     "start_position",
 ]
 
@@ -130,7 +139,7 @@ def check_plain_start(start_index: Any, owner: str) -> None:
 def check_plain_positions(positions: Any) -> None:
     """Check ``positions`` given as a list, tuple or NumPy array now, while its values are
     whole: Keras turns them into tensors before ``call``, and JAX without its 64-bit mode
-    wraps int64 values on the way (``2**32 + 4`` becomes 4)."""
+    wraps int64 values on the way (``2**32 + 4`` becomes 4) and rounds float64 ones."""
     if not isinstance(positions, (list, tuple, np.ndarray, np.generic)):
         return
     try:
@@ -139,27 +148,157 @@ def check_plain_positions(positions: Any) -> None:
         raise ValueError(
             f"positions must be a rectangular array of ints, got {describe(positions)}"
         ) from None
-    if array.dtype.kind in "iu":
+    if array.dtype.kind in "iuf":
         check_known_positions(array)
 
 
-def check_known_positions(known: np.ndarray) -> None:
-    """ValueError unless every integer position is in ``0 .. 2**31 - 1`` (int32)."""
-    if known.size and int(known.min()) < 0:
+def check_known_positions(known: np.ndarray) -> np.ndarray:
+    """``known`` as int64, or ValueError unless every position is a whole number in
+    ``0 .. 2**31 - 1`` (int32), in any integer or floating dtype (keras-hub and Gemma
+    pass positions as ``float32``)."""
+    if known.dtype.kind == "f":
+        fractional = ~np.isfinite(known) | (known != np.floor(known))
+        if fractional.any():
+            raise ValueError(
+                "positions must be whole numbers (in any integer or floating dtype), got "
+                f"{float(known[fractional].ravel()[0])!r}; the layers read rows of a table, "
+                "one per position (rows at fractional positions: "
+                "posenc.core.rope.rope_tables or posenc.sinusoidal)"
+            )
+    if known.size and known.min().item() < 0:  # .item(): compared as Python numbers
         raise ValueError(f"positions must be >= 0, got {int(known.min())}")
-    if known.size and int(known.max()) >= INT32_END:
+    if known.size and known.max().item() >= INT32_END:
         raise ValueError(
             f"positions must be below 2**31 = {INT32_END} (positions are int32 in the Keras "
             f"layers), got {int(known.max())}"
         )
+    return known.astype(np.int64)
+
+
+def check_positions(positions: Any, batch: Any, seq: Any) -> Any:
+    """An integer or floating tensor ``(seq,)`` or ``(batch, seq)`` (batch 1 broadcasts);
+    a list or NumPy array becomes an int32 tensor after :func:`check_known_positions`."""
+    if isinstance(positions, (list, tuple, np.ndarray)):
+        array = np.asarray(positions)
+        if array.dtype.kind in "iuf":  # before conversion: a backend may wrap or round
+            array = check_known_positions(array).astype(np.int32)
+        positions = ops.convert_to_tensor(array)
+    elif not (ops.is_tensor(positions) or keras.backend.is_keras_tensor(positions)):
+        raise TypeError(
+            f"positions must be an integer or floating tensor of shape (seq,) or (batch, "
+            f"seq), got {describe(positions)}"
+        )
+    dtype = keras.backend.standardize_dtype(positions.dtype)
+    if "int" not in dtype and not keras.backend.is_float_dtype(dtype):
+        raise TypeError(f"positions must be an integer or floating tensor, got dtype {dtype}")
+    shape = tuple(positions.shape)
+    if len(shape) not in (1, 2) or (None not in (shape[-1], seq) and shape[-1] != seq):
+        raise ValueError(
+            f"positions must have shape (seq,) or (batch, seq) with seq={seq}, got shape {shape}"
+        )
+    if len(shape) == 2 and None not in (shape[0], batch) and shape[0] not in (1, batch):
+        raise ValueError(
+            f"positions has batch size {shape[0]} but the input has {batch} (shape {shape})"
+        )
+    return positions
+
+
+def read_positions(positions: Any, batch: Any, seq: Any) -> tuple[Any, np.ndarray | None]:
+    """``(index, known)`` of a call's ``positions`` (:func:`check_positions`): an int32
+    tensor of the same shape, and the values as int64 NumPy when they are known now
+    (:func:`check_known_positions`), else ``None``.
+
+    Traced positions: integers are saturated in their own dtype
+    (:func:`~._backend.to_index`); floating ones are read as the whole numbers they hold,
+    and a value that is not a whole number in ``0 .. 2**31 - 1`` (fractional, NaN,
+    infinite) becomes -1, a position outside every table, so its row is NaN.
+    """
+    positions = check_positions(positions, batch, seq)
+    known = known_value(positions)  # read before any cast: int64 values stay whole
+    if known is not None:
+        known = check_known_positions(known)
+    dtype = dtype_name(positions)
+    if "int" in dtype:
+        return to_index(positions, plan_index(dtype, wide=wide_index())), known
+    if known is not None:  # whole values below 2**31: the cast is exact
+        return ops.cast(positions, wide_index()), known
+    wide = ops.cast(positions, "float64" if dtype == "float64" else "float32")  # exact
+    whole = ops.logical_and(
+        ops.equal(wide, ops.floor(wide)),  # False for NaN; +-inf are handled below
+        ops.logical_and(ops.greater_equal(wide, 0), ops.less(wide, float(INT32_END))),
+    )
+    return ops.cast(ops.where(whole, wide, ops.full_like(wide, -1)), wide_index()), None
+
+
+def is_default_start(start_index: Any) -> bool:
+    return (
+        isinstance(start_index, numbers.Integral)
+        and not isinstance(start_index, (bool, np.bool_))
+        and start_index == 0
+    )
+
+
+def no_start_with(start_index: Any) -> None:
+    """ValueError unless ``start_index`` is its default 0 (a call with ``positions``)."""
+    if not is_default_start(start_index):
+        shown = describe(start_index) if hasattr(start_index, "shape") else repr(start_index)
+        raise ValueError(
+            f"pass either start_index or positions, not both (got start_index={shown} with "
+            "positions)"
+        )
+
+
+def place_rows(rows: Any, rank: int, sequence: int) -> Any:
+    """``(seq, r)`` or ``(batch, seq, r)`` rows → broadcastable over features-last inputs.
+
+    Adds unit axes so that seq lands on ``sequence``, features on the last axis and a
+    batch axis (if any) on axis 0; the axes present are already in that order.
+    """
+    present = {sequence, rank - 1} | ({0} if len(rows.shape) == 3 else set())
+    for axis in range(rank):
+        if axis not in present:
+            rows = ops.expand_dims(rows, axis)
+    return rows
+
+
+def output_spec(layer: keras.layers.Layer, inputs: Any) -> keras.KerasTensor:
+    """The output spec of a layer whose output has its input's shape and dtype: the dtype
+    the input has once ``Layer.__call__`` converts it (the compute dtype for a floating
+    input of an autocasting layer: float16 under ``"mixed_float16"``)."""
+    dtype = keras.backend.standardize_dtype(inputs.dtype)
+    if layer.autocast and keras.backend.is_float_dtype(dtype):
+        dtype = keras.backend.standardize_dtype(layer.input_dtype)
+    return keras.KerasTensor(inputs.shape, dtype=dtype)
+
+
+class OutputLikeInput:
+    """A Keras layer whose output has its input's shape, in the dtype the call returns
+    (:func:`output_spec`), also when Keras asks for it symbolically."""
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
+
+    def compute_output_spec(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        return output_spec(self, inputs)
 
 
 class ChecksPlainArguments:
     """A Keras layer whose ``start_index`` (and ``positions``, if its ``call`` takes them)
-    given as Python or NumPy values are checked before Keras sees them."""
+    given as Python or NumPy values are checked before Keras sees them.
+
+    A layer whose ``call`` takes ``positions`` converts its other arguments itself, as
+    ``Layer.__call__`` would, and leaves the positions as they are: Keras casts every
+    floating argument to the compute dtype, which would round floating positions before
+    the layer reads them (``2049.0`` is 2048 in float16, 257 is 256 in bfloat16).
+    """
 
     _plain_arguments: tuple[str, ...] = ("start_index",)  # call()'s, after the inputs
     _start_may_be_none = False  # whether start_index=None has a meaning
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "positions" in self._plain_arguments:
+            self._convert_input_args = False  # done in __call__, positions left out
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         given = dict(zip(self._plain_arguments, args[1:], strict=False)) | kwargs
@@ -167,6 +306,30 @@ class ChecksPlainArguments:
             given["start_index"] is not None or not self._start_may_be_none
         ):
             check_plain_start(given["start_index"], type(self).__name__)
-        if "positions" in self._plain_arguments and given.get("positions") is not None:
-            check_plain_positions(given["positions"])
+        if "positions" in self._plain_arguments:
+            if given.get("positions") is not None:
+                check_plain_positions(given["positions"])
+            args, kwargs = self._converted(args, kwargs)
         return super().__call__(*args, **kwargs)  # type: ignore[misc]
+
+    def _converted(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``args`` and ``kwargs`` converted as ``Layer.__call__`` converts them (floating
+        tensors and arrays cast to the input dtype when the layer autocasts), but
+        ``positions``."""
+        layer: Any = self
+        names = ("inputs", *self._plain_arguments)
+
+        def convert(value: Any) -> Any:
+            return layer.dtype_policy.convert_input(value, layer.autocast, layer.input_dtype)
+
+        args = tuple(
+            arg if names[i : i + 1] == ("positions",) else keras.tree.map_structure(convert, arg)
+            for i, arg in enumerate(args)
+        )
+        kwargs = {
+            name: value if name == "positions" else keras.tree.map_structure(convert, value)
+            for name, value in kwargs.items()
+        }
+        return args, kwargs

@@ -121,7 +121,10 @@ def known_value(value: Any) -> np.ndarray | None:
 
         if value.is_meta or torch.compiler.is_compiling():
             return None
-        return value.detach().cpu().numpy()
+        value = value.detach()
+        if value.dtype == torch.bfloat16:  # NumPy has no bfloat16: float32 holds it exactly
+            value = value.float()
+        return value.cpu().numpy()
     return np.asarray(ops.convert_to_numpy(value))
 
 

@@ -1,7 +1,8 @@
 """Checks and shape plumbing of the Keras :class:`~posenc.keras.rope.RotaryEmbedding`.
 
-Axis resolution, position and start checks (int32 in every Keras layer), the partner
-index of the rotation, and where the ``(seq, r)`` rows go in an input of any rank.
+Axis resolution, the partner index of the rotation and the checks of queries and keys;
+the checks of positions and starts, shared with the other layers, are in
+:mod:`._arguments`.
 """
 
 from __future__ import annotations
@@ -14,20 +15,14 @@ import numpy as np
 from keras import ops
 
 from .._checks import check_int, describe
-from ._arguments import check_known_positions
 
 __all__ = [
     "check_axis",
     "check_inputs",
-    "check_known_positions",
-    "check_positions",
     "input_axes",
-    "is_default_start",
-    "place_rows",
     "rank_message",
     "resolve_axis",
     "select",
-    "short",
     "turn_index",
 ]
 
@@ -69,71 +64,12 @@ def turn_index(rotary_dim: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
     return index.astype(np.int32), sign
 
 
-def is_default_start(start_index: Any) -> bool:
-    return (
-        isinstance(start_index, numbers.Integral)
-        and not isinstance(start_index, (bool, np.bool_))
-        and start_index == 0
-    )
-
-
-def short(value: Any) -> str:
-    return describe(value) if hasattr(value, "shape") else repr(value)
-
-
-def is_tensor(value: Any) -> bool:
-    return ops.is_tensor(value) or keras.backend.is_keras_tensor(value)
-
-
-def check_positions(positions: Any, batch: Any, seq: Any) -> Any:
-    """An integer tensor ``(seq,)`` or ``(batch, seq)`` (batch 1 broadcasts)."""
-    if isinstance(positions, (list, tuple, np.ndarray)):
-        array = np.asarray(positions)
-        if array.dtype.kind in "iu":  # before conversion: a backend may wrap int64 values
-            check_known_positions(array)
-        positions = ops.convert_to_tensor(array)
-    elif not is_tensor(positions):
-        raise TypeError(
-            f"positions must be an integer tensor of shape (seq,) or (batch, seq), got "
-            f"{describe(positions)}"
-        )
-    dtype = keras.backend.standardize_dtype(positions.dtype)
-    if "int" not in dtype:
-        raise TypeError(
-            f"positions must be an integer tensor, got dtype {dtype} "
-            "(fractional positions: posenc.core.rope.rope_tables)"
-        )
-    shape = tuple(positions.shape)
-    if len(shape) not in (1, 2) or (None not in (shape[-1], seq) and shape[-1] != seq):
-        raise ValueError(
-            f"positions must have shape (seq,) or (batch, seq) with seq={seq}, got shape {shape}"
-        )
-    if len(shape) == 2 and None not in (shape[0], batch) and shape[0] not in (1, batch):
-        raise ValueError(
-            f"positions has batch size {shape[0]} but the input has {batch} (shape {shape})"
-        )
-    return positions
-
-
 def select(condition: Any, first: tuple[Any, Any], second: tuple[Any, Any]) -> tuple[Any, Any]:
     """``first`` where the scalar ``condition`` holds, else ``second`` (both computed)."""
     return (
         ops.where(condition, first[0], second[0]),
         ops.where(condition, first[1], second[1]),
     )
-
-
-def place_rows(rows: Any, rank: int, sequence: int) -> Any:
-    """``(seq, r)`` or ``(batch, seq, r)`` rows → broadcastable over features-last inputs.
-
-    Adds unit axes so that seq lands on ``sequence``, features on the last axis and a
-    batch axis (if any) on axis 0; the axes present are already in that order.
-    """
-    present = {sequence, rank - 1} | ({0} if len(rows.shape) == 3 else set())
-    for axis in range(rank):
-        if axis not in present:
-            rows = ops.expand_dims(rows, axis)
-    return rows
 
 
 def rank_message(shape: tuple[Any, ...]) -> str:

@@ -33,7 +33,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from ..core.plan import RowsPlan, plan_index, plan_rows
+from ..core.plan import IndexPlan, RowsPlan, plan_index, plan_rows
 from ..core.positions import grow
 from ..core.sharing import GROWTH_LOCK, Registry, share_key
 from ._backend import dtype_name, gather_rows, index_range, to_tensor, wide_index
@@ -47,6 +47,7 @@ __all__ = [
     "shared_count",
     "shared_tables",
     "span_rows",
+    "start_plan",
     "table_rows",
 ]
 
@@ -105,9 +106,21 @@ def span_rows(table: Any, start: Any, seq: Any, rows: int | None = None) -> Any:
     if isinstance(start, int) and isinstance(seq, int):
         begin = [start] + [0] * (len(table.shape) - 1)
         return ops.slice(table, begin, [seq, *(int(n) for n in table.shape[1:])])
-    rows = int(table.shape[0]) if rows is None else rows
-    plan = plan_index(dtype_name(start), rows, wide=wide_index())
+    plan = start_plan(start, int(table.shape[0]) if rows is None else rows)
     return gather_rows(table, index_range(start, seq, plan), plan)  # (seq, width)
+
+
+def start_plan(start: Any, rows: int = 0) -> IndexPlan:
+    """The planner's :class:`~posenc.core.plan.IndexPlan` for a run from ``start`` in a
+    ``rows``-row table (0: only ``start + i >= 0`` is bounded).
+
+    ``start`` is an integer tensor, or a Python int that
+    :func:`~._arguments.start_position` checked (an int32 position) when the run's length
+    is known only in a graph: TensorFlow retracing a model for a new length, a
+    ``tf.function`` whose ``input_signature`` leaves the length ``None``.
+    """
+    dtype = wide_index() if isinstance(start, int) else dtype_name(start)
+    return plan_index(dtype, rows, wide=wide_index())
 
 
 def device_now() -> str | None:

@@ -34,16 +34,22 @@ import numpy as np
 from keras import ops
 
 from .._checks import DEFAULT_MAX_BYTES, MemoryLimitError, check_int, check_max_length, format_bytes
-from ..core.plan import align_queries, plan_index, plan_rows, traced_offset
+from ..core.plan import align_queries, plan_rows, traced_offset
 from ..specs import AlibiSpec, FromSpec, T5Spec
-from ._arguments import ChecksPlainArguments, check_float, get_initializer, start_position
-from ._backend import dtype_name, format_of, index_range, to_tensor, wide_index
-from ._tables import SharesTables
+from ._arguments import (
+    ChecksPlainArguments,
+    OutputLikeInput,
+    check_float,
+    get_initializer,
+    start_position,
+)
+from ._backend import format_of, index_range, to_tensor
+from ._tables import SharesTables, start_plan
 
 __all__ = ["ALiBiBias", "T5RelativeBias"]
 
 
-class _ScoreBias(SharesTables, ChecksPlainArguments, keras.layers.Layer):
+class _ScoreBias(SharesTables, ChecksPlainArguments, OutputLikeInput, keras.layers.Layer):
     """What the two bias layers share: checks, query/key/start resolution, the addition.
 
     Subclasses set ``num_heads`` and implement ``_bias(q, k, start, fmt)`` returning the
@@ -137,9 +143,6 @@ class _ScoreBias(SharesTables, ChecksPlainArguments, keras.layers.Layer):
     def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
         raise NotImplementedError
 
-    def compute_output_shape(self, input_shape: Any) -> Any:
-        return input_shape
-
 
 def _relative_positions(q: Any, k: Any, start: Any) -> Any:
     """``key position - query position``, ``(q, k)`` int32: ``j - (start + i)``."""
@@ -148,14 +151,10 @@ def _relative_positions(q: Any, k: Any, start: Any) -> Any:
     return keys - queries - start  # (q, k)
 
 
-def _all_ints(*values: Any) -> bool:
-    return all(isinstance(value, int) for value in values)
-
-
 def _query_rows(q: Any, start: Any, length: int | None = None) -> Any:
     """Which query rows sit at a valid position: ``0 <= start + i`` (and ``< length``),
     ``(q,)`` bool. A sum that overflows int32 wraps negative: invalid, as it should be."""
-    position = index_range(start, q, plan_index(dtype_name(start), wide=wide_index()))
+    position = index_range(start, q, start_plan(start))
     valid = ops.greater_equal(position, 0)  # (q,)
     return valid if length is None else ops.logical_and(valid, ops.less(position, length))
 
@@ -291,7 +290,7 @@ class ALiBiBias(_ScoreBias, FromSpec):
 
     def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
         tables = self._held_tables()
-        if _all_ints(q, k, start):  # every position known: exact, no NaN possible
+        if all(isinstance(n, int) for n in (q, k, start)):  # known: exact, no NaN possible
             plan = plan_rows(tables.length, start=0, count=max(start + q, k))
             if not tables.holds(plan, fmt):
                 return self._direct(q, k, start, fmt)  # a table that long is refused

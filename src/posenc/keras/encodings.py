@@ -1,35 +1,37 @@
-"""Keras 3 layers that add a position encoding to their input: sinusoidal and learned
-(N-D: :mod:`.nd`). One file for the TensorFlow, JAX and torch backends.
+"""The Keras 3 layer that adds the sinusoidal encoding to its input, and the tutorials'
+function (learned: :mod:`.learned`; N-D: :mod:`.nd`). One file for the TensorFlow, JAX
+and torch backends.
 
-The core decides the numbers. The sinusoidal layer asks it for the finished table
-(computed in float64 with exact angle reduction and rounded once to the layer's dtype)
-and only moves it onto the backend; no angle or position is ever formed in the layer's
-dtype. The layers of one spec share that table (:mod:`._tables`). The learned table is
-an ordinary trainable weight.
+The core decides the numbers. The layer asks it for the finished table (computed in
+float64 with exact angle reduction and rounded once to the layer's dtype) and only moves
+it onto the backend; no angle or position is ever formed in the layer's dtype. The
+layers of one spec share that table (:mod:`._tables`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import keras
 import numpy as np
 from keras import ops
 
-from .._checks import check_int, check_max_length, check_probability, check_weights
-from ..core.plan import plan_rows
+from .._checks import check_int, check_max_length, check_probability
+from ..core.plan import plan_index, plan_rows
 from ..specs import FromSpec, SinusoidalSpec
-from ._arguments import ChecksPlainArguments, check_float, get_initializer, start_position
-from ._backend import format_of, to_tensor
-from ._tables import SharesTables, span_rows, table_rows
+from ._arguments import (
+    ChecksPlainArguments,
+    OutputLikeInput,
+    no_start_with,
+    place_rows,
+    read_positions,
+    start_position,
+)
+from ._backend import format_of, gather_rows, to_tensor, wide_index
+from ._tables import SharesTables, span_rows
 
-__all__ = [
-    "LearnedPositionalEmbedding",
-    "SinusoidalPositionalEncoding",
-    "generate_positional_encoding",
-]
+__all__ = ["SinusoidalPositionalEncoding", "generate_positional_encoding"]
 
 
 def generate_positional_encoding(
@@ -77,7 +79,7 @@ def generate_positional_encoding(
 
 @keras.saving.register_keras_serializable(package="posenc")
 class SinusoidalPositionalEncoding(
-    SharesTables, ChecksPlainArguments, keras.layers.Layer, FromSpec
+    SharesTables, ChecksPlainArguments, OutputLikeInput, keras.layers.Layer, FromSpec
 ):
     """Adds the sinusoidal positional encoding of "Attention Is All You Need" to its input.
 
@@ -100,9 +102,11 @@ class SinusoidalPositionalEncoding(
     Positions past the table follow posenc's one policy (:mod:`posenc.core.positions`):
     positions known when the call runs get the exact rows (the table grows, or the
     core computes the call's rows when a table that long would pass the memory limit);
-    positions known only inside a trace give NaN rows past the table. Call
-    :meth:`extend` before tracing to cover longer sequences (the config saves the
-    extended length).
+    positions known only inside a trace give NaN rows past the table. A sequence length
+    left ``None`` in a graph is such a trace: a ``tf.function`` with an
+    ``input_signature``, and TensorFlow's ``fit``/``predict``, which retrace a model for
+    any length once they have seen two. Call :meth:`extend` before tracing to cover
+    longer sequences (the config saves the extended length).
 
     Args:
         max_length: Number of positions the table covers initially (int >= 1).
@@ -118,9 +122,11 @@ class SinusoidalPositionalEncoding(
         **kwargs: Standard layer arguments (``name``, ``dtype``, ...).
 
     Call arguments:
-        inputs: A floating tensor of shape ``(batch, seq, d_model)``; ``d_model`` is
-            taken from the last axis when the layer is built. Rank 3 only: Keras reads
-            a rank-2 tensor as ``(batch, features)``, so treating its first axis as
+        inputs: A floating tensor of shape ``(batch, ..., seq, d_model)``, the positions
+            on axis -2 (keras-hub's ``SinePositionEncoding`` convention; e.g. ``(batch,
+            seq, d_model)`` or ``(batch, heads, seq, d_model)``); ``d_model`` is taken
+            from the last axis when the layer is built. Rank 3 at least: Keras reads a
+            rank-2 tensor as ``(batch, features)``, so treating its first axis as
             positions would silently encode the batch index; add a batch axis with
             ``keras.ops.expand_dims(x, 0)`` for one unbatched sequence.
         start_index: Position of the first token, a Python int or an integer scalar
@@ -135,9 +141,18 @@ class SinusoidalPositionalEncoding(
             row). A traced tensor is read as int32: wider integers outside the int32
             range saturate, so they give NaN rows too.
         training: Whether dropout is active (Keras sets it during ``fit``).
+        positions: Optional positions (``0 .. 2**31 - 1``) replacing ``start_index``, a
+            tensor, list or NumPy array of shape ``(seq,)`` or ``(batch, seq)`` (batch 1
+            broadcasts), for packed sequences; rows are gathered from the table (grown
+            for known positions past it; NaN rows past it when traced). Any integer
+            dtype, or whole numbers in a floating one, read exactly (the mixed policy
+            never rounds them); a fractional, NaN or infinite value is a
+            ``ValueError`` when known and a NaN row in a trace (rows at fractional
+            positions: :func:`posenc.sinusoidal`).
 
     Returns:
-        A tensor of the input's shape and dtype.
+        A tensor of the input's shape and dtype: the compute dtype under a mixed policy,
+        as :meth:`compute_output_spec` says.
 
     Attributes:
         d_model, spec: The width and the spec (``None`` until the layer is built).
@@ -159,6 +174,9 @@ class SinusoidalPositionalEncoding(
         >>> next_token = layer(np.zeros((2, 1, 16), "float32"), start_index=10)
         >>> tuple(next_token.shape)
         (2, 1, 16)
+        >>> packed = layer(np.zeros((1, 2, 5, 16), "float32"), positions=[0, 1, 2, 0, 1])
+        >>> bool(np.array_equal(keras.ops.convert_to_numpy(packed)[0, 1, 3], out[0, 0]))
+        True
 
     References:
         Vaswani et al., "Attention Is All You Need", NeurIPS 2017, §3.5.
@@ -166,6 +184,7 @@ class SinusoidalPositionalEncoding(
     """
 
     spec_class = SinusoidalSpec
+    _plain_arguments = ("start_index", "training", "positions")
 
     def __init__(
         self,
@@ -197,7 +216,7 @@ class SinusoidalPositionalEncoding(
 
     def build(self, input_shape: Any) -> None:
         shape = tuple(input_shape)
-        if len(shape) != 3:
+        if len(shape) < 3:
             raise ValueError(_sinusoidal_rank_message(shape))
         if shape[-1] is None:
             raise ValueError(
@@ -237,11 +256,28 @@ class SinusoidalPositionalEncoding(
             raise ValueError("build the layer (or call it once) before extending its table")
         self._tables.extend(length, (format_of(self.compute_dtype, "the compute dtype"),))
 
-    def call(self, inputs: Any, start_index: Any = 0, training: Any = None) -> Any:
+    def call(
+        self, inputs: Any, start_index: Any = 0, training: Any = None, positions: Any = None
+    ) -> Any:
         shape = tuple(inputs.shape)
-        if len(shape) != 3:
+        fmt = format_of(self._check_inputs(shape, inputs.dtype), "the input dtype")
+        seq = ops.shape(inputs)[-2]  # an int, or a scalar tensor in a graph with seq None
+        if positions is None:
+            rows = self._run(start_position(start_index, type(self).__name__), seq, fmt)
+        else:
+            no_start_with(start_index)
+            rows = self._rows_at(positions, shape[0], shape[-2], fmt)  # (seq, d) or (b, seq, d)
+        # (..., seq, d) + rows on the last two axes (and the batch axis): broadcast
+        outputs = ops.add(inputs, place_rows(rows, len(shape), len(shape) - 2))
+        if self._dropout_layer is not None:
+            outputs = self._dropout_layer(outputs, training=training)
+        return outputs
+
+    def _check_inputs(self, shape: tuple[Any, ...], dtype: Any) -> str:
+        """The dtype name of floating inputs ``(batch, ..., seq, d_model)``, checked."""
+        if len(shape) < 3:
             raise ValueError(_sinusoidal_rank_message(shape))
-        dtype = keras.backend.standardize_dtype(inputs.dtype)
+        dtype = keras.backend.standardize_dtype(dtype)
         if not keras.backend.is_float_dtype(dtype):
             raise TypeError(
                 f"SinusoidalPositionalEncoding adds the encoding to floating embeddings, got "
@@ -252,28 +288,37 @@ class SinusoidalPositionalEncoding(
                 f"the last axis of the input is {shape[-1]} but the layer was built for "
                 f"d_model={self.d_model} (input shape {shape}); use a new layer per width"
             )
-        fmt = format_of(dtype, "the input dtype")
-        seq = ops.shape(inputs)[1]  # an int, or a scalar tensor in a graph with seq None
-        start = start_position(start_index, type(self).__name__)
-        assert self.spec is not None  # built by Keras before the first call
-        assert self._tables is not None
+        return str(dtype)
+
+    def _run(self, start: Any, seq: Any, fmt: str) -> Any:
+        """Rows ``start .. start+seq-1`` of the encoding, ``(seq, d)``."""
+        assert self.spec is not None and self._tables is not None  # noqa: PT018 (built)
         if (
             isinstance(start, int)
             and isinstance(seq, int)
             and not self._tables.holds(plan_rows(self._tables.length, start=start, count=seq), fmt)
         ):  # far past the table, or refused: the rows of this call, from the core
-            rows = to_tensor(self.spec.table(seq, fmt=fmt, start=start), fmt)
-        else:
-            length = self._tables.length  # before the table: never more than it holds
-            (table,) = self._tables.get(fmt)  # (rows >= length, d)
-            rows = span_rows(table, start, seq, length)  # (seq, d), NaN past length if traced
-        outputs = ops.add(inputs, rows)  # (batch, seq, d), rows broadcast over batch
-        if self._dropout_layer is not None:
-            outputs = self._dropout_layer(outputs, training=training)
-        return outputs
+            return to_tensor(self.spec.table(seq, fmt=fmt, start=start), fmt)
+        length = self._tables.length  # before the table: never more than it holds
+        (table,) = self._tables.get(fmt)  # (rows >= length, d)
+        return span_rows(table, start, seq, length)  # (seq, d), NaN past length if traced
 
-    def compute_output_shape(self, input_shape: Any) -> Any:
-        return input_shape
+    def _rows_at(self, positions: Any, batch: Any, seq: Any, fmt: str) -> Any:
+        """Rows at ``positions``: ``(seq, d)`` or ``(batch, seq, d)``."""
+        assert self.spec is not None and self._tables is not None  # noqa: PT018 (built)
+        index, known = read_positions(positions, batch, seq)  # int32, (seq,) or (batch, seq)
+        plan = None  # traced positions: NaN rows outside the layer's length
+        if known is None:
+            plan = plan_index(wide_index(), self._tables.length, wide=wide_index())
+        elif known.size and not self._tables.holds(
+            plan_rows(
+                self._tables.length, low=int(known.min()), high=int(known.max()), count=known.size
+            ),
+            fmt,
+        ):  # far past the table, far apart, or refused: the rows of this call, from the core
+            return to_tensor(self.spec.table(known, fmt=fmt), fmt)
+        (table,) = self._tables.get(fmt)  # (rows >= length, d)
+        return gather_rows(table, index, plan)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -299,9 +344,9 @@ def _sinusoidal_table(spec: SinusoidalSpec, length: int, fmt: str) -> tuple[np.n
 
 def _sinusoidal_rank_message(shape: tuple[Any, ...]) -> str:
     return (
-        f"SinusoidalPositionalEncoding expects inputs of rank 3, (batch, seq, d_model), got "
-        f"shape {shape} (rank {len(shape)}); for one unbatched (seq, d_model) sequence add a "
-        "batch axis with keras.ops.expand_dims(x, 0)"
+        f"SinusoidalPositionalEncoding expects inputs of rank >= 3, (batch, ..., seq, "
+        f"d_model), got shape {shape} (rank {len(shape)}); for one unbatched (seq, d_model) "
+        "sequence add a batch axis with keras.ops.expand_dims(x, 0)"
     )
 
 
@@ -312,164 +357,3 @@ def _sinusoidal_rank_message(shape: tuple[Any, ...]) -> str:
 def _dropout_layer(rate: float, policy: Any) -> keras.layers.Dropout | None:
     """A Dropout sublayer, or ``None`` (no seed-generator state) when the rate is 0."""
     return keras.layers.Dropout(rate, dtype=policy) if rate else None
-
-
-# ---------------------------------------------------------------------------------------
-# Learned
-
-
-@keras.saving.register_keras_serializable(package="posenc")
-class LearnedPositionalEmbedding(ChecksPlainArguments, keras.layers.Layer):
-    """Adds a trained embedding per position (GPT-2, BERT), then dropout.
-
-    ``output = dropout(inputs + embeddings[start_index : start_index + seq])``. The weight
-    ``embeddings`` of shape ``(max_length, d_model)`` is created in ``build()``, with
-    ``d_model`` taken from the input's last axis, and read in the input's dtype (under a
-    mixed policy it stays float32 and each value is rounded to the compute dtype).
-
-    Learned embeddings cannot represent a position they were not trained with: a known
-    ``start_index + seq > max_length`` is a ``ValueError``, never a wrap-around.
-
-    The layer uses only ``keras.ops`` and runs on the TensorFlow, JAX and torch backends.
-
-    Args:
-        max_length: Number of positions, ``0 .. max_length-1`` (int >= 1).
-        dropout: Dropout rate applied to the sum, a float in ``[0, 1)``.
-        initializer: Initializer of the embeddings (anything
-            ``keras.initializers.get`` accepts); ``None`` (default) means
-            ``RandomNormal(stddev=0.02)``, as GPT-2.
-        **kwargs: Standard layer arguments (``name``, ``dtype``, ...).
-
-    Call arguments:
-        inputs: A floating tensor of shape ``(batch, seq, d_model)``.
-        start_index: Position of the first token, a Python int or an integer scalar
-            tensor (default 0); for decoding one token at a time with a cache. A value
-            known when the call runs (a Python int, or an eager tensor of any integer
-            dtype) must lie in ``0 .. 2**31 - 1``, and with a statically known ``seq``
-            ``start_index + seq > max_length`` raises ``ValueError``, on every backend.
-            When the value or ``seq`` is known only inside a trace (``tf.function``,
-            ``jax.jit``, ``torch.compile``, a symbolic model input), the rows are
-            gathered and every position outside ``0 .. max_length-1`` gives a row of NaN
-            on every backend (never a clamped or wrapped row); wider integer tensors
-            saturate to the int32 range, so out-of-range values give NaN rows too.
-        training: Whether dropout is active (Keras sets it during ``fit``).
-
-    Returns:
-        A tensor of the input's shape and dtype.
-
-    Shapes:
-        ``(batch, seq, d_model)`` → ``(batch, seq, d_model)``; weight
-        ``(max_length, d_model)``.
-
-    Example:
-        >>> import numpy as np
-        >>> layer = LearnedPositionalEmbedding(max_length=16)
-        >>> out = layer(np.zeros((2, 5, 8), "float32"))
-        >>> tuple(out.shape), tuple(layer.embeddings.shape)
-        ((2, 5, 8), (16, 8))
-        >>> step = layer(np.zeros((2, 1, 8), "float32"), start_index=5)  # the sixth token
-        >>> bool(np.all(keras.ops.convert_to_numpy(step)[:, 0] == layer.get_weights()[0][5]))
-        True
-
-    References:
-        Radford et al., "Language Models are Unsupervised Multitask Learners" (GPT-2),
-        2019; Devlin et al., "BERT", NAACL 2019.
-    """
-
-    def __init__(
-        self,
-        max_length: int,
-        dropout: float = 0.0,
-        initializer: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.max_length = check_max_length(max_length)
-        self.dropout = check_probability(dropout, "dropout")
-        if initializer is None:
-            initializer = keras.initializers.RandomNormal(mean=0.0, stddev=0.02)
-        self.initializer = get_initializer(initializer, "initializer")
-        self._dropout_layer = _dropout_layer(self.dropout, self.dtype_policy)
-        self.d_model: int | None = None
-
-    def build(self, input_shape: Any) -> None:
-        shape = tuple(input_shape)
-        if len(shape) != 3:
-            raise ValueError(_rank_message(type(self).__name__, shape))
-        if shape[-1] is None:
-            raise ValueError(
-                f"LearnedPositionalEmbedding needs a known last (feature) axis to create its "
-                f"weight, got input shape {shape}"
-            )
-        self.d_model = check_int(shape[-1], "the last axis of the input (d_model)", minimum=1)
-        check_weights({"max_length": self.max_length, "d_model": self.d_model}, "the embeddings")
-        self.embeddings = self.add_weight(
-            name="embeddings",
-            shape=(self.max_length, self.d_model),
-            initializer=self.initializer,
-            trainable=True,
-        )
-        if self._dropout_layer is not None:
-            self._dropout_layer.build(shape)
-        self.built = True
-
-    def call(self, inputs: Any, start_index: Any = 0, training: Any = None) -> Any:
-        name = type(self).__name__
-        _check_sequence(inputs, self.d_model, name)
-        dtype = check_float(inputs.dtype, name, "inputs", _EMBED_HINT)
-        seq = ops.shape(inputs)[1]  # an int, or a scalar tensor in a graph with seq None
-        start = start_position(start_index, name)
-        table = ops.convert_to_tensor(self.embeddings)  # (max_length, d)
-        rows = table_rows(table, start, seq, self._too_long(start, seq))  # (seq, d)
-        rows = ops.cast(rows, dtype)  # (seq, d)
-        outputs = ops.add(inputs, rows)  # (batch, seq, d), rows broadcast over batch
-        if self._dropout_layer is not None:
-            outputs = self._dropout_layer(outputs, training=training)
-        return outputs
-
-    def _too_long(self, start: Any, seq: Any) -> Callable[[int], str]:
-        def message(end: int) -> str:
-            return (
-                f"start_index ({start}) + sequence length ({seq}) = {end} exceeds "
-                f"max_length={self.max_length} (positions 0..{self.max_length - 1}); "
-                "learned embeddings cannot extrapolate: build the layer with a larger "
-                "max_length"
-            )
-
-        return message
-
-    def compute_output_shape(self, input_shape: Any) -> Any:
-        return input_shape
-
-    def get_config(self) -> dict[str, Any]:
-        config = super().get_config()
-        config.update(
-            {
-                "max_length": self.max_length,
-                "dropout": self.dropout,
-                "initializer": keras.initializers.serialize(self.initializer),
-            }
-        )
-        return config
-
-
-_EMBED_HINT = "; embed token ids first (e.g. keras.layers.Embedding)"
-
-
-def _check_sequence(inputs: Any, d_model: int | None, name: str) -> None:
-    shape = tuple(inputs.shape)
-    if len(shape) != 3:
-        raise ValueError(_rank_message(name, shape))
-    if shape[-1] is not None and d_model is not None and shape[-1] != d_model:
-        raise ValueError(
-            f"the last axis of the input is {shape[-1]} but {name} was built for "
-            f"d_model={d_model} (input shape {shape}); use a new layer per width"
-        )
-
-
-def _rank_message(name: str, shape: tuple[Any, ...]) -> str:
-    return (
-        f"{name} expects inputs of rank 3, (batch, seq, d_model), got shape {shape} (rank "
-        f"{len(shape)}); for one unbatched (seq, d_model) sequence add a batch axis with "
-        "keras.ops.expand_dims(x, 0)"
-    )

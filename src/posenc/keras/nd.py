@@ -15,7 +15,7 @@ from keras import ops
 from .._checks import check_probability
 from ..core.nd import check_channels, check_shape
 from ..specs import SinusoidalNDSpec
-from ._arguments import check_float
+from ._arguments import OutputLikeInput, check_float
 from ._backend import format_of, to_tensor
 from ._tables import cacheable, outside_traces
 from .encodings import _dropout_layer
@@ -30,7 +30,7 @@ _CACHE_SIZE = 16  # N-D tables kept per layer (one per grid shape and format in 
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class SinusoidalPositionalEncodingND(keras.layers.Layer):
+class SinusoidalPositionalEncodingND(OutputLikeInput, keras.layers.Layer):
     """Adds an N-D sinusoidal encoding to channels-last input (images, video), then dropout.
 
     ``output = dropout(inputs + table)`` with ``table`` of shape ``(*spatial, channels)``
@@ -46,9 +46,13 @@ class SinusoidalPositionalEncodingND(keras.layers.Layer):
     (grid shape, format), at most 16, and created eagerly even when first needed inside
     ``tf.function`` or ``jax.jit``.
 
-    The channel count is taken from the input's last axis when the layer is built; the
-    spatial sizes must be static (known when the layer is called) and may differ between
-    calls.
+    The channel count is taken from the input's last axis when the layer is built (from
+    ``keras.Input((None, None, channels))`` too); the spatial sizes may differ between
+    calls but must be known when the layer runs: eagerly, in a JAX or torch model (whose
+    traces see each call's shape), or in a TensorFlow graph of static shape. A size left
+    ``None`` in a TensorFlow graph (``fit``/``predict`` after a second size, a
+    ``tf.function`` with such an ``input_signature``) is a ``ValueError`` saying what to
+    change.
 
     Args:
         layout: ``"positional-encodings"`` (the ``positional_encodings`` package's split:
@@ -110,33 +114,38 @@ class SinusoidalPositionalEncodingND(keras.layers.Layer):
 
     def build(self, input_shape: Any) -> None:
         shape = tuple(input_shape)
-        spatial = self._grid(shape)
+        if len(shape) < 3:
+            raise ValueError(
+                f"SinusoidalPositionalEncodingND expects channels-last inputs (batch, "
+                f"*spatial, channels) of rank >= 3, got shape {shape} (rank {len(shape)})"
+            )
         if shape[-1] is None:
             raise ValueError(
                 f"SinusoidalPositionalEncodingND needs a known last (channel) axis, got "
                 f"input shape {shape}"
             )
-        self.channels = check_channels(shape[-1], len(spatial), self.layout)
+        known = None not in shape[1:-1]  # a grid known now: its table is built eagerly
+        grid = self._grid(shape) if known else check_shape((1,) * (len(shape) - 2), self.layout)
+        self.channels = check_channels(shape[-1], len(grid), self.layout)
         self.spec = SinusoidalNDSpec(channels=self.channels, base=self.base, layout=self.layout)
         self._tables = {}
-        self._table(spatial, format_of(self.compute_dtype, "the layer's compute dtype"))
+        if known:
+            self._table(grid, format_of(self.compute_dtype, "the layer's compute dtype"))
         if self._dropout_layer is not None:
             self._dropout_layer.build(shape)
         self.built = True
 
     def _grid(self, shape: tuple[Any, ...]) -> tuple[int, ...]:
         """The spatial sizes of a ``(batch, *spatial, channels)`` input shape, checked."""
-        if len(shape) < 3:
-            raise ValueError(
-                f"SinusoidalPositionalEncodingND expects channels-last inputs (batch, "
-                f"*spatial, channels) of rank >= 3, got shape {shape} (rank {len(shape)})"
-            )
         spatial = shape[1:-1]
         if any(size is None for size in spatial):
             raise ValueError(
-                f"SinusoidalPositionalEncodingND needs static spatial sizes to build its "
-                f"table, got input shape {shape}; give keras.Input a full shape such as "
-                f"(height, width, channels)"
+                f"SinusoidalPositionalEncodingND needs the spatial sizes known when it runs "
+                f"(its table is the grid's), got input shape {shape} inside a graph; "
+                "TensorFlow's fit, predict and evaluate trace a model for any size once they "
+                "have seen two sizes: call the model itself (model(x)), compile it with "
+                "run_eagerly=True, or give keras.Input the full shape (height, width, "
+                "channels), one model per grid size"
             )
         return check_shape(tuple(int(size) for size in spatial), self.layout)
 
@@ -193,9 +202,6 @@ class SinusoidalPositionalEncodingND(keras.layers.Layer):
         if self._dropout_layer is not None:
             outputs = self._dropout_layer(outputs, training=training)
         return outputs
-
-    def compute_output_shape(self, input_shape: Any) -> Any:
-        return input_shape
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -19,35 +19,27 @@ from .._checks import check_base, check_choice, check_int, check_max_length, che
 from ..core.plan import plan_index, plan_rows, plan_scaling, table_format
 from ..core.rope import ROPE_LAYOUTS, as_rope_scaling
 from ..specs import FromHFConfig, RopeSpec
-from ._arguments import ChecksPlainArguments, start_position
-from ._backend import (
-    dtype_name,
-    format_of,
-    gather_rows,
-    known_value,
-    to_index,
-    to_tensor,
-    wide_index,
-)
-from ._rope_inputs import (
-    check_axis,
-    check_inputs,
-    check_known_positions,
+from ._arguments import (
+    ChecksPlainArguments,
+    OutputLikeInput,
     check_positions,
-    input_axes,
-    is_default_start,
+    no_start_with,
+    output_spec,
     place_rows,
-    select,
-    short,
-    turn_index,
+    read_positions,
+    start_position,
 )
+from ._backend import dtype_name, format_of, gather_rows, known_value, to_tensor, wide_index
+from ._rope_inputs import check_axis, check_inputs, input_axes, select, turn_index
 from ._tables import SharesTables, outside_traces, span_rows
 
 __all__ = ["RotaryEmbedding"]
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, FromHFConfig):
+class RotaryEmbedding(
+    SharesTables, ChecksPlainArguments, OutputLikeInput, keras.layers.Layer, FromHFConfig
+):
     """Rotary position embedding: turns each feature pair of its input by ``position × θ_i``.
 
     One tensor per call, as keras-hub's ``RotaryEmbedding``: apply the layer to the
@@ -65,7 +57,8 @@ class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, Fr
       of one spec (width, base, layout, scaling), and grown for all of them.
     * Under ``"mixed_float16"``/``"mixed_bfloat16"`` the tables stay float32: the input
       is rotated in float32 and cast back, as in Hugging Face and
-      :class:`posenc.torch.RotaryEmbedding`.
+      :class:`posenc.torch.RotaryEmbedding`; the output has the compute dtype, as
+      :meth:`compute_output_spec` says.
     * Positions follow posenc's one policy (:mod:`posenc.core.positions`). Known when the
       call runs (a Python int or eager tensor ``start_index`` with a static sequence
       length, or concrete positions): checked (``0 .. 2**31 - 1``) and exact, the tables
@@ -126,9 +119,14 @@ class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, Fr
             order; pass ``sequence_axis=2`` for ``(batch, heads, seq, head_dim)``).
         start_index: Position of the first token: a Python int >= 0 or an integer scalar
             tensor (default 0); for decoding one token at a time with a cache.
-        positions: Optional integer positions (``0 .. 2**31 - 1``), a tensor or NumPy
+        positions: Optional positions (``0 .. 2**31 - 1``), a tensor, list or NumPy
             array of shape ``(seq,)`` or ``(batch, seq)`` (batch 1 broadcasts), for packed
-            sequences; replaces ``start_index``.
+            sequences; replaces ``start_index``. Any integer dtype, or whole numbers in a
+            floating one (keras-hub and Gemma pass ``float32`` positions), read exactly:
+            the layer's mixed policy never rounds them. A fractional, NaN or infinite
+            value is a ``ValueError`` when the values are known when the call runs; in a
+            trace it gives a NaN row, as a position outside the tables does (rows at
+            fractional positions: :func:`posenc.core.rope.rope_tables`).
 
     Returns:
         A tensor of the input's shape and dtype.
@@ -352,7 +350,7 @@ class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, Fr
         if positions is None:
             cos, sin = self._contiguous_rows(start_index, seq, fmt)  # (seq, r)
         else:
-            _no_start_with(start_index)
+            no_start_with(start_index)
             batch = shape[0]
             cos, sin = self._gathered_rows(positions, batch, shape[self._axes[0]], fmt)
         cos = place_rows(cos, self._rank, sequence)  # broadcasts over x[..., :r]
@@ -432,36 +430,30 @@ class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, Fr
 
     def _gathered_rows(self, positions: Any, batch: Any, seq: Any, fmt: str) -> tuple[Any, Any]:
         """Rows at ``positions``: ``(seq, r)`` or ``(batch, seq, r)`` each."""
-        positions = check_positions(positions, batch, seq)
-        known = known_value(positions)  # read before any cast: int64 values stay whole
+        index, known = read_positions(positions, batch, seq)  # int32, (seq,) or (batch, seq)
         span = None
         if known is not None:
-            check_known_positions(known)
             span = (int(known.min()), int(known.max()) + 1) if known.size else (0, 0)
-        exact = (None if known is None else known.astype(np.int64), 0)
-        # int32, saturated in the positions' own dtype: (seq,) or (batch, seq)
-        index = to_index(positions, plan_index(dtype_name(positions), wide=wide_index()))
-        return self._select(fmt, span, exact, index, None, None)
+        return self._select(fmt, span, (known, 0), index, None, None)
 
     # -- symbolic use and serialization ----------------------------------------------------
 
-    def compute_output_shape(self, input_shape: Any) -> Any:
-        return input_shape
-
     def compute_output_spec(self, inputs: Any, start_index: Any = 0, positions: Any = None) -> Any:
-        """The output spec of a symbolic call, after the checks that hold symbolically."""
-        shape, dtype = self._check_inputs(inputs)
+        """The output spec of a symbolic call, after the checks that hold symbolically: the
+        input's shape, in the dtype the call returns (the compute dtype, as Keras converts
+        the input: float16 under ``"mixed_float16"``)."""
+        shape, _ = self._check_inputs(inputs)
         if positions is None:
             start = start_position(start_index, "RotaryEmbedding")
             if not isinstance(start, int):  # a symbolic start: a traced length
                 plan_scaling(self._scaling, None, name="RotaryEmbedding: ")
         else:
-            _no_start_with(start_index)
+            no_start_with(start_index)
             assert self._axes is not None  # built
             positions = check_positions(positions, shape[0], shape[self._axes[0]])
             if known_value(positions) is None:  # symbolic positions: a traced length
                 plan_scaling(self._scaling, None, name="RotaryEmbedding: ")
-        return keras.KerasTensor(shape, dtype=dtype)
+        return output_spec(self, inputs)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -481,12 +473,6 @@ class RotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer, Fr
             }
         )
         return config
-
-
-def _no_start_with(start_index: Any) -> None:
-    if not is_default_start(start_index):
-        message = f"got start_index={short(start_index)} with positions"
-        raise ValueError(f"pass either start_index or positions, not both ({message})")
 
 
 def _rope_rows(
