@@ -82,6 +82,26 @@ def configs() -> dict[str, tuple[object, str | None, str]]:
             layer_type,
             "gemma3.modeling_gemma3.Gemma3RotaryEmbedding",
         )
+    out["jetmoe (head_dim is kv_channels)"] = (
+        t.JetMoeConfig(**SMALL, kv_channels=32, num_key_value_heads=2, num_local_experts=2,
+                       num_experts_per_tok=2),
+        None, "jetmoe.modeling_jetmoe.JetMoeRotaryEmbedding",
+    )  # fmt: skip
+    if hasattr(t, "Ministral3Config"):  # a RoPE parameter for the attention, not the RoPE
+        out["ministral3 yarn (llama_4_scaling_beta)"] = (
+            t.Ministral3Config(**SMALL, num_key_value_heads=2), None,
+            "ministral3.modeling_ministral3.Ministral3RotaryEmbedding",
+        )  # fmt: skip
+    if hasattr(t, "DeepseekV4Config"):  # partial_rotary_factor of head_dim, per rope label
+        v4 = t.DeepseekV4Config(**SMALL, num_key_value_heads=1, head_dim=64,
+                                partial_rotary_factor=0.5, q_lora_rank=32, o_lora_rank=32,
+                                o_groups=2, n_routed_experts=4, num_experts_per_tok=2)  # fmt: skip
+        for label in ("main", "compress"):
+            out[f"deepseek-v4 {label}"] = (
+                v4,
+                label,
+                "deepseek_v4.modeling_deepseek_v4.DeepseekV4RotaryEmbedding",
+            )
     out["llama proportional"] = (
         t.LlamaConfig(**SMALL, rope_parameters={"rope_type": "proportional", "rope_theta": 1e6,
                                                 "partial_rotary_factor": 0.25}),
@@ -156,6 +176,10 @@ def test_what_each_config_says_is_read():
     if "gemma4 full_attention" in CONFIGS:
         assert get("gemma4 full_attention").head_dim == 128  # per_layer_config
         assert get("gemma4 sliding_attention").head_dim == 64
+    assert get("jetmoe (head_dim is kv_channels)").head_dim == 32  # not 256 // 4
+    if "deepseek-v4 main" in CONFIGS:
+        assert get("deepseek-v4 main").rotary_dim == 32  # head_dim 64 x 0.5
+        assert get("deepseek-v4 compress").base == 160000.0
 
 
 @pytest.mark.parametrize("name", sorted(n for n in CONFIGS if CONFIGS[n][1] is None))
@@ -191,13 +215,67 @@ def extra_sizes(config: object) -> dict[str, object]:
          "differs from max_position_embeddings=2048"),
         ({"rope_scaling": {"rope_type": "linear"}}, "missing \\['factor'\\]"),
         ({"hidden_size": None}, "needs head_dim, or hidden_size and num_attention_heads"),
+        ({"partial_rotary_factor": 0.01},
+         r"hidden_size // num_attention_heads = 256 // 4 = 64 x partial_rotary_factor=0.01 "
+         r"gives a rotary width of int\(64 x 0.01\) = 0, which is below 2"),
+        ({"hidden_size": 100, "num_attention_heads": 3},
+         r"the head width hidden_size // num_attention_heads = 100 // 3 = 33, which is odd"),
+        ({"head_dim": 64, "partial_rotary_factor": 0.3},
+         r"head_dim=64 x partial_rotary_factor=0.3 gives a rotary width of int\(64 x 0.3\) "
+         r"= 19, which is odd"),
+        ({"rope_parameters": {"sliding_attention": {"rope_type": "default"},
+                              "full_attention": None},
+          "layer_types": ["sliding_attention", "full_attention"]},
+         r"layer_type must be one of \['sliding_attention'\], got 'full_attention' "
+         r"\(rope_parameters gives it None: no RoPE\)"),
     ],
 )  # fmt: skip
 def test_unknown_or_inconsistent_keys_are_named(change, message):
     config = {"hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 2048,
               "rope_theta": 10000.0, **change}  # fmt: skip
+    layer_type = "full_attention" if "layer_types" in change else None
     with pytest.raises((ValueError, TypeError), match=message):
-        RopeSpec.from_hf_config(config)
+        RopeSpec.from_hf_config(config, layer_type=layer_type)
+
+
+def test_per_layer_settings_are_read_by_the_layer_index_they_name():
+    """``per_layer_config`` as ``to_dict()`` writes it: zero-padded indices ("05") past
+    nine layers; a layer's overrides of settings that do not change its RoPE (its MLP)
+    do not make the layers of its type differ, those of its RoPE do."""
+    layer_types = (["sliding_attention"] * 5 + ["full_attention"]) * 2
+    config = {"head_dim": 64, "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6}},
+        "layer_types": layer_types, "per_layer_config": {
+            "05": {"head_dim": 128}, "11": {"head_dim": 128, "intermediate_size": 64},
+            "02": {"intermediate_size": 32}}}  # fmt: skip
+    assert RopeSpec.from_hf_config(config, layer_type="full_attention").head_dim == 128
+    assert RopeSpec.from_hf_config(config, layer_type="sliding_attention").head_dim == 64
+    config["per_layer_config"]["11"] = {"head_dim": 256}
+    with pytest.raises(
+        ValueError,
+        match=r"full_attention layers different RoPE settings "
+        r"\(layer 11: \{'head_dim': 256\}, the first: \{'head_dim': 128\}\)",
+    ):
+        RopeSpec.from_hf_config(config, layer_type="full_attention")
+
+
+def test_a_config_objects_aliases_and_derived_sizes_are_read_as_the_model_reads_them():
+    """A config class may call head_dim otherwise in its config.json (JetMoe's kv_channels,
+    Zamba2's attention_head_dim, by its attribute_map) and derive it (Zamba2: twice
+    hidden_size // heads): the object and its dict give transformers' own width."""
+    t = transformers
+    zamba = t.Zamba2Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        layers_block_type=["mamba", "hybrid"],
+    )
+    jetmoe = t.JetMoeConfig(hidden_size=64, kv_channels=48, num_key_value_heads=2)
+    for config, width in ((zamba, 32), (jetmoe, 48)):
+        assert config.head_dim == width  # transformers' own attribute
+        assert RopeSpec.from_hf_config(config).head_dim == width
+        assert RopeSpec.from_hf_config(config.to_dict()).head_dim == width
 
 
 def test_layer_types_are_asked_for_where_the_config_has_them():
