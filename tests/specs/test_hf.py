@@ -358,3 +358,47 @@ def test_phimoe_longrope_switches_factors_and_mscale_at_the_original_length():
     with pytest.raises(TypeError, match="short_mscale and long_mscale together"):
         RopeSpec.from_hf_config({**config.to_dict(), "rope_parameters": {
             "rope_type": "longrope", **factors, "short_mscale": 1.1}})  # fmt: skip
+
+
+def test_a_configs_rope_parameters_are_a_scaling_in_every_front_end():
+    """transformers 5's ``config.rope_parameters`` (``{"rope_type", "rope_theta",
+    params}``) given as ``scaling=``: its ``rope_theta`` is the base where ``base=`` is
+    left at 10000, in the spec and every front end (it was refused); another ``base`` is
+    an error naming both; a key only the whole config explains (GPT-NeoX's
+    ``partial_rotary_factor``) says to build from the config."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("keras")
+    pytest.importorskip("flax")
+    from posenc import keras as pk
+    from posenc import torch as pt
+    from posenc.core.rope import as_rope_scaling
+    from posenc.jax import linen as pl
+    from posenc.jax import rope_tables
+
+    config, _, _ = CONFIGS["llama3"]
+    parameters = dict(config.rope_parameters)
+    expected = RopeSpec.from_hf_config(config)
+    assert RopeSpec(head_dim=64, scaling=parameters) == expected
+    assert RopeSpec(head_dim=64, base=500000.0, scaling=parameters) == expected
+    assert pt.RotaryEmbedding(64, scaling=parameters).spec == expected
+    assert pt.LearnedRotaryEmbedding(64, scaling=parameters).spec == expected
+    q = np.random.default_rng(0).standard_normal((1, 5, 2, 64)).astype(np.float32)
+    layer = pk.RotaryEmbedding(scaling=parameters, max_length=64)
+    layer(q)
+    assert layer.spec == expected
+    module = pl.RotaryEmbedding(scaling=parameters, max_length=64)
+    rows = np.asarray(rope_tables(np.arange(5), 64, scaling=parameters)[0])
+    torch_rows = pt.RotaryEmbedding.from_spec(expected).cos_sin(torch.arange(5))[0]
+    np.testing.assert_array_equal(rows, torch_rows.numpy())
+    np.testing.assert_array_equal(
+        np.asarray(module.apply({}, q)), np.asarray(layer(q)), err_msg="flax and keras"
+    )
+    with pytest.raises(ValueError, match=r"base=1000000.0 and the scaling dict's "
+                       r"rope_theta=500000.0 are two bases"):  # fmt: skip
+        pt.RotaryEmbedding(64, base=1e6, scaling=parameters)
+    with pytest.raises(ValueError, match="rope_theta is the RoPE base, not a scaling parameter"):
+        as_rope_scaling(parameters)
+    neox = CONFIGS["gpt-neox partial"][0]
+    with pytest.raises(ValueError, match=r"partial_rotary_factor is a key of a model config.*"
+                       r"RotaryEmbedding.from_spec\(RopeSpec.from_hf_config\(config\)\)"):  # fmt: skip
+        pt.RotaryEmbedding(64, scaling=neox.rope_parameters)

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .._checks import check_bool, check_choice, check_max_length, describe
 from ..core.plan import plan_rows, plan_scaling
-from ..core.rope import RopeScaling, as_rope_scaling
+from ..core.rope import RopeScaling, rope_options
 from ..specs import FromHFConfig, RopeSpec
 from ._arguments import (
     QK_AXES,
@@ -211,7 +211,9 @@ class RotaryEmbedding(
         self.fused = check_bool(fused, "fused")
         self.max_length = check_max_length(max_length)
         # The core parses and validates the scaling and every other option.
-        spec_scaling, _ = as_rope_scaling(scaling, scaling_params, seq_len_owner="module")
+        spec_scaling, base, _ = rope_options(
+            scaling, scaling_params, base=base, seq_len_owner="module"
+        )
         self.spec = RopeSpec(
             head_dim=head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=spec_scaling
         )
