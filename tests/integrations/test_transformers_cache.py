@@ -235,6 +235,29 @@ def test_generate_without_a_cache_logs_no_deprecation():
     assert messages == ["`past_key_values`/`cache_params` are deprecated. Use `cache` instead."]
 
 
+def test_a_model_with_a_rotary_module_in_every_layer_keeps_one_cache_exact():
+    """Moshi's rotary modules sit in each attention layer: one pair of hooks on the
+    model that takes the cache re-rotates every layer's keys once (the first layer's keys
+    equal the full pass's after a dynamic-NTK change of frequencies)."""
+    torch.manual_seed(0)
+    config = transformers.MoshiConfig(
+        **{**SMALL, "num_hidden_layers": 2}, max_position_embeddings=ORIGINAL,
+        sliding_window=64, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4,
+                                            "factor": 4.0},
+    )  # fmt: skip
+    model = patch(transformers.MoshiForCausalLM(config).eval())
+    hooked = [name for name, m in model.named_modules() if m._forward_pre_hooks]
+    assert hooked == ["model"]
+    ids = torch.randint(2, 128, (1, 24), generator=torch.Generator().manual_seed(3))
+    cache, full = DynamicCache(), DynamicCache()
+    with torch.no_grad():
+        model(ids[:, :4], cache=cache, use_cache=True)
+        for t in range(4, 24):
+            model(ids[:, t : t + 1], cache=cache, use_cache=True)
+        model(ids, cache=full, use_cache=True)
+    torch.testing.assert_close(cache.layers[0].keys, full.layers[0].keys, rtol=0, atol=2e-6)
+
+
 def test_unpatch_removes_the_hooks_and_a_patched_model_copies():
     model = patch(dynamic_llama())
     assert model.model._forward_pre_hooks

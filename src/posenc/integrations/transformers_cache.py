@@ -22,6 +22,7 @@ no such record: its keys are left as they are.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -37,7 +38,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer  # noqa: E402
 
 from .._checks import check_choice, check_int  # noqa: E402
 
-__all__ = ["CACHE_MODES", "CacheKeeper", "SinkCache"]
+__all__ = ["CACHE_MODES", "CacheKeeper", "SinkCache", "cache_owner", "keep_caches"]
 
 CACHE_MODES: tuple[str, ...] = ("rerotate", "keep")
 """What a patched model does with its cached keys when a call's frequencies change
@@ -375,6 +376,37 @@ class CacheKeeper:
             frequencies=old_state,
             new_frequencies=state,
         )
+
+
+def cache_owner(model: nn.Module, name: str) -> str:
+    """The qualified name of the module whose forward takes the tokens and the cache
+    above the rotary module ``name``: the nearest whose forward takes ``input_ids`` or
+    ``inputs_embeds`` (``model.model`` in most models; Moshi's rotary modules sit in
+    every attention layer, whose forward takes neither), else its parent."""
+    parts = name.split(".")[:-1]
+    for end in range(len(parts), -1, -1):
+        owner = ".".join(parts[:end])
+        forward = getattr(model.get_submodule(owner), "forward", None)
+        try:
+            parameters = inspect.signature(forward).parameters if forward else {}
+        except (TypeError, ValueError):  # a forward without a signature
+            continue
+        if "input_ids" in parameters or "inputs_embeds" in parameters:
+            return owner
+    return ".".join(parts)
+
+
+def keep_caches(owner: nn.Module, modules: list[Any], mode: str) -> None:
+    """Hook ``owner`` (:func:`cache_owner`) so that the model's caches stay exact: one
+    :class:`CacheKeeper` for the rotary ``modules`` under it (posenc's replacements,
+    which rotate alike), set on each as its ``keeper``; patching again sets its mode."""
+    keeper = next((m.keeper for m in modules if m.keeper is not None), None)
+    if keeper is None:
+        keeper = CacheKeeper(modules[0].ropes, modules[0].config, mode)
+        keeper.attach(owner)
+    keeper.mode = mode
+    for module in modules:
+        module.keeper = keeper
 
 
 def _returned_cache(output: Any) -> Any:
