@@ -208,6 +208,35 @@ def test_a_run_through_position_0_gives_exact_zeros_and_ones(fmt):
     np.testing.assert_array_equal(run.view(f"i{run.itemsize}"), gathered.view(f"i{run.itemsize}"))
 
 
+@pytest.mark.parametrize("fmt", ["float32", "float16", "bfloat16"])
+def test_a_frequency_of_zero_gives_exact_zeros_and_ones_without_decimal_work(fmt, monkeypatch):
+    """p-RoPE's pairs past its proportion turn by 0: every sin (0 ± the error bound) is a
+    candidate of the midpoint test, and each is +0.0 and each cos the attention factor
+    rounded, without the decimal path (that path made Gemma 4's tables 200 times
+    slower); the turning pairs' candidates still take it."""
+    import posenc.core.rounding as rounding
+
+    calls = []
+
+    def counted(position, hi, lo, part, scale=1.0):
+        calls.append(hi + lo)
+        return exact_part(position, hi, lo, part, scale)
+
+    monkeypatch.setattr(rounding, "exact_part", counted)
+    spec = posenc.RopeSpec(
+        head_dim=64, base=1e6, scaling={"rope_type": "proportional", "partial_rotary_factor": 0.25}
+    )
+    cos, sin = spec.tables(np.arange(3000, 3400), fmt=fmt)
+    assert all(turns != 0.0 for turns in calls)
+    bits = f"i{cos.itemsize}"
+    zero = np.zeros_like(sin[:, 8:32])
+    np.testing.assert_array_equal(sin[:, 8:32].view(bits), zero.view(bits))  # +0.0
+    np.testing.assert_array_equal(cos[:, 8:32], np.ones_like(cos[:, 8:32]))
+    turning, _ = spec.tables(np.arange(3000, 3400), fmt="float64")
+    expected = round_to_format(turning[:, :8], fmt)
+    np.testing.assert_array_equal(cos[:, :8], expected.astype(cos.dtype))
+
+
 def mp_xpos_scale(position: float, i: int, d: int, gamma: float, scale_base: float, centre: float):
     """``ζ_i^((p - c)/B)`` by mpmath, ``γ`` and ``B`` the float64 numbers they are."""
     zeta = (2 * i + mpmath.mpf(gamma) * d) / ((1 + mpmath.mpf(gamma)) * d)

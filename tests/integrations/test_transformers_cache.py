@@ -195,6 +195,69 @@ def test_a_sink_cache_refuses_an_unpatched_model_and_a_short_mask():
         patch(model, on_frequency_change="recompute")
 
 
+def test_a_cache_refuses_another_batch_size_by_name():
+    """A cache holding the keys of one batch serves that batch: a call with another is a
+    ValueError naming both sizes (posenc's KVCache does the same), not a size error from
+    inside transformers, for a SinkCache and the model's own cache alike."""
+    model = patch(dynamic_llama())
+    ids = torch.randint(2, 128, (2, 4), generator=torch.Generator().manual_seed(8))
+    for cache in (SinkCache(window=4, sinks=1), DynamicCache()):
+        with torch.no_grad():
+            model(ids[:1], cache=cache, use_cache=True)
+            with pytest.raises(ValueError, match="a batch of 1 sequences, and the call gives 2"):
+                model(ids[:, :1], cache=cache, use_cache=True)
+            model(ids[:1, :1], cache=cache, use_cache=True)  # the cache is as it was
+        assert cache.get_seq_length() == 5
+
+
+def test_generate_without_a_cache_logs_no_deprecation():
+    """The hooks read the cache a model returns from its ``cache`` field: reading
+    ``past_key_values`` there made transformers log that the name is deprecated."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    model = patch(dynamic_llama())
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = hf_logging.get_logger("transformers")
+    logger.addHandler(handler)
+    hf_logging.warning_once.cache_clear()  # (logged once per process)
+    try:
+        with torch.no_grad():
+            model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3, do_sample=False,
+                           use_cache=False, pad_token_id=0)  # fmt: skip
+            assert not [m for m in messages if "deprecated" in m]
+            model(torch.tensor([[5, 6, 7]]), use_cache=False).past_key_values  # noqa: B018
+    finally:
+        logger.removeHandler(handler)
+    assert messages == ["`past_key_values`/`cache_params` are deprecated. Use `cache` instead."]
+
+
+def test_a_model_with_a_rotary_module_in_every_layer_keeps_one_cache_exact():
+    """Moshi's rotary modules sit in each attention layer: one pair of hooks on the
+    model that takes the cache re-rotates every layer's keys once (the first layer's keys
+    equal the full pass's after a dynamic-NTK change of frequencies)."""
+    torch.manual_seed(0)
+    config = transformers.MoshiConfig(
+        **{**SMALL, "num_hidden_layers": 2}, max_position_embeddings=ORIGINAL,
+        sliding_window=64, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4,
+                                            "factor": 4.0},
+    )  # fmt: skip
+    model = patch(transformers.MoshiForCausalLM(config).eval())
+    hooked = [name for name, m in model.named_modules() if m._forward_pre_hooks]
+    assert hooked == ["model"]
+    ids = torch.randint(2, 128, (1, 24), generator=torch.Generator().manual_seed(3))
+    cache, full = DynamicCache(), DynamicCache()
+    with torch.no_grad():
+        model(ids[:, :4], cache=cache, use_cache=True)
+        for t in range(4, 24):
+            model(ids[:, t : t + 1], cache=cache, use_cache=True)
+        model(ids, cache=full, use_cache=True)
+    torch.testing.assert_close(cache.layers[0].keys, full.layers[0].keys, rtol=0, atol=2e-6)
+
+
 def test_unpatch_removes_the_hooks_and_a_patched_model_copies():
     model = patch(dynamic_llama())
     assert model.model._forward_pre_hooks

@@ -82,6 +82,26 @@ def configs() -> dict[str, tuple[object, str | None, str]]:
             layer_type,
             "gemma3.modeling_gemma3.Gemma3RotaryEmbedding",
         )
+    out["jetmoe (head_dim is kv_channels)"] = (
+        t.JetMoeConfig(**SMALL, kv_channels=32, num_key_value_heads=2, num_local_experts=2,
+                       num_experts_per_tok=2),
+        None, "jetmoe.modeling_jetmoe.JetMoeRotaryEmbedding",
+    )  # fmt: skip
+    if hasattr(t, "Ministral3Config"):  # a RoPE parameter for the attention, not the RoPE
+        out["ministral3 yarn (llama_4_scaling_beta)"] = (
+            t.Ministral3Config(**SMALL, num_key_value_heads=2), None,
+            "ministral3.modeling_ministral3.Ministral3RotaryEmbedding",
+        )  # fmt: skip
+    if hasattr(t, "DeepseekV4Config"):  # partial_rotary_factor of head_dim, per rope label
+        v4 = t.DeepseekV4Config(**SMALL, num_key_value_heads=1, head_dim=64,
+                                partial_rotary_factor=0.5, q_lora_rank=32, o_lora_rank=32,
+                                o_groups=2, n_routed_experts=4, num_experts_per_tok=2)  # fmt: skip
+        for label in ("main", "compress"):
+            out[f"deepseek-v4 {label}"] = (
+                v4,
+                label,
+                "deepseek_v4.modeling_deepseek_v4.DeepseekV4RotaryEmbedding",
+            )
     out["llama proportional"] = (
         t.LlamaConfig(**SMALL, rope_parameters={"rope_type": "proportional", "rope_theta": 1e6,
                                                 "partial_rotary_factor": 0.25}),
@@ -156,6 +176,10 @@ def test_what_each_config_says_is_read():
     if "gemma4 full_attention" in CONFIGS:
         assert get("gemma4 full_attention").head_dim == 128  # per_layer_config
         assert get("gemma4 sliding_attention").head_dim == 64
+    assert get("jetmoe (head_dim is kv_channels)").head_dim == 32  # not 256 // 4
+    if "deepseek-v4 main" in CONFIGS:
+        assert get("deepseek-v4 main").rotary_dim == 32  # head_dim 64 x 0.5
+        assert get("deepseek-v4 compress").base == 160000.0
 
 
 @pytest.mark.parametrize("name", sorted(n for n in CONFIGS if CONFIGS[n][1] is None))
@@ -191,13 +215,67 @@ def extra_sizes(config: object) -> dict[str, object]:
          "differs from max_position_embeddings=2048"),
         ({"rope_scaling": {"rope_type": "linear"}}, "missing \\['factor'\\]"),
         ({"hidden_size": None}, "needs head_dim, or hidden_size and num_attention_heads"),
+        ({"partial_rotary_factor": 0.01},
+         r"hidden_size // num_attention_heads = 256 // 4 = 64 x partial_rotary_factor=0.01 "
+         r"gives a rotary width of int\(64 x 0.01\) = 0, which is below 2"),
+        ({"hidden_size": 100, "num_attention_heads": 3},
+         r"the head width hidden_size // num_attention_heads = 100 // 3 = 33, which is odd"),
+        ({"head_dim": 64, "partial_rotary_factor": 0.3},
+         r"head_dim=64 x partial_rotary_factor=0.3 gives a rotary width of int\(64 x 0.3\) "
+         r"= 19, which is odd"),
+        ({"rope_parameters": {"sliding_attention": {"rope_type": "default"},
+                              "full_attention": None},
+          "layer_types": ["sliding_attention", "full_attention"]},
+         r"layer_type must be one of \['sliding_attention'\], got 'full_attention' "
+         r"\(rope_parameters gives it None: no RoPE\)"),
     ],
 )  # fmt: skip
 def test_unknown_or_inconsistent_keys_are_named(change, message):
     config = {"hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 2048,
               "rope_theta": 10000.0, **change}  # fmt: skip
+    layer_type = "full_attention" if "layer_types" in change else None
     with pytest.raises((ValueError, TypeError), match=message):
-        RopeSpec.from_hf_config(config)
+        RopeSpec.from_hf_config(config, layer_type=layer_type)
+
+
+def test_per_layer_settings_are_read_by_the_layer_index_they_name():
+    """``per_layer_config`` as ``to_dict()`` writes it: zero-padded indices ("05") past
+    nine layers; a layer's overrides of settings that do not change its RoPE (its MLP)
+    do not make the layers of its type differ, those of its RoPE do."""
+    layer_types = (["sliding_attention"] * 5 + ["full_attention"]) * 2
+    config = {"head_dim": 64, "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6}},
+        "layer_types": layer_types, "per_layer_config": {
+            "05": {"head_dim": 128}, "11": {"head_dim": 128, "intermediate_size": 64},
+            "02": {"intermediate_size": 32}}}  # fmt: skip
+    assert RopeSpec.from_hf_config(config, layer_type="full_attention").head_dim == 128
+    assert RopeSpec.from_hf_config(config, layer_type="sliding_attention").head_dim == 64
+    config["per_layer_config"]["11"] = {"head_dim": 256}
+    with pytest.raises(
+        ValueError,
+        match=r"full_attention layers different RoPE settings "
+        r"\(layer 11: \{'head_dim': 256\}, the first: \{'head_dim': 128\}\)",
+    ):
+        RopeSpec.from_hf_config(config, layer_type="full_attention")
+
+
+def test_a_config_objects_aliases_and_derived_sizes_are_read_as_the_model_reads_them():
+    """A config class may call head_dim otherwise in its config.json (JetMoe's kv_channels,
+    Zamba2's attention_head_dim, by its attribute_map) and derive it (Zamba2: twice
+    hidden_size // heads): the object and its dict give transformers' own width."""
+    t = transformers
+    zamba = t.Zamba2Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        layers_block_type=["mamba", "hybrid"],
+    )
+    jetmoe = t.JetMoeConfig(hidden_size=64, kv_channels=48, num_key_value_heads=2)
+    for config, width in ((zamba, 32), (jetmoe, 48)):
+        assert config.head_dim == width  # transformers' own attribute
+        assert RopeSpec.from_hf_config(config).head_dim == width
+        assert RopeSpec.from_hf_config(config.to_dict()).head_dim == width
 
 
 def test_layer_types_are_asked_for_where_the_config_has_them():
@@ -280,3 +358,47 @@ def test_phimoe_longrope_switches_factors_and_mscale_at_the_original_length():
     with pytest.raises(TypeError, match="short_mscale and long_mscale together"):
         RopeSpec.from_hf_config({**config.to_dict(), "rope_parameters": {
             "rope_type": "longrope", **factors, "short_mscale": 1.1}})  # fmt: skip
+
+
+def test_a_configs_rope_parameters_are_a_scaling_in_every_front_end():
+    """transformers 5's ``config.rope_parameters`` (``{"rope_type", "rope_theta",
+    params}``) given as ``scaling=``: its ``rope_theta`` is the base where ``base=`` is
+    left at 10000, in the spec and every front end (it was refused); another ``base`` is
+    an error naming both; a key only the whole config explains (GPT-NeoX's
+    ``partial_rotary_factor``) says to build from the config."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("keras")
+    pytest.importorskip("flax")
+    from posenc import keras as pk
+    from posenc import torch as pt
+    from posenc.core.rope import as_rope_scaling
+    from posenc.jax import linen as pl
+    from posenc.jax import rope_tables
+
+    config, _, _ = CONFIGS["llama3"]
+    parameters = dict(config.rope_parameters)
+    expected = RopeSpec.from_hf_config(config)
+    assert RopeSpec(head_dim=64, scaling=parameters) == expected
+    assert RopeSpec(head_dim=64, base=500000.0, scaling=parameters) == expected
+    assert pt.RotaryEmbedding(64, scaling=parameters).spec == expected
+    assert pt.LearnedRotaryEmbedding(64, scaling=parameters).spec == expected
+    q = np.random.default_rng(0).standard_normal((1, 5, 2, 64)).astype(np.float32)
+    layer = pk.RotaryEmbedding(scaling=parameters, max_length=64)
+    layer(q)
+    assert layer.spec == expected
+    module = pl.RotaryEmbedding(scaling=parameters, max_length=64)
+    rows = np.asarray(rope_tables(np.arange(5), 64, scaling=parameters)[0])
+    torch_rows = pt.RotaryEmbedding.from_spec(expected).cos_sin(torch.arange(5))[0]
+    np.testing.assert_array_equal(rows, torch_rows.numpy())
+    np.testing.assert_array_equal(
+        np.asarray(module.apply({}, q)), np.asarray(layer(q)), err_msg="flax and keras"
+    )
+    with pytest.raises(ValueError, match=r"base=1000000.0 and the scaling dict's "
+                       r"rope_theta=500000.0 are two bases"):  # fmt: skip
+        pt.RotaryEmbedding(64, base=1e6, scaling=parameters)
+    with pytest.raises(ValueError, match="rope_theta is the RoPE base, not a scaling parameter"):
+        as_rope_scaling(parameters)
+    neox = CONFIGS["gpt-neox partial"][0]
+    with pytest.raises(ValueError, match=r"partial_rotary_factor is a key of a model config.*"
+                       r"RotaryEmbedding.from_spec\(RopeSpec.from_hf_config\(config\)\)"):  # fmt: skip
+        pt.RotaryEmbedding(64, scaling=neox.rope_parameters)

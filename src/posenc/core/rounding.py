@@ -177,17 +177,18 @@ def round_pairs_into(
     if not indices.size:
         return
     rows, cols = np.divmod(indices, pairs.shape[1])
+    # At angle 0 (position 0, or a frequency of 0: p-RoPE's pairs past its proportion,
+    # whose every sin is a candidate) sin = 0 and cos = 1 exactly: no decimal work. (A
+    # run starting at a negative position reaches 0 through products, not exactly.)
+    frequency = cols // 2
+    at_angle_zero = (positions[rows] == 0.0) | ((hi[frequency] == 0.0) & (lo[frequency] == 0.0))
     at_zero = float(round_to_format(np.array([scale]), fmt)[0])  # cos 0 · scale, rounded
-    for r, c in zip(rows.tolist(), cols.tolist(), strict=True):
-        position = float(positions[r])
+    is_sin = np.array([part == "sin" for part in parts])[cols[at_angle_zero] % 2]
+    flat_target[indices[at_angle_zero]] = np.where(is_sin, 0.0, at_zero)
+    for r, c in zip(rows[~at_angle_zero].tolist(), cols[~at_angle_zero].tolist(), strict=True):
         j, part = divmod(c, 2)
-        if position == 0.0:  # sin 0 = 0 and cos 0 = 1 exactly: no decimal work (a run
-            # starting at a negative position reaches 0 through products, not exactly)
-            value = 0.0 if parts[part] == "sin" else at_zero
-        else:
-            exact = exact_part(position, float(hi[j]), float(lo[j]), parts[part], scale)
-            value = round_decimal(exact, fmt)
-        flat_target[r * pairs.shape[1] + c] = value
+        exact = exact_part(float(positions[r]), float(hi[j]), float(lo[j]), parts[part], scale)
+        flat_target[r * pairs.shape[1] + c] = round_decimal(exact, fmt)
 
 
 _SLICE = 1 << 15  # values per pass of the float32 test: its buffers stay in cache

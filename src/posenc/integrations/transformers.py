@@ -3,17 +3,20 @@
 :func:`patch` replaces every rotary embedding module of a model (``LlamaRotaryEmbedding``,
 ``Qwen2RotaryEmbedding``, ``Gemma3RotaryEmbedding``, ...) with an
 :class:`ExactRotaryEmbedding` that keeps its interface, ``forward(x, position_ids[,
-layer_type]) -> (cos, sin)``, and returns posenc's tables: the angles reduced exactly in
-float64 and each entry rounded once to the model's dtype, the attention factor folded in
-as the model expects. Hugging Face forms the angles ``position × inv_freq`` in float32,
-so its error grows with the position; posenc's stays at the dtype's rounding.
-:func:`unpatch` puts the original modules back.
+layer_type]) -> (cos, sin)``, and what it returns (Cohere's interleaved pairs, GPT-OSS's
+one column per pair, Llama 4's complex numbers, read from the module's own output:
+:mod:`posenc.integrations.transformers_forms`), with posenc's tables: the angles reduced
+exactly in float64 and each entry rounded once to the model's dtype, the attention
+factor folded in as the model expects. Hugging Face forms the angles ``position ×
+inv_freq`` in float32, so its error grows with the position; posenc's stays at the
+dtype's rounding. :func:`unpatch` puts the original modules back.
 
 The RoPE of each module comes from its model config through
 :meth:`posenc.RopeSpec.from_hf_config` (every ``rope_type`` posenc reads, per layer type
-where the config has several); a rotary module posenc cannot describe (multimodal
-M-RoPE, a class without a config) is an error naming its class, before anything is
-replaced.
+where the config has several), and the replacement is compared with the module at
+positions 0..15 before anything is replaced: a rotary module posenc cannot reproduce
+(an M-RoPE layout it does not know, a class without a config or with learned state, a
+forward of another kind, a config read otherwise) is an error naming its class.
 
 Example::
 
@@ -31,11 +34,13 @@ from .._extras import require
 require("torch", "posenc.integrations.transformers", extra="posenc[transformers]")
 require("transformers", "posenc.integrations.transformers", extra="posenc[transformers]")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
 from .._checks import check_choice, describe  # noqa: E402
 from ..core.plan import plan_rows  # noqa: E402
+from ..core.precision import CONTAINERS  # noqa: E402
 from ..core.rope import ROPE_SCALING_SPECS  # noqa: E402
 from ..specs import AxialRopeSpec, RopeSpec  # noqa: E402
 from ..specs.hf import POSENC_PREFIX  # noqa: E402
@@ -43,7 +48,14 @@ from ..torch import RotaryEmbedding  # noqa: E402
 from ..torch._arguments import positions_range  # noqa: E402
 from ..torch._backend import FORMATS, format_of, gather_rows, to_tensor  # noqa: E402
 from ..torch._tables import table_dtype  # noqa: E402
-from .transformers_cache import CACHE_MODES, CacheKeeper, SinkCache  # noqa: E402
+from .transformers_cache import (  # noqa: E402
+    CACHE_MODES,
+    CacheKeeper,
+    SinkCache,
+    cache_owner,
+    keep_caches,
+)
+from .transformers_forms import Form, RotaryProbe  # noqa: E402
 
 __all__ = [
     "ExactRotaryEmbedding",
@@ -63,8 +75,6 @@ _MROPE_INTERLEAVED = {
     "Qwen3VLTextRotaryEmbedding": True,
     "Qwen3VLMoeTextRotaryEmbedding": True,
 }
-# Rotary modules that return complex ``cos + i sin`` per pair (Llama 4's ``freqs_cis``).
-_COMPLEX = {"Llama4TextRotaryEmbedding"}
 # Position ids the decoding fast path gathers with (anything else: the full path's checks).
 _INDEX_DTYPES = (torch.int64, torch.int32)
 
@@ -72,16 +82,23 @@ _INDEX_DTYPES = (torch.int64, torch.int32)
 class ExactRotaryEmbedding(nn.Module):
     """A ``transformers`` rotary module's interface over posenc's exact tables.
 
-    ``forward(x, position_ids, layer_type=None)`` returns ``(cos, sin)``, each
-    ``(batch, seq, rotary_dim)`` in ``x``'s dtype (rounded once from the exact values),
-    with the attention factor folded in, in Hugging Face's half layout (models that
-    rotate interleaved pairs, such as DeepSeek-V3, permute their queries and keys
-    themselves). Length-dependent scalings (dynamic NTK, LongRoPE) follow the largest
-    position of each call, as Hugging Face's ``dynamic_rope_update`` does.
+    ``forward(x, position_ids, layer_type=None)`` returns what the module it replaces
+    returns, in the same form (:mod:`~posenc.integrations.transformers_forms`, read from
+    the module's own output): ``(cos, sin)``, each ``(batch, seq, rotary_dim)`` with the
+    pairs in halves (Llama and most) or interleaved (Cohere), or ``(batch, seq,
+    rotary_dim / 2)`` one per pair (GPT-OSS), or complex ``cos + i sin`` (Llama 4); in
+    ``x``'s dtype (or float32 for a 16-bit ``x`` where the module returns float32),
+    rounded once from the exact values, with the attention factor folded in.
+    Length-dependent scalings (dynamic NTK, LongRoPE) follow the largest position of each
+    call, as Hugging Face's ``dynamic_rope_update`` does.
+
+    Before it is used, its output at positions 0..15 is compared with the module's,
+    element by element: a module posenc cannot reproduce is a ``ValueError`` naming it.
 
     Args:
         original: The rotary module replaced; its ``config`` gives the RoPE. It is kept
-            (not as a submodule) for :func:`unpatch`.
+            (not as a submodule) for :func:`unpatch`, and its other plain attributes
+            (``layer_types``, ...) read through this module, as a model's code reads them.
     """
 
     def __init__(self, original: nn.Module) -> None:
@@ -92,41 +109,55 @@ class ExactRotaryEmbedding(nn.Module):
             raise ValueError(f"{name} has no config to read its RoPE from; posenc cannot patch it")
         rope_type = getattr(original, "rope_type", None)
         layer_types = list(rope_type) if isinstance(rope_type, dict) else [None]
-        device = _device_of(original)
-        self.ropes = nn.ModuleDict()
-        self.mrope: AxialRopeSpec | None = None
-        if hasattr(original, "mrope_section"):  # multimodal: (3, batch, seq) position ids
-            if name not in _MROPE_INTERLEAVED:
-                raise ValueError(
-                    f"posenc cannot patch {name}: an M-RoPE module of a layout posenc does "
-                    f"not know (it knows {sorted(_MROPE_INTERLEAVED)})"
+        self.mrope = _mrope_spec(original, name, config)
+        probe = RotaryProbe(
+            original, layer_types, None if self.mrope is None else self.mrope.n_axes
+        )
+        specs = {} if self.mrope is not None else _specs(config, layer_types, name)
+        widths = {t: int(spec.rotary_dim or 0) for t, spec in specs.items()}
+        self.form: Form = probe.form(widths or {None: getattr(self.mrope, "head_dim", 0)})
+        if self.mrope is not None and self.form != "half":
+            raise ValueError(f"posenc cannot patch {name}: an M-RoPE module of form {self.form}")
+        self.widen = probe.widen  # float32 for a 16-bit input, as the module returns
+        layout = "interleaved" if self.form == "interleaved" else "half"
+        self.ropes = nn.ModuleDict(
+            {
+                _key(layer_type): RotaryEmbedding.from_spec(
+                    dataclasses.replace(spec, layout=layout), max_length=_INITIAL_ROWS
                 )
-            try:
-                self.mrope = AxialRopeSpec.from_hf_config(
-                    config,
-                    interleaved=_MROPE_INTERLEAVED[name],
-                    sections=list(vars(original)["mrope_section"]),
-                )
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"posenc cannot patch {name}: {exc}") from None
-            layer_types = []
-        for layer_type in layer_types:
-            try:
-                spec = RopeSpec.from_hf_config(config, layer_type=layer_type)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"posenc cannot patch {name}: {exc}") from None
-            spec = dataclasses.replace(spec, layout="half")  # the model applies its layout
-            self.ropes[_key(layer_type)] = RotaryEmbedding.from_spec(
-                spec, max_length=_INITIAL_ROWS
-            ).to(device)
+                for layer_type, spec in specs.items()
+            }
+        )
         self.config = config
         # (layer_type, dtype, device) -> the (cos, sin) tables a call may gather from
         self._gather_from: dict[tuple[str | None, torch.dtype, torch.device], Any] = {}
-        self.complex = name in _COMPLEX
         self.rope_type = rope_type
         self.original_class = name
         self.keeper: CacheKeeper | None = None  # set by patch()
         object.__setattr__(self, "_original", original)  # not a submodule: not in state_dict()
+        probe.check(self, lambda layer_type: self._describe(specs.get(layer_type)))
+        self.to(_device_of(original))
+
+    def __getattr__(self, name: str) -> Any:
+        """The original module's plain attributes (``layer_types``, ``mrope_section``):
+        a model's code reads them from its rotary module."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            value = vars(self.__dict__.get("_original", self)).get(name)
+            if name.startswith("_") or value is None or isinstance(value, (Tensor, nn.Module)):
+                raise
+            return value
+
+    def _describe(self, spec: RopeSpec | None) -> str:
+        if spec is None:
+            assert self.mrope is not None
+            return f"M-RoPE {self.mrope.to_dict()}"
+        scaling = spec.scaling.to_dict()
+        return (
+            f"head_dim={spec.head_dim}, rotary_dim={spec.rotary_dim}, base={spec.base:g}, "
+            f"scaling {scaling}"
+        )
 
     @property
     def original(self) -> nn.Module:
@@ -157,9 +188,19 @@ class ExactRotaryEmbedding(nn.Module):
                 )
                 if plan.action == "gather":
                     cos, sin = tables
-                    return gather_rows(cos, position_ids), gather_rows(sin, position_ids)
+                    rows = gather_rows(cos, position_ids), gather_rows(sin, position_ids)
+                    return self._shaped(*rows)
         with torch.no_grad():
             return self._forward(x, position_ids, layer_type)
+
+    def _shaped(self, cos: Tensor, sin: Tensor) -> Any:
+        """``(cos, sin)`` in this module's form (the tables are in its layout already)."""
+        if self.form == "pairs":
+            return cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
+        if self.form == "complex":
+            pairs = cos.shape[-1] // 2
+            return torch.complex(cos[..., :pairs], sin[..., :pairs])
+        return cos, sin
 
     def _check_call(self, x: Any, position_ids: Any, layer_type: Any) -> None:
         """``x`` a floating tensor, ``position_ids`` an integer tensor of a shape this
@@ -206,22 +247,21 @@ class ExactRotaryEmbedding(nn.Module):
             )
         assert isinstance(rope, RotaryEmbedding)
         positions = position_ids if position_ids.dim() == 2 else position_ids[None]
-        if self.complex:  # one complex number per pair: float32 parts, or float64
-            wide = table_dtype(x.dtype, "rotation")
-            cos, sin = rope.cos_sin(positions, dtype=wide)
-            pairs = cos.shape[-1] // 2
-            return torch.complex(cos[..., :pairs], sin[..., :pairs]).to(x.device)
-        cos, sin = rope.cos_sin(positions, dtype=x.dtype)
+        # complex: float32 parts, or float64; widened: float32 for a 16-bit input
+        wide = self.form == "complex" or self.widen
+        dtype = table_dtype(x.dtype, "rotation") if wide else x.dtype
+        cos, sin = rope.cos_sin(positions, dtype=dtype)
         if cos.device != x.device:
             cos, sin = cos.to(x.device), sin.to(x.device)
         elif (
             x.device.type == "cpu"
             and position_ids.dim() == 2
             and not rope.spec.scaling.length_dependent
-            and x.dtype in FORMATS
+            and dtype in FORMATS
+            and self.form != "complex"
         ):  # the tables cos_sin gathered from, for the next call's fast path
-            self._gather_from[(layer_type, x.dtype, x.device)] = rope._tables_in(x.dtype, x.device)
-        return cos, sin
+            self._gather_from[(layer_type, x.dtype, x.device)] = rope._tables_in(dtype, x.device)
+        return self._shaped(cos, sin)
 
     def _apply(self, fn: Any, recurse: bool = True) -> ExactRotaryEmbedding:
         self._gather_from = {}  # .to(), .double(), ...: the tables move or change dtype
@@ -235,24 +275,44 @@ class ExactRotaryEmbedding(nn.Module):
         positions = position_ids.expand(self.mrope.n_axes, *position_ids.shape[-2:])
         coords = positions.detach().cpu().numpy().transpose(1, 2, 0)  # (batch, seq, axes)
         fmt = format_of(x.dtype, "the input's dtype")
-        cos, sin = self.mrope.tables(coords, fmt=fmt)
-        return to_tensor(cos, fmt, x.device), to_tensor(sin, fmt, x.device)
-
-    def _keep_caches(self, model: nn.Module, name: str, mode: str) -> None:
-        """Hook the module that owns this one (its forward takes the cache) so that the
-        model's caches stay exact (:class:`CacheKeeper`); M-RoPE is not hooked."""
-        if self.keeper is not None:
-            self.keeper.mode = mode
-            return
-        if self.mrope is not None:
-            return
-        parent = name.rpartition(".")[0]
-        self.keeper = CacheKeeper(self.ropes, self.config, mode)
-        self.keeper.attach(model.get_submodule(parent) if parent else model)
+        tables = self.mrope.tables(coords, fmt=fmt)  # bfloat16: NumPy's, held exactly in float32
+        cos, sin = (to_tensor(np.asarray(t, CONTAINERS[fmt]), fmt, x.device) for t in tables)
+        return cos, sin
 
     def extra_repr(self) -> str:
         kind = f"M-RoPE {self.mrope.mode}" if self.mrope is not None else f"{list(self.ropes)}"
         return f"replaces {self.original_class}, {kind}"
+
+
+def _mrope_spec(original: nn.Module, name: str, config: Any) -> AxialRopeSpec | None:
+    """The M-RoPE of a multimodal rotary module (``(3, batch, seq)`` position ids), or
+    ``None`` for a module of one position axis."""
+    if not hasattr(original, "mrope_section"):
+        return None
+    if name not in _MROPE_INTERLEAVED:
+        raise ValueError(
+            f"posenc cannot patch {name}: an M-RoPE module of a layout posenc does "
+            f"not know (it knows {sorted(_MROPE_INTERLEAVED)})"
+        )
+    try:
+        return AxialRopeSpec.from_hf_config(
+            config,
+            interleaved=_MROPE_INTERLEAVED[name],
+            sections=list(vars(original)["mrope_section"]),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"posenc cannot patch {name}: {exc}") from None
+
+
+def _specs(config: Any, layer_types: list[str | None], name: str) -> dict[str | None, RopeSpec]:
+    """The RoPE of each layer type the module takes, from the config."""
+    specs = {}
+    for layer_type in layer_types:
+        try:
+            specs[layer_type] = RopeSpec.from_hf_config(config, layer_type=layer_type)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"posenc cannot patch {name}: {exc}") from None
+    return specs
 
 
 def _key(layer_type: str | None) -> str:
@@ -287,10 +347,11 @@ def patch(model: nn.Module, *, on_frequency_change: str = "rerotate") -> nn.Modu
     """Replace every rotary embedding module of ``model`` with an
     :class:`ExactRotaryEmbedding`; returns ``model`` (changed in place).
 
-    Every module is checked before any is replaced: a rotary module posenc cannot
-    describe is a ``ValueError`` naming its class, and the model is left as it was. A
-    model with no rotary module is a ``ValueError`` naming the model's class. Patching
-    again keeps the modules already patched (and sets ``on_frequency_change``).
+    Every module is checked before any is replaced (its replacement's output at
+    positions 0..15 against its own, element by element): a rotary module posenc cannot
+    reproduce is a ``ValueError`` naming its class and why, and the model is left as it
+    was. A model with no rotary module is a ``ValueError`` naming the model's class.
+    Patching again keeps the modules already patched (and sets ``on_frequency_change``).
 
     The model's caches are kept exact (:mod:`posenc.integrations.transformers_cache`):
     with ``on_frequency_change="rerotate"`` (default) the cached keys are re-rotated when
@@ -310,10 +371,35 @@ def patch(model: nn.Module, *, on_frequency_change: str = "rerotate") -> nn.Modu
         name: module if isinstance(module, ExactRotaryEmbedding) else ExactRotaryEmbedding(module)
         for name, module in found
     }
+    owners = _cache_owners(model, replacements)
     for name, replacement in replacements.items():
         _set_submodule(model, name, replacement)
-        replacement._keep_caches(model, name, on_frequency_change)
+    for owner, modules in owners.items():
+        keep_caches(model.get_submodule(owner), modules, on_frequency_change)
     return model
+
+
+def _cache_owners(
+    model: nn.Module, replacements: dict[str, ExactRotaryEmbedding]
+) -> dict[str, list[ExactRotaryEmbedding]]:
+    """The rotary modules (M-RoPE aside) by the module that takes the cache and the tokens
+    above them: the nearest whose forward takes ``input_ids`` or ``inputs_embeds``
+    (``model.model`` in most models; Moshi's rotary modules sit in every attention
+    layer), else the parent. One owner's modules must rotate alike: its hooks turn every
+    layer's cached keys (a ``ValueError`` before anything is replaced otherwise)."""
+    owners: dict[str, list[ExactRotaryEmbedding]] = {}
+    for name, module in replacements.items():
+        if module.mrope is None:
+            owners.setdefault(cache_owner(model, name), []).append(module)
+    for owner, modules in owners.items():
+        specs = [{key: rope.spec for key, rope in m.ropes.items()} for m in modules]
+        if any(spec != specs[0] for spec in specs):
+            raise ValueError(
+                f"posenc cannot patch {type(model).__name__}: the rotary modules under "
+                f"{owner or 'the model'} rotate differently, and posenc keeps one rotation "
+                "per model's cache"
+            )
+    return owners
 
 
 def unpatch(model: nn.Module) -> nn.Module:

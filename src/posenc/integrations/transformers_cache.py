@@ -22,6 +22,7 @@ no such record: its keys are left as they are.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -37,7 +38,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer  # noqa: E402
 
 from .._checks import check_choice, check_int  # noqa: E402
 
-__all__ = ["CACHE_MODES", "CacheKeeper", "SinkCache"]
+__all__ = ["CACHE_MODES", "CacheKeeper", "SinkCache", "cache_owner", "keep_caches"]
 
 CACHE_MODES: tuple[str, ...] = ("rerotate", "keep")
 """What a patched model does with its cached keys when a call's frequencies change
@@ -62,7 +63,7 @@ class SinkCache(DynamicCache):
     Example::
 
         patch(model)
-        model.generate(input_ids, past_key_values=SinkCache(window=1020, sinks=4))
+        model.generate(input_ids, cache=SinkCache(window=1020, sinks=4))
     """
 
     def __init__(self, window: int, sinks: int = 4) -> None:
@@ -153,6 +154,7 @@ class CacheKeeper:
         sink = isinstance(cache, SinkCache)
         count = _call_length(args, kwargs)
         held = cache.get_seq_length()
+        _check_batch(cache, _call_input(args, kwargs).shape[0], held)
         record = self._record(cache, held, sink)
         if record is None:
             return None
@@ -185,9 +187,7 @@ class CacheKeeper:
     ) -> None:
         cache = _cache_of(kwargs)
         if cache is None:  # a cache the model made itself: the one it returns
-            cache = getattr(output, "cache", None)
-            if cache is None:  # (not `or`: a Cache with no layers yet is falsy)
-                cache = getattr(output, "past_key_values", None)
+            cache = _returned_cache(output)
         if cache is None:
             return
         count = _call_length(args, kwargs)
@@ -298,45 +298,144 @@ class CacheKeeper:
         new_held: Tensor | None,
     ) -> None:
         """Evict and re-rotate each layer's keys for the call's frequencies ``states``."""
-        for index, layer in enumerate(getattr(cache, "layers", [])):
-            keys = getattr(layer, "keys", None)
-            if not isinstance(keys, Tensor) or not keys.numel() or record.positions is None:
-                continue
-            key = "all" if "all" in self.ropes else self.layer_types[index]
-            rope = cast(Any, self.ropes[key])  # a posenc RotaryEmbedding
-            old_state = record.frequencies.get(key)
-            state = states[key] if self.mode == "rerotate" else old_state
-            if not drop and state == old_state:
-                continue
-            if not isinstance(layer, DynamicLayer):
-                raise ValueError(
-                    f"posenc re-rotates the cached keys of DynamicCache layers; this cache has "
-                    f"a {type(layer).__name__} at layer {index}. Use DynamicCache (the "
-                    "default), or patch(model, on_frequency_change='keep')"
-                )
-            held = keys.shape[-2]
-            old = record.positions
-            old = old[:, -held:] if getattr(layer, "is_sliding", False) else old[:, :held]
-            new = old
-            if drop and kept is not None and new_held is not None:
-                index_on = kept.to(keys.device)
-                keys = keys.index_select(2, index_on)
-                values = layer.values
-                assert isinstance(values, Tensor)  # a layer with keys has values
-                layer.values = values.index_select(2, index_on)
-                old, new = old[:, kept], new_held
-            layer.keys = rope.rerotate_keys(
-                keys,
-                positions=old.to(keys.device),
-                new_positions=new.to(keys.device),
-                frequencies=old_state,
-                new_frequencies=state,
-            )
+        changed = self.mode == "rerotate" and any(
+            states[key] != record.frequencies.get(key) for key in self.ropes
+        )
+        if (drop or changed) and record.positions is not None:
+            layers = [
+                (index, layer, self._rope_key(index))
+                for index, layer in enumerate(getattr(cache, "layers", []))
+                if isinstance(getattr(layer, "keys", None), Tensor) and layer.keys.numel()
+            ]
+            for index, layer, key in layers:
+                if key is None or drop or states[key] != record.frequencies.get(key):
+                    self._check_layer(index, layer, key)
+            for _, layer, key in layers:
+                self._move_layer(layer, record, cast(str, key), states, drop, kept, new_held)
         if drop and new_held is not None:
             record.positions = new_held
         for key in self.ropes:
             if self.mode == "rerotate":
                 record.frequencies[key] = states[key]
+
+    def _rope_key(self, index: int) -> str | None:
+        """The rope of cache layer ``index``: the one rope, or that of the layer's type;
+        ``None`` where the layer's type is none of the rotary module's."""
+        if "all" in self.ropes:
+            return "all"
+        kind = self.layer_types[index] if index < len(self.layer_types) else None
+        return kind if isinstance(kind, str) and kind in self.ropes else None
+
+    def _check_layer(self, index: int, layer: Any, key: str | None) -> None:
+        """A layer whose keys posenc can evict and re-rotate (before any is changed)."""
+        if key is None:
+            kind = self.layer_types[index] if index < len(self.layer_types) else None
+            raise ValueError(
+                f"posenc re-rotates a cache's keys with the rope of each layer's type; layer "
+                f"{index} is of type {kind!r}, which the rotary module does not have "
+                f"({sorted(self.ropes)}). Use patch(model, on_frequency_change='keep') and a "
+                "cache that does not evict"
+            )
+        if not isinstance(layer, DynamicLayer):
+            raise ValueError(
+                f"posenc re-rotates the cached keys of DynamicCache layers; this cache has "
+                f"a {type(layer).__name__} at layer {index}. Use DynamicCache (the "
+                "default), or patch(model, on_frequency_change='keep')"
+            )
+
+    def _move_layer(
+        self,
+        layer: Any,
+        record: _Record,
+        key: str,
+        states: dict[str, Any],
+        drop: int,
+        kept: Tensor | None,
+        new_held: Tensor | None,
+    ) -> None:
+        """Evict one layer's tokens and turn its keys to their new positions and frequencies."""
+        rope = cast(Any, self.ropes[key])  # a posenc RotaryEmbedding
+        old_state = record.frequencies.get(key)
+        state = states[key] if self.mode == "rerotate" else old_state
+        if not drop and state == old_state:
+            return
+        keys = layer.keys
+        held = keys.shape[-2]
+        old = cast(Tensor, record.positions)
+        old = old[:, -held:] if getattr(layer, "is_sliding", False) else old[:, :held]
+        new = old
+        if drop and kept is not None and new_held is not None:
+            index_on = kept.to(keys.device)
+            keys = keys.index_select(2, index_on)
+            layer.values = layer.values.index_select(2, index_on)
+            old, new = old[:, kept], new_held
+        layer.keys = rope.rerotate_keys(
+            keys,
+            positions=old.to(keys.device),
+            new_positions=new.to(keys.device),
+            frequencies=old_state,
+            new_frequencies=state,
+        )
+
+
+def cache_owner(model: nn.Module, name: str) -> str:
+    """The qualified name of the module whose forward takes the tokens and the cache
+    above the rotary module ``name``: the nearest whose forward takes ``input_ids`` or
+    ``inputs_embeds`` (``model.model`` in most models; Moshi's rotary modules sit in
+    every attention layer, whose forward takes neither), else its parent."""
+    parts = name.split(".")[:-1]
+    for end in range(len(parts), -1, -1):
+        owner = ".".join(parts[:end])
+        forward = getattr(model.get_submodule(owner), "forward", None)
+        try:
+            parameters = inspect.signature(forward).parameters if forward else {}
+        except (TypeError, ValueError):  # a forward without a signature
+            continue
+        if "input_ids" in parameters or "inputs_embeds" in parameters:
+            return owner
+    return ".".join(parts)
+
+
+def keep_caches(owner: nn.Module, modules: list[Any], mode: str) -> None:
+    """Hook ``owner`` (:func:`cache_owner`) so that the model's caches stay exact: one
+    :class:`CacheKeeper` for the rotary ``modules`` under it (posenc's replacements,
+    which rotate alike), set on each as its ``keeper``; patching again sets its mode."""
+    keeper = next((m.keeper for m in modules if m.keeper is not None), None)
+    if keeper is None:
+        keeper = CacheKeeper(modules[0].ropes, modules[0].config, mode)
+        keeper.attach(owner)
+    keeper.mode = mode
+    for module in modules:
+        module.keeper = keeper
+
+
+def _returned_cache(output: Any) -> Any:
+    """The cache a model's output holds: its ``cache`` field (transformers >= 5.x names
+    it so; reading ``past_key_values`` there logs a deprecation), else
+    ``past_key_values``."""
+    fields = getattr(type(output), "__dataclass_fields__", None) or {}
+    for name in ("cache", "past_key_values"):
+        if name in fields:
+            return getattr(output, name)
+    return None
+
+
+def _check_batch(cache: Any, batch: int, held: int) -> None:
+    """A cache holding keys serves the batch size it was filled with (as posenc's
+    :class:`~posenc.torch.KVCache`), an error that says so rather than a size error from
+    inside transformers."""
+    if not held:
+        return
+    for layer in getattr(cache, "layers", []):
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, Tensor) and keys.dim() == 4 and keys.numel():
+            if keys.shape[0] != batch:
+                raise ValueError(
+                    f"this {type(cache).__name__} holds the keys of a batch of {keys.shape[0]} "
+                    f"sequences, and the call gives {batch}; a cache serves the batch it was "
+                    "filled with: give the model a new cache for another batch size"
+                )
+            return
 
 
 def _cache_of(kwargs: dict[str, Any]) -> Any:

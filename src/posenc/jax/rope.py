@@ -22,7 +22,7 @@ import numpy as np
 from .._checks import MAX_POSITIONS, check_choice, check_positions, describe
 from ..core.plan import plan_scaling
 from ..core.precision import FORMATS
-from ..core.rope import ROPE_LAYOUTS, RopeScaling, as_rope_scaling, check_rope_shapes
+from ..core.rope import ROPE_LAYOUTS, RopeScaling, check_rope_shapes, rope_options
 from ..specs import RopeSpec
 from ._arguments import static_int, widen
 from ._backend import format_of, is_traced
@@ -157,7 +157,7 @@ def rope_tables(
     head_dim = static_int(head_dim, "head_dim", minimum=1)
     if rotary_dim is not None:
         rotary_dim = static_int(rotary_dim, "rotary_dim", minimum=2)
-    method, _ = as_rope_scaling(scaling, scaling_params, seq_len_owner="function")
+    method, base, _ = rope_options(scaling, scaling_params, base=base, seq_len_owner="function")
     spec = RopeSpec(
         head_dim=head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=method
     )  # validates the base, the widths, the layout and the method's width-dependent checks

@@ -1,6 +1,6 @@
 """Rotary position embedding (RoPE) as a Keras 3 layer, for the TensorFlow, JAX and torch backends.
 
-The layer parses no option and derives no number: :func:`posenc.core.rope.as_rope_scaling`
+The layer parses no option and derives no number: :func:`posenc.core.rope.rope_options`
 makes the scaling's spec, a :class:`posenc.RopeSpec` the tables (exact, rounded once), and
 :mod:`~posenc.keras._tables` keeps them once per spec; the layer gathers and multiplies.
 """
@@ -17,7 +17,7 @@ from keras import ops
 
 from .._checks import check_base, check_choice, check_int, check_max_length, check_width
 from ..core.plan import plan_index, plan_rows, plan_scaling, table_format
-from ..core.rope import ROPE_LAYOUTS, as_rope_scaling
+from ..core.rope import ROPE_LAYOUTS, rope_options
 from ..specs import FromHFConfig, RopeSpec
 from ._arguments import (
     ChecksPlainArguments,
@@ -184,6 +184,8 @@ class RotaryEmbedding(
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # The core reads the scaling (a config dict's rope_theta is the base) and checks it.
+        self._scaling, base, _ = rope_options(scaling, scaling_params, base, seq_len_owner="layer")
         self.base = check_base(base)
         self.layout = check_choice(layout, "layout", ROPE_LAYOUTS)
         self.max_length = check_max_length(max_length)
@@ -193,9 +195,7 @@ class RotaryEmbedding(
             raise ValueError(
                 f"sequence_axis and feature_axis must differ, got {sequence_axis} for both"
             )
-        # The core parses the scaling and checks its parameters; with a known width, the
-        # width-dependent checks run now too.
-        self._scaling, _ = as_rope_scaling(scaling, scaling_params, seq_len_owner="layer")
+        # With a known width, the scaling's width-dependent checks run now too.
         if rotary_dim is not None:
             rotary_dim = check_width(rotary_dim, "rotary_dim", minimum=2)
             RopeSpec(

@@ -36,6 +36,22 @@ _POSENC_NAMES = {"dynamic_ntk": "dynamic"}
 _NEEDS_ORIGINAL = ("yarn", "llama3", "longrope")  # take L0 from the config when absent
 _SHARED_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")
+# The keys of a layer's overrides (per_layer_config) that change its RoPE.
+_LAYER_KEYS = (
+    "head_dim", "hidden_size", "num_attention_heads", "rope_parameters", "rope_scaling",
+    "rope_theta", "partial_rotary_factor", "max_position_embeddings",
+    "original_max_position_embeddings", "rope_interleave", "qk_rope_head_dim",
+)  # fmt: skip
+# Keys of a config.json's RoPE parameters that transformers reads elsewhere, not for the
+# frequencies (a config object names them itself: ignore_keys_at_rope_validation):
+# Ministral 3's and Mistral 4's query scale by position, and their copy of the config's
+# max_position_embeddings (a method that takes it, LongRoPE, reads it).
+_FOR_THE_ATTENTION = ("llama_4_scaling_beta", "max_position_embeddings")
+# What a config class calls head_dim in its config.json (its attribute_map), in this
+# order: Zamba2's attention_head_dim (its kv_channels is another size), JetMoe's kv_channels.
+_HEAD_DIM_ALIASES = ("attention_head_dim", "kv_channels")
+# The sizes a model's code reads from its config object as attributes.
+_ATTRIBUTES = ("head_dim", "hidden_size", "num_attention_heads", "max_position_embeddings")
 
 HF_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional")
 """The ``rope_type`` values of ``transformers`` that posenc reads."""
@@ -61,8 +77,10 @@ def rope_spec_from_hf_config(config: Any, *, layer_type: str | None = None) -> d
             error names the key and what is valid).
     """
     data = _layer_config(config_dict(config), layer_type)
-    head_dim = config_head_dim(data)
+    head = _head_width(data)
     rope = _rope_parameters(data, layer_type)
+    for key in _not_rope_keys(config):
+        rope.pop(key, None)
     base = rope.get("rope_theta", data.get("rope_theta", DEFAULT_THETA))
     if base is None:
         base = DEFAULT_THETA
@@ -72,15 +90,13 @@ def rope_spec_from_hf_config(config: Any, *, layer_type: str | None = None) -> d
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
         raise ValueError(f"partial_rotary_factor must be a number in (0, 1], got {partial!r}")
     layout = "interleaved" if data.get("rope_interleave") else "half"
-    if (
-        posenc_name(_rope_type(rope)) == "proportional"
-    ):  # p-RoPE: the proportion is the method's own
+    # p-RoPE: the proportion is the method's own; every pair turns, those past it by 0
+    proportional = posenc_name(_rope_type(rope)) == "proportional"
+    if proportional:
         rope = {**rope, "partial_rotary_factor": partial}
-        rotary_dim = head_dim  # every pair turns, the ones past the proportion by 0
-    else:
-        rotary_dim = int(head_dim * partial)  # transformers truncates the same way
+    rotary_dim = _rotary_width(head, partial, proportional)
     return {
-        "head_dim": head_dim,
+        "head_dim": head[0],
         "base": base,
         "rotary_dim": rotary_dim,
         "layout": layout,
@@ -169,7 +185,14 @@ def rope_spec_to_hf_dict(
 
 
 def config_dict(config: Any) -> dict[str, Any]:
-    """The config as a dict, its text config for a multimodal one."""
+    """The config as a dict, its text config for a multimodal one.
+
+    A config object is read through ``to_dict()``, with the sizes the model's own code
+    reads as attributes (:data:`_ATTRIBUTES`) taken from the object: a config class may
+    alias them (JetMoe's ``head_dim`` is its ``kv_channels``, Zamba2's its
+    ``attention_head_dim``) or derive them when it is built (DeepSeek-V3's ``head_dim`` is
+    its ``qk_rope_head_dim``), and ``to_dict()`` writes neither.
+    """
     if not isinstance(config, Mapping):
         text = getattr(config, "get_text_config", None)
         if callable(text):
@@ -180,7 +203,15 @@ def config_dict(config: Any) -> dict[str, Any]:
                 "config must be a transformers config (with to_dict()) or a dict such as a "
                 f"config.json, got {describe(config)}"
             )
-        config = to_dict()
+        data = dict(to_dict())
+        for key in _ATTRIBUTES:  # as the model reads them: aliases, derived values
+            try:
+                value = getattr(config, key, None)
+            except Exception:  # a value per layer (per_layer_config): read there
+                continue
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                data[key] = value
+        config = data
     data = dict(config)
     text_config = data.get("text_config")
     if isinstance(text_config, Mapping) and not _has_rope(data):
@@ -195,17 +226,37 @@ def _layer_config(data: dict[str, Any], layer_type: str | None) -> dict[str, Any
     if not per_layer or layer_type is None:
         return data
     layer_types = list(data.get("layer_types") or [])
+    by_index = {int(index): dict(values or {}) for index, values in per_layer.items()}
     overrides = [
-        dict(per_layer.get(str(index), per_layer.get(index)) or {})
+        {key: value for key, value in by_index.get(index, {}).items() if key in _LAYER_KEYS}
         for index, kind in enumerate(layer_types)
         if kind == layer_type
     ]
-    if any(override != overrides[0] for override in overrides):
-        raise ValueError(
-            f"per_layer_config gives the {layer_type} layers different settings; posenc "
-            "reads one RoPE per layer type"
-        )
+    for index, override in zip(
+        [i for i, kind in enumerate(layer_types) if kind == layer_type], overrides, strict=True
+    ):
+        if override != overrides[0]:
+            raise ValueError(
+                f"per_layer_config gives the {layer_type} layers different RoPE settings "
+                f"(layer {index}: {override or 'none'}, the first: {overrides[0] or 'none'}); "
+                "posenc reads one RoPE per layer type"
+            )
     return {**data, **(overrides[0] if overrides else {})}
+
+
+def _not_rope_keys(config: Any) -> set[str]:
+    """The keys of a config object's RoPE parameters that its class says are for other
+    parts of the model (``ignore_keys_at_rope_validation``: Ministral 3's
+    ``llama_4_scaling_beta``, a query scale its attention applies), besides those posenc
+    reads itself."""
+    if isinstance(config, Mapping):
+        return set()
+    try:
+        text = getattr(config, "get_text_config", None)
+        ignored = (text() if callable(text) else config).ignore_keys_at_rope_validation
+    except Exception:  # a config class without them
+        return set()
+    return {key for key in ignored or () if isinstance(key, str)} - set(_SHARED_KEYS)
 
 
 def _has_rope(data: Mapping[str, Any]) -> bool:
@@ -227,16 +278,50 @@ def _width(width: int, key: str) -> int:
 
 
 def config_head_dim(data: Mapping[str, Any]) -> int:
-    """``qk_rope_head_dim`` (DeepSeek), ``head_dim``, or ``hidden_size // num_attention_heads``."""
-    for key in ("qk_rope_head_dim", "head_dim"):
+    """``head_dim`` (or the name a config class gives it, :data:`_HEAD_DIM_ALIASES`),
+    ``qk_rope_head_dim`` (DeepSeek's ``config.json``, whose config class sets
+    ``head_dim`` from it), or ``hidden_size // num_attention_heads``: the width
+    transformers' RoPE functions read."""
+    return _head_width(data)[0]
+
+
+def _head_width(data: Mapping[str, Any]) -> tuple[int, str]:
+    """The head width and the config keys that give it, as an error names them
+    (``"head_dim=64"``, ``"hidden_size // num_attention_heads = 100 // 3 = 33"``)."""
+    for key in ("head_dim", *_HEAD_DIM_ALIASES, "qk_rope_head_dim"):
         if data.get(key) is not None:
-            return _width(_positive_int(data, key), key)
+            width = _width(_positive_int(data, key), key)
+            return width, f"{key}={width}"
     if data.get("hidden_size") is not None and data.get("num_attention_heads") is not None:
-        width = _positive_int(data, "hidden_size") // _positive_int(data, "num_attention_heads")
-        return _width(width, "hidden_size // num_attention_heads")
+        hidden = _positive_int(data, "hidden_size")
+        heads = _positive_int(data, "num_attention_heads")
+        width = _width(hidden // heads, "hidden_size // num_attention_heads")
+        return width, f"hidden_size // num_attention_heads = {hidden} // {heads} = {width}"
     raise ValueError(
         "the config gives no head width: it needs head_dim, or hidden_size and "
         f"num_attention_heads; it has {sorted(data)}"
+    )
+
+
+def _rotary_width(head: tuple[int, str], partial: float, proportional: bool) -> int:
+    """The rotated width of a head ``(width, source)``: ``int(width * partial)`` as
+    transformers truncates it (p-RoPE: the whole head, its proportion turning); an error
+    naming the config keys where that is not an even width >= 2."""
+    width, source = head
+    rotary_dim = width if proportional else int(width * partial)
+    if rotary_dim >= 2 and rotary_dim % 2 == 0:
+        return rotary_dim
+    if proportional or partial == 1:
+        given = f"the head width {source}"
+    else:
+        given = (
+            f"{source} x partial_rotary_factor={partial!r} gives a rotary width of "
+            f"int({width} x {partial!r}) = {rotary_dim}"
+        )
+    problem = "odd" if rotary_dim % 2 else "below 2"
+    raise ValueError(
+        f"{given}, which is {problem}: RoPE rotates pairs of features, so the rotated width "
+        "must be an even int >= 2; change these config keys"
     )
 
 
@@ -258,15 +343,19 @@ def _rope_parameters(data: Mapping[str, Any], layer_type: str | None) -> dict[st
     if not isinstance(rope, Mapping):
         raise ValueError(f"rope_parameters must be a dict, got {describe(rope)}")
     layer_types = list(data.get("layer_types") or [])
-    nested = bool(rope) and all(isinstance(value, Mapping) for value in rope.values())
+    # per layer type: a dict each, or None for a type without RoPE (Beam's full attention)
+    nested = any(isinstance(value, Mapping) for value in rope.values()) and all(
+        value is None or isinstance(value, Mapping) for value in rope.values()
+    )
     if nested:
+        kinds = sorted(kind for kind, value in rope.items() if value is not None)
         if layer_type is None:
             raise ValueError(
-                f"this config gives RoPE per layer type {sorted(rope)}: pass layer_type= one "
-                "of them"
+                f"this config gives RoPE per layer type {kinds}: pass layer_type= one of them"
             )
-        if layer_type not in rope:
-            raise ValueError(f"layer_type must be one of {sorted(rope)}, got {layer_type!r}")
+        if rope.get(layer_type) is None:
+            without = " (rope_parameters gives it None: no RoPE)" if layer_type in rope else ""
+            raise ValueError(f"layer_type must be one of {kinds}, got {layer_type!r}{without}")
         return dict(rope[layer_type])
     if layer_type is not None and layer_type not in layer_types:
         raise ValueError(
@@ -280,9 +369,13 @@ def _scaling(rope: Mapping[str, Any], data: Mapping[str, Any]) -> RopeScaling:
     """The scaling spec of a RoPE parameter dict, filled from the config as transformers."""
     kind = _rope_type(rope)
     shared = _SHARED_KEYS[:-1] if posenc_name(kind) == "proportional" else _SHARED_KEYS
-    params = {key: value for key, value in rope.items() if key not in shared}
     name = posenc_name(kind)
     accepted = ROPE_SCALING_SPECS[name].parameters()
+    params = {
+        key: value
+        for key, value in rope.items()
+        if key not in shared and (key not in _FOR_THE_ATTENTION or key in accepted)
+    }
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise ValueError(

@@ -20,10 +20,10 @@ from ..core.rope import (
     ROPE_LAYOUTS,
     RopeLayout,
     RopeScaling,
-    as_rope_scaling,
     check_rotary_dim,
     rerotation_table_values,
     rope_frequencies,
+    rope_options,
     rope_table_values,
 )
 from ..core.rope_nd import AXIAL_MODES, AxialMode, axial_rope_tables, xpos_scales
@@ -43,7 +43,9 @@ class RopeSpec(SchemeSpec):
         rotary_dim: The rotated width (even, ``<= head_dim``); ``None``: ``head_dim``.
             Stored resolved.
         layout: ``"half"`` (Hugging Face, GPT-NeoX) or ``"interleaved"`` (Meta, GPT-J).
-        scaling: A :class:`~posenc.core.rope.RopeScaling` spec, its dict form, a
+        scaling: A :class:`~posenc.core.rope.RopeScaling` spec, its dict form (a model
+            config's ``rope_parameters`` too: its ``rope_theta`` is the base where
+            ``base`` is left at 10000, :func:`~posenc.core.rope.rope_options`), a
             registered name without parameters, or ``None`` (``"default"``).
 
     Example:
@@ -66,9 +68,10 @@ class RopeSpec(SchemeSpec):
         head_dim = check_int(self.head_dim, "head_dim", minimum=1)
         self._set("rotary_dim", check_rotary_dim(head_dim, self.rotary_dim))
         self._set("head_dim", head_dim)
-        self._set("base", check_base(self.base))
+        scaling, base, _ = rope_options(self.scaling, base=self.base)  # a dict's rope_theta
+        self._set("base", check_base(base))
         self._set("layout", check_choice(self.layout, "layout", ROPE_LAYOUTS))
-        self._set("scaling", as_rope_scaling(self.scaling)[0])
+        self._set("scaling", scaling)
         self.frequencies()  # the width-dependent checks of the scaling
 
     def frequencies(self, seq_len: int | None = None) -> tuple[np.ndarray, float]:

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .._checks import check_bool, check_choice, check_max_length, describe
 from ..core.plan import plan_rows, plan_scaling, scaling_length
-from ..core.rope import RopeScaling, as_rope_scaling
+from ..core.rope import RopeScaling, rope_options
 from ..specs import FromHFConfig, RopeSpec
 from ._arguments import (
     QK_AXES,
@@ -42,13 +42,7 @@ from .protocols import RotatesQueriesKeys
 from .rerotation import MovesCachedKeys
 from .rope_lengths import ByLengthFrequencies
 from .rope_weights import convert_rope_weights
-from .rotation import (
-    SMALL,
-    broadcast_tables,
-    rotate,
-    rotate_small_pair,
-    signed_sin,
-)
+from .rotation import SMALL, broadcast_tables, rotate, rotate_small_pair, signed_sin
 
 __all__ = [
     "DERIVED_KEYS",
@@ -209,7 +203,9 @@ class RotaryEmbedding(
         self.fused = check_bool(fused, "fused")
         self.max_length = check_max_length(max_length)
         # The core parses and validates the scaling and every other option.
-        spec_scaling, _ = as_rope_scaling(scaling, scaling_params, seq_len_owner="module")
+        spec_scaling, base, _ = rope_options(
+            scaling, scaling_params, base=base, seq_len_owner="module"
+        )
         self.spec = RopeSpec(
             head_dim=head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=spec_scaling
         )

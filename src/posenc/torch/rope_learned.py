@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_choice
-from ..core.rope import RopeScaling, as_rope_scaling
+from ..core.rope import RopeScaling, rope_options
 from ..specs import FromSpec, RopeSpec
 from ._arguments import check_offset_or_positions
 from .protocols import RotatesQueriesKeys
@@ -75,7 +75,9 @@ class LearnedRotaryEmbedding(RotatesQueriesKeys, FromSpec):
     ) -> None:
         super().__init__()
         self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
-        spec_scaling, _ = as_rope_scaling(scaling, scaling_params, seq_len_owner="module")
+        spec_scaling, base, _ = rope_options(
+            scaling, scaling_params, base=base, seq_len_owner="module"
+        )
         if spec_scaling.length_dependent:
             raise ValueError(
                 f"LearnedRotaryEmbedding: scaling={spec_scaling.name!r} recomputes the "

@@ -92,9 +92,11 @@ from .methods import (
 )
 from .proportional import ProportionalScaling
 from .registry import (
+    DEFAULT_BASE,
     ROPE_SCALING_SPECS,
     as_rope_scaling,
     register_rope_scaling,
+    rope_options,
     rope_scaling_spec,
     unregister_rope_scaling,
 )
@@ -111,6 +113,7 @@ from .tables import (
 )
 
 __all__ = [
+    "DEFAULT_BASE",
     "ROPE_LAYOUTS",
     "ROPE_SCALINGS",
     "ROPE_SCALING_SPECS",
@@ -140,6 +143,7 @@ __all__ = [
     "rerotation_table_values",
     "rerotation_tables",
     "rope_frequencies",
+    "rope_options",
     "rope_permutation",
     "rope_scaling",
     "rope_scaling_spec",

@@ -29,9 +29,11 @@ from .proportional import ProportionalScaling
 from .scaling import RopeScaling
 
 __all__ = [
+    "DEFAULT_BASE",
     "ROPE_SCALING_SPECS",
     "as_rope_scaling",
     "register_rope_scaling",
+    "rope_options",
     "rope_scaling_spec",
     "unregister_rope_scaling",
 ]
@@ -55,6 +57,13 @@ _SPECS: dict[str, type[RopeScaling]] = {cls.name: cls for cls in _BUILT_IN}
 # Hugging Face may take from elsewhere in the config).
 _ALIASES = {"dynamic": "dynamic_ntk", "ntk-aware": "ntk", "ntk_aware": "ntk"}
 _DICT_NAMES = {"dynamic": "dynamic_ntk"}  # Hugging Face's rope_type values
+# Keys of a model config's RoPE dict that are not a scaling's parameters: the base, which
+# rope_options() reads, and those only a whole config gives a meaning to.
+_CONFIG_KEYS = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
+
+DEFAULT_BASE = 10000.0
+"""The RoPE base of every front end's ``base=`` default (RoFormer's, transformers'
+``default_theta``)."""
 
 
 class _View(Mapping[str, Any]):
@@ -193,6 +202,11 @@ def _from_dict(data: Mapping[str, Any]) -> RopeScaling:
             f"{data['type']!r}; give one"
         )
     kind = data.get("rope_type", data.get("type"))
+    if "rope_theta" in data:
+        raise ValueError(
+            "rope_theta is the RoPE base, not a scaling parameter: give the dict to a RoPE "
+            "module or RopeSpec as scaling=, which take it as the base (rope_options())"
+        )
     if kind is None:
         raise ValueError(
             f"a RoPE scaling dict needs 'rope_type' (one of {list(_SPECS)}), got keys "
@@ -200,6 +214,14 @@ def _from_dict(data: Mapping[str, Any]) -> RopeScaling:
         )
     cls = rope_scaling_spec(_DICT_NAMES.get(kind, kind) if isinstance(kind, str) else kind)
     params = {key: value for key, value in data.items() if key not in ("rope_type", "type")}
+    config_keys = [key for key in _CONFIG_KEYS if key in params and key not in cls.parameters()]
+    if config_keys:
+        raise ValueError(
+            f"{config_keys[0]} is a key of a model config, not a parameter of the RoPE "
+            f"scaling {cls.name!r}; build the module from the whole config: "
+            "RotaryEmbedding.from_spec(RopeSpec.from_hf_config(config)), or "
+            "RotaryEmbedding.from_hf_config(config)"
+        )
     return _build(cls, params)
 
 
@@ -244,6 +266,51 @@ def as_rope_scaling(
             f"dict), got {describe(scaling)}"
         )
     return _from_name(scaling, params, seq_len_owner)
+
+
+def rope_options(
+    scaling: Any = None,
+    params: Any = None,
+    base: Any = DEFAULT_BASE,
+    *,
+    seq_len_owner: str | None = None,
+) -> tuple[RopeScaling, Any, int | None]:
+    """A front end's RoPE options as the core reads them: :func:`as_rope_scaling`, and
+    the base. A scaling given as a model config's RoPE dict may hold the base: Hugging
+    Face transformers 5's ``config.rope_parameters`` is ``{"rope_type": ...,
+    "rope_theta": ..., params}``. Its ``rope_theta`` is the base where ``base`` is left at
+    :data:`DEFAULT_BASE` (or equals it); another ``base`` is an error naming both.
+
+    Args:
+        scaling: As :func:`as_rope_scaling`; a dict may have ``"rope_theta"``.
+        params: As :func:`as_rope_scaling`.
+        base: The front end's ``base=``, validated where the spec is made.
+        seq_len_owner: As :func:`as_rope_scaling`.
+
+    Returns:
+        ``(spec, base, seq_len)``.
+
+    Example:
+        >>> config = {"rope_type": "linear", "rope_theta": 500000.0, "factor": 2.0}
+        >>> rope_options(config)
+        (LinearScaling(factor=2.0), 500000.0, None)
+        >>> rope_options(config, base=1e6)
+        Traceback (most recent call last):
+        ...
+        ValueError: base=1000000.0 and the scaling dict's rope_theta=500000.0 are two bases; ...
+    """
+    theta = scaling.get("rope_theta") if isinstance(scaling, Mapping) else None
+    if isinstance(scaling, Mapping) and "rope_theta" in scaling:
+        scaling = {key: value for key, value in scaling.items() if key != "rope_theta"}
+    if theta is not None and base != theta:
+        if base != DEFAULT_BASE:
+            raise ValueError(
+                f"base={base!r} and the scaling dict's rope_theta={theta!r} are two bases; "
+                f"give one (leave base= at its default {DEFAULT_BASE} to take the dict's)"
+            )
+        base = theta
+    spec, seq_len = as_rope_scaling(scaling, params, seq_len_owner=seq_len_owner)
+    return spec, base, seq_len
 
 
 def _from_name(

@@ -19,7 +19,7 @@ from ..._checks import (
     describe,
 )
 from ...core.plan import table_format
-from ...core.rope import ROPE_LAYOUTS, RopeScaling, as_rope_scaling
+from ...core.rope import ROPE_LAYOUTS, RopeScaling, rope_options
 from ...specs import RopeSpec
 from .._arguments import check_offset, check_traced_index
 from .._backend import format_of, is_traced
@@ -50,7 +50,7 @@ class RotaryEmbedding(nn.Module):
         layout: ``"half"`` (Hugging Face, GPT-NeoX) or ``"interleaved"`` (Meta, GPT-J).
         scaling: ``None`` or a key of :data:`posenc.ROPE_SCALINGS`; or a
             :class:`~posenc.core.rope.RopeScaling` spec, or its dict form, without
-            ``scaling_params`` (read by :func:`~posenc.core.rope.as_rope_scaling`).
+            ``scaling_params`` (read by :func:`~posenc.core.rope.rope_options`).
         scaling_params: The method's parameters (see :mod:`posenc.core.rope`).
         max_length: Rows of the tables traced positions gather from; static positions
             past it still get exact rows (computed for that call).
@@ -111,7 +111,7 @@ class RotaryEmbedding(nn.Module):
         check_max_length(self.max_length)
         # The scaling's name and parameters, by the core's one parser; the checks that
         # need the width run at the call, where head_dim is the input's last axis.
-        as_rope_scaling(self.scaling, self.scaling_params, seq_len_owner="module")
+        rope_options(self.scaling, self.scaling_params, base=self.base, seq_len_owner="module")
         super().__post_init__()
 
     def __call__(self, x: Any, *, start_index: Any = 0, positions: Any = None) -> jax.Array:
@@ -126,10 +126,12 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(
                 f"{name} was made for head_dim={self.head_dim}, got x of shape {x.shape}"
             )
-        method, _ = as_rope_scaling(self.scaling, self.scaling_params, seq_len_owner="module")
+        method, base, _ = rope_options(
+            self.scaling, self.scaling_params, base=self.base, seq_len_owner="module"
+        )
         spec = RopeSpec(
             head_dim=head_dim,
-            base=self.base,
+            base=base,
             rotary_dim=self.rotary_dim,
             layout=self.layout,
             scaling=method,
