@@ -87,6 +87,24 @@ def test_decoding_with_the_models_own_cache_equals_the_full_call(make):
 
 
 @pytest.mark.parametrize("make", MODELS.values(), ids=MODELS.keys())
+def test_decoding_at_positions_that_go_back_equals_the_full_call(make):
+    # The length a length-dependent scaling sees is the largest position of every key
+    # attended, cached keys included: the step at position 2 after 30 and 31 rotates with
+    # the frequencies of length 32, as the full call does (posenc.core.plan.scaling_length).
+    model = patch(make())
+    back = torch.tensor([[0, 1, 30, 31, 2, 3, 40, 4]])
+    ids = torch.randint(2, 128, (2, back.shape[1]), generator=torch.Generator().manual_seed(3))
+    cache = DynamicCache()
+    with torch.no_grad():
+        for t in range(back.shape[1]):
+            at = back[:, t : t + 1]
+            step = model(ids[:, t : t + 1], position_ids=at, cache=cache, use_cache=True)
+            full = model(ids[:, : t + 1], position_ids=back[:, : t + 1]).logits[:, -1]
+            torch.testing.assert_close(step.logits[:, -1], full, rtol=0, atol=2e-6)
+    assert model.model.rotary_emb.keeper.attended is None  # only while a call runs
+
+
+@pytest.mark.parametrize("make", MODELS.values(), ids=MODELS.keys())
 def test_generate_with_a_cache_equals_generate_without(make):
     model = patch(make())
     ids = torch.randint(2, 128, (2, 5), generator=torch.Generator().manual_seed(2))

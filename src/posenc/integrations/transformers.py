@@ -250,7 +250,9 @@ class ExactRotaryEmbedding(nn.Module):
         # complex: float32 parts, or float64; widened: float32 for a 16-bit input
         wide = self.form == "complex" or self.widen
         dtype = table_dtype(x.dtype, "rotation") if wide else x.dtype
-        cos, sin = rope.cos_sin(positions, dtype=dtype)
+        # with a cache, a length-dependent scaling sees every key attended (the keeper's)
+        length = None if self.keeper is None else self.keeper.attended
+        cos, sin = rope.cos_sin(positions, dtype=dtype, length=length)
         if cos.device != x.device:
             cos, sin = cos.to(x.device), sin.to(x.device)
         elif (

@@ -37,6 +37,7 @@ from torch import Tensor, nn  # noqa: E402
 from transformers.cache_utils import DynamicCache, DynamicLayer  # noqa: E402
 
 from .._checks import check_choice, check_int  # noqa: E402
+from ..core.plan import scaling_length  # noqa: E402
 
 __all__ = ["CACHE_MODES", "CacheKeeper", "SinkCache", "cache_owner", "keep_caches"]
 
@@ -119,6 +120,10 @@ class CacheKeeper:
         self.layer_types = list(getattr(config, "layer_types", None) or [])
         self.records: weakref.WeakKeyDictionary[Any, _Record] = weakref.WeakKeyDictionary()
         self.handles: list[Any] = []
+        # The length a length-dependent scaling sees in the call under way: the largest
+        # position of every key attended + 1, cached keys included (None: no cache). The
+        # rotary modules read it, so that the call's own rows share the cached keys'.
+        self.attended: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy or pickle of a patched model starts with no record of any cache (the
@@ -136,6 +141,7 @@ class CacheKeeper:
         self.handles = [
             owner.register_forward_pre_hook(self.before, with_kwargs=True),
             owner.register_forward_hook(self.after, with_kwargs=True),
+            owner.register_forward_hook(self._done, always_call=True),  # on errors too
         ]
 
     def detach(self) -> None:
@@ -148,6 +154,7 @@ class CacheKeeper:
     def before(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        self.attended = None
         cache = _cache_of(kwargs)
         if cache is None:
             return None
@@ -172,7 +179,8 @@ class CacheKeeper:
             calls = (torch.arange(count) + held).unsqueeze(0) if given is None else given
         device = _call_input(args, kwargs).device
         calls = calls.to(torch.int64)
-        end = int(calls.max()) + 1 if calls.numel() else held
+        end = _attended(calls, new_held, held - drop)
+        self.attended = end
         states = self._states(end)
         self._move(cache, record, states, drop, kept, new_held)
         record.pending, record.states = calls, states
@@ -216,6 +224,9 @@ class CacheKeeper:
         record.pending = None
         if isinstance(cache, SinkCache):
             cache._ready = False
+
+    def _done(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.attended = None  # the call is over (or failed)
 
     # -- the work ----------------------------------------------------------------------------
 
@@ -407,6 +418,21 @@ def keep_caches(owner: nn.Module, modules: list[Any], mode: str) -> None:
     keeper.mode = mode
     for module in modules:
         module.keeper = keeper
+
+
+def _attended(calls: Tensor, held_positions: Tensor | None, held: int) -> int:
+    """The length a length-dependent scaling sees for a call at ``calls`` after ``held``
+    keys (at ``held_positions``, or their indices): the largest position of every key
+    attended + 1 (:func:`posenc.core.plan.scaling_length`)."""
+    own = int(calls.max()) + 1 if calls.numel() else held
+    if not held:
+        return own
+    cached = held  # the keys held at their indices, or at the positions recorded
+    if held_positions is not None and held_positions.numel():
+        cached = int(held_positions.max()) + 1
+    length = scaling_length(own, max(own, cached))
+    assert length is not None  # known positions: a known length
+    return length
 
 
 def _returned_cache(output: Any) -> Any:

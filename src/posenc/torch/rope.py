@@ -385,14 +385,16 @@ class RotaryEmbedding(
         axis = 1 if self.qk_layout == "bhsd" else 2
         return rotate_small_pair(q, k, cos, signed, self.layout, self.rotary_dim, axis)
 
-    def cos_sin(self, positions: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    def cos_sin(
+        self, positions: Tensor, dtype: torch.dtype | None = None, length: int | None = None
+    ) -> tuple[Tensor, Tensor]:
         """``(cos, sin)`` at integer ``positions`` ``(seq,)`` or ``(batch, seq)``: each
         ``(*positions.shape, rotary_dim)``, correctly rounded in ``dtype`` (default the
         tables' dtype: float32, float64 after ``.double()``), on the tables' device, the
         attention factor folded in, in this module's ``layout``. With ``layout="half"``
         this is what a Hugging Face rotary module returns (there cast from float32 to
         the input's dtype, which can round twice); a length-dependent scaling follows
-        the largest position, as in :meth:`forward`.
+        the largest position, or ``length``, as in :meth:`forward`.
 
         Example:
             >>> rope = RotaryEmbedding(4, base=100.0, qk_layout="bhsd")
@@ -418,7 +420,7 @@ class RotaryEmbedding(
             torch.float64,
         ):
             raise TypeError(f"{name}: dtype must be a floating torch dtype, got {describe(dtype)}")
-        return self._rows(seq, 0, positions, span, name, dtype)
+        return self._rows(seq, 0, positions, span, name, dtype, length)
 
     def _rows(
         self,
