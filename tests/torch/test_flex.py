@@ -289,3 +289,49 @@ def test_the_bench_model_evaluates_long_lengths_through_flex(monkeypatch):
         got = model(tokens)
     assert chosen == [True, True]  # both layers
     assert_close(got, want, rtol=0, atol=2e-5)
+
+
+UNCOVERED = {  # documents that do not give the document of every key: (mask, T, S, covered)
+    "keys past the last document": (lambda: documents([0, 0, 1]), 5, 5, 3),
+    "ids of keys that are not there": (lambda: documents(torch.arange(6)), 3, 3, 6),
+    "cu_seqlens short of the keys": (lambda: documents(cu_seqlens=[0, 2, 3]), 6, 6, 3),
+    "inside a combination": (lambda: causal() & documents([0, 1]), 1, 3, 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNCOVERED))
+def test_documents_that_do_not_cover_the_keys_are_refused_on_every_path(case):
+    """One check in the core (check_call): the dense mask, the mask function, the block
+    mask, and MultiHeadAttention through SDPA, eager and FlexAttention all refuse it."""
+    make, queries, keys, covered = UNCOVERED[case]
+    message = f"the documents cover {covered} keys, the attention has {keys}"
+    for build in (dense_mask, mask_mod, block_mask):
+        with pytest.raises(ValueError, match=message):
+            build(make(), queries, keys)
+    x = torch.randn(1, keys, C)
+    for implementation in ("sdpa", "eager", "flex_attention"):
+        attention = MultiHeadAttention(C, H, attn_implementation=implementation).eval()
+        with torch.no_grad(), pytest.raises(ValueError, match=message):
+            attention(x, attn_mask=make())
+    attention, cache = MultiHeadAttention(C, H).eval(), KVCache()
+    with torch.no_grad():
+        attention(x[:, :2], cache=cache)
+        with pytest.raises(ValueError, match=message):  # the keys held and the call's
+            attention(x[:, 2:], cache=cache, attn_mask=make())
+
+
+def test_masks_refuse_empty_documents_huge_windows_and_dense_masks_past_the_limit():
+    for empty in (lambda: documents([]), lambda: documents(cu_seqlens=torch.tensor([0]))):
+        with pytest.raises(ValueError, match="documents need at least one key"):
+            empty()
+    with pytest.raises(ValueError, match="window must be at most 9223372036854775807"):
+        sliding_window(2**63)
+    widest = sliding_window(2**63 - 1, sinks=2**63 - 1)  # every key, in int64
+    assert torch.equal(dense_mask(widest, 2, 3), torch.ones(1, 1, 2, 3, dtype=torch.bool))
+    from posenc import MemoryLimitError
+
+    with pytest.raises(MemoryLimitError, match=r"a dense mask of 1 × 1000000 × 1000000 .*"
+                       r"1\.8 TiB.*attn_implementation='flex_attention'"):  # fmt: skip
+        dense_mask(causal(), 10**6, 10**6)
+    with pytest.raises(MemoryLimitError, match="a dense mask of 2 × 40000 × 40000"):
+        dense_mask(causal() & sliding_window(4096), 40000, batch=2)  # int64 temporaries
