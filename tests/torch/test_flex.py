@@ -335,3 +335,21 @@ def test_masks_refuse_empty_documents_huge_windows_and_dense_masks_past_the_limi
         dense_mask(causal(), 10**6, 10**6)
     with pytest.raises(MemoryLimitError, match="a dense mask of 2 × 40000 × 40000"):
         dense_mask(causal() & sliding_window(4096), 40000, batch=2)  # int64 temporaries
+
+
+@pytest.mark.parametrize("scheme", sorted({*DISTANCE_SCHEMES, "fire"}))
+def test_score_mods_of_calls_without_scores_and_of_positions_one_row_for_the_batch(scheme):
+    """A call with no queries or no keys has the module's empty bias; positions (1, T)
+    are every batch row's, as the module's own bias (1, H, T, S) broadcasts."""
+    torch.manual_seed(0)
+    bias = FIREBias(H, mlp_width=8) if scheme == "fire" else DISTANCE_SCHEMES[scheme]()
+    for sizes in ((0,), (0, 3), (2, 0)):
+        assert bias(*sizes).numel() == 0
+        score = torch.randn(2, H, *bias(*sizes).shape[-2:])
+        mod = bias.score_mod(*sizes)
+        assert torch.equal(mod(score, *indices(2, *score.shape[-2:])), score)
+    positions = torch.tensor([[3, 4, 9]])  # (1, T): shared by a batch of 2
+    want = bias(3, positions=positions, key_positions=positions).detach()  # (1, H, T, T)
+    score = torch.zeros(2, H, 3, 3)
+    got = bias.score_mod(3, positions=positions, key_positions=positions)(score, *indices(2, 3, 3))
+    assert_close(got.detach(), want.expand(2, H, 3, 3), rtol=2e-6, atol=2e-6)
