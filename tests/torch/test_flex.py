@@ -353,3 +353,45 @@ def test_score_mods_of_calls_without_scores_and_of_positions_one_row_for_the_bat
     score = torch.zeros(2, H, 3, 3)
     got = bias.score_mod(3, positions=positions, key_positions=positions)(score, *indices(2, 3, 3))
     assert_close(got.detach(), want.expand(2, H, 3, 3), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.slow
+def test_every_decoding_step_through_flex_equals_the_full_call():
+    """One token at a time with a KVCache after a causal prefill of 8 or 3: the calls
+    whose cache holds 8, 24 or 40 keys are those PyTorch's CPU kernel gets wrong at head
+    dims 8 and 16 (posenc.torch.flex routes them around it); every step equals SDPA's
+    full call. ALiBi and T5 at head_dim 8 (one program), and a model's shape: 8 heads of
+    64."""
+    models = {  # (position, heads, head_dim, prefill)
+        "alibi": (lambda: ALiBiBias(2), 2, 8, 8),
+        "t5": (lambda: T5RelativeBias(4, bidirectional=False), 4, 8, 3),
+        "alibi, 8 heads of 64": (lambda: ALiBiBias(8), 8, 64, 3),
+    }
+    for name, (position, heads, head_dim, prefill) in models.items():
+        torch.manual_seed(6)
+        width = heads * head_dim
+        sdpa = MultiHeadAttention(width, heads, position=position()).eval()
+        flex = MultiHeadAttention(width, heads, position=position(),
+                                  attn_implementation="flex_attention").eval()  # fmt: skip
+        flex.load_state_dict(sdpa.state_dict())
+        x = torch.randn(2, 41, width)
+        with torch.no_grad():
+            want = sdpa(x)  # (B, T, C)
+            cache = KVCache()
+            steps = [flex(x[:, :prefill], cache=cache)]
+            steps += [flex(x[:, t : t + 1], cache=cache) for t in range(prefill, 41)]
+        assert_close(torch.cat(steps, dim=1), want, rtol=0, atol=1e-5, msg=name)
+
+
+def test_auto_keeps_sdpa_for_what_the_cpu_kernel_does_not_take(monkeypatch):
+    """float64: PyTorch 2.13's CPU FlexAttention fails inside its lowering; "auto" keeps
+    SDPA, and "flex_attention" refuses by name."""
+    monkeypatch.setattr(_attend, "AUTO_SCORES", 1)
+    sdpa, auto = pair(ALiBiBias(H), "auto")
+    sdpa, auto = sdpa.double(), auto.double()
+    x = torch.randn(2, 6, C, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(auto(x), sdpa(x))
+        flex = pair(ALiBiBias(H), "flex_attention")[1].double()
+        with pytest.raises(TypeError, match="takes float32, bfloat16 or float16.*float64"):
+            flex(x)
