@@ -200,6 +200,8 @@ def test_explicit_positions_and_a_dense_mask_through_flex():
     with torch.no_grad():
         assert_close(flex(x, positions=positions), sdpa(x, positions=positions), rtol=0,
                      atol=2e-6)  # fmt: skip
+        shared = positions[:1] + 3  # (1, T): every batch row's, as SDPA broadcasts them
+        assert_close(flex(x, positions=shared), sdpa(x, positions=shared), rtol=0, atol=2e-6)
         assert_close(flex(x, attn_mask=additive), sdpa(x, attn_mask=additive), rtol=0,
                      atol=2e-6)  # fmt: skip
 
