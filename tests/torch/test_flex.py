@@ -337,6 +337,10 @@ def test_masks_refuse_empty_documents_huge_windows_and_dense_masks_past_the_limi
         dense_mask(causal(), 10**6, 10**6)
     with pytest.raises(MemoryLimitError, match="a dense mask of 2 × 40000 × 40000"):
         dense_mask(causal() & sliding_window(4096), 40000, batch=2)  # int64 temporaries
+    # a mask alike for every batch row is made once: 36 MB, not 256 times over the limit
+    assert dense_mask(causal(), 6000, batch=256).shape == (256, 1, 6000, 6000)
+    with pytest.raises(MemoryLimitError, match="a dense mask of 256 × 6000 × 6000"):
+        dense_mask(causal() & documents(torch.arange(6000) // 7), 6000, batch=256)  # per row
 
 
 @pytest.mark.parametrize("scheme", sorted({*DISTANCE_SCHEMES, "fire"}))

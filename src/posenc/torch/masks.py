@@ -226,11 +226,15 @@ def dense_mask(
 
 
 def _dense_bytes(mask: Mask, batch: int, queries: int, keys: int) -> int:
-    """The peak memory of :func:`dense_mask`: a boolean ``(batch, T, S)`` per single mask
-    and per combination, and a window's two int64 ``T × S`` temporaries (``|i - j|``)."""
-    leaves = mask.leaves()
-    per_entry = 2 * len(leaves) + (16 if any(isinstance(m, core.Window) for m in leaves) else 0)
-    return batch * queries * keys * per_entry
+    """The peak memory of :func:`dense_mask`: per single mask a boolean ``T × S`` (and
+    one for combining it), per batch row for documents (read row by row), and a window's
+    two int64 temporaries (``|i - j|``); the other masks are the same for every batch
+    row, a broadcast and not a copy."""
+    per_entry = 0
+    for leaf in mask.leaves():
+        rows = batch if isinstance(leaf, core.Documents) else 1
+        per_entry += rows * (16 if isinstance(leaf, core.Window) else 2)
+    return queries * keys * per_entry
 
 
 def block_mask(
