@@ -31,9 +31,8 @@ Four faults of PyTorch 2.13 on the CPU, said here so that no call meets them una
   shape on the CPU;
 * with no block mask, PyTorch's default is one tile of every query and key, which the
   CPU kernel holds whole (``T × S`` scores per thread, by its source: the memory
-  FlexAttention is used to save) and which meets the first fault at every key length
-  ``≡ 8 (mod 16)``:
-  :func:`flex_attention` passes 128-key tiles instead, those of posenc's masks.
+  FlexAttention is used to save) and where the first fault strikes at every key length
+  ``≡ 8 (mod 16)``: :func:`flex_attention` passes 128-key tiles, those of posenc's masks.
 
 Example:
     >>> import torch
