@@ -17,6 +17,7 @@ from posenc.core.masks import (
     Documents,
     Window,
     block_classes,
+    check_call,
     segments_from_cu_seqlens,
     segments_from_document_ids,
 )
@@ -123,5 +124,52 @@ def test_bad_masks_are_refused_by_name():
         Causal() & np.ones(3)
     with pytest.raises(ValueError, match="the documents cover 3 keys, the attention has 5"):
         block_classes(Documents(np.array([0, 0, 1])), 5, 5)
-    with pytest.raises(ValueError, match="keys must be an int >= 4"):
+    with pytest.raises(ValueError, match="keys must be at least queries .* 3 keys for 4 queries"):
         block_classes(Causal(), 4, 3)
+
+
+@pytest.mark.parametrize(
+    ("mask", "keys", "covered"),
+    [
+        (Documents(np.array([0, 0, 1])), 5, 3),  # keys past the last document
+        (Documents(np.array([0, 0, 1, 1, 2, 2])), 3, 6),  # ids for keys that are not there
+        (Documents(segments_from_cu_seqlens([0, 2, 3])), 6, 3),
+        (Causal() & Documents(np.array([0, 0, 1])), 5, 3),  # inside a combination
+        (Window(2) | (Causal() & Documents(np.array([[0, 1], [0, 0]]))), 3, 2),
+    ],
+)
+def test_documents_must_cover_every_key_on_every_path(mask, keys, covered):
+    """One check (check_call), which block_classes and the front ends' dense masks and
+    mask functions pass: documents of other keys than the attention's are refused."""
+    message = f"the documents cover {covered} keys, the attention has {keys}"
+    with pytest.raises(ValueError, match=message):
+        check_call(mask, 1, keys)
+    with pytest.raises(ValueError, match=message):
+        block_classes(mask, 1, keys)
+
+
+def test_a_call_is_checked_in_the_callers_names():
+    assert check_call(Causal() & Documents(np.array([0, 1, 1])), 2, 3) == (2, 3)
+    assert check_call(Causal(), np.int8(2), np.uint64(3)) == (2, 3)
+    names = ("query_length", "key_length")
+    with pytest.raises(ValueError, match="key_length must be at least query_length"):
+        check_call(Causal(), 5, 3, names=names)
+    with pytest.raises(ValueError, match="query_length must be an int >= 1, got 0"):
+        check_call(Causal(), 0, 3, names=names)
+    with pytest.raises(TypeError, match=r"mask must be a posenc mask \(causal\(\)"):
+        check_call(np.ones((3, 3), dtype=bool), 3, 3)
+
+
+def test_empty_documents_and_windows_past_int64_are_refused():
+    for segments in (segments_from_document_ids([]), segments_from_cu_seqlens([0]),
+                     np.zeros((0, 4), dtype=np.int64)):  # fmt: skip
+        with pytest.raises(ValueError, match="documents need at least one key"):
+            Documents(segments)
+    widest = 2**63 - 1  # int64's largest: every key of any attention
+    for mask in (Window(widest), Window(1, widest)):
+        got = block_classes(mask, 3, 3, query_block=1, key_block=1)
+        assert np.array_equal(got, np.full((1, 3, 3), FULL))
+    with pytest.raises(ValueError, match="window must be at most 9223372036854775807, got 9"):
+        Window(2**63)
+    with pytest.raises(ValueError, match="sinks must be at most 9223372036854775807"):
+        Window(1, 10**400)

@@ -200,6 +200,8 @@ def test_explicit_positions_and_a_dense_mask_through_flex():
     with torch.no_grad():
         assert_close(flex(x, positions=positions), sdpa(x, positions=positions), rtol=0,
                      atol=2e-6)  # fmt: skip
+        shared = positions[:1] + 3  # (1, T): every batch row's, as SDPA broadcasts them
+        assert_close(flex(x, positions=shared), sdpa(x, positions=shared), rtol=0, atol=2e-6)
         assert_close(flex(x, attn_mask=additive), sdpa(x, attn_mask=additive), rtol=0,
                      atol=2e-6)  # fmt: skip
 
@@ -289,3 +291,113 @@ def test_the_bench_model_evaluates_long_lengths_through_flex(monkeypatch):
         got = model(tokens)
     assert chosen == [True, True]  # both layers
     assert_close(got, want, rtol=0, atol=2e-5)
+
+
+UNCOVERED = {  # documents that do not give the document of every key: (mask, T, S, covered)
+    "keys past the last document": (lambda: documents([0, 0, 1]), 5, 5, 3),
+    "ids of keys that are not there": (lambda: documents(torch.arange(6)), 3, 3, 6),
+    "cu_seqlens short of the keys": (lambda: documents(cu_seqlens=[0, 2, 3]), 6, 6, 3),
+    "inside a combination": (lambda: causal() & documents([0, 1]), 1, 3, 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNCOVERED))
+def test_documents_that_do_not_cover_the_keys_are_refused_on_every_path(case):
+    """One check in the core (check_call): the dense mask, the mask function, the block
+    mask, and MultiHeadAttention through SDPA, eager and FlexAttention all refuse it."""
+    make, queries, keys, covered = UNCOVERED[case]
+    message = f"the documents cover {covered} keys, the attention has {keys}"
+    for build in (dense_mask, mask_mod, block_mask):
+        with pytest.raises(ValueError, match=message):
+            build(make(), queries, keys)
+    x = torch.randn(1, keys, C)
+    for implementation in ("sdpa", "eager", "flex_attention"):
+        attention = MultiHeadAttention(C, H, attn_implementation=implementation).eval()
+        with torch.no_grad(), pytest.raises(ValueError, match=message):
+            attention(x, attn_mask=make())
+    attention, cache = MultiHeadAttention(C, H).eval(), KVCache()
+    with torch.no_grad():
+        attention(x[:, :2], cache=cache)
+        with pytest.raises(ValueError, match=message):  # the keys held and the call's
+            attention(x[:, 2:], cache=cache, attn_mask=make())
+
+
+def test_masks_refuse_empty_documents_huge_windows_and_dense_masks_past_the_limit():
+    for empty in (lambda: documents([]), lambda: documents(cu_seqlens=torch.tensor([0]))):
+        with pytest.raises(ValueError, match="documents need at least one key"):
+            empty()
+    with pytest.raises(ValueError, match="window must be at most 9223372036854775807"):
+        sliding_window(2**63)
+    widest = sliding_window(2**63 - 1, sinks=2**63 - 1)  # every key, in int64
+    assert torch.equal(dense_mask(widest, 2, 3), torch.ones(1, 1, 2, 3, dtype=torch.bool))
+    from posenc import MemoryLimitError
+
+    with pytest.raises(MemoryLimitError, match=r"a dense mask of 1 × 1000000 × 1000000 .*"
+                       r"1\.8 TiB.*attn_implementation='flex_attention'"):  # fmt: skip
+        dense_mask(causal(), 10**6, 10**6)
+    with pytest.raises(MemoryLimitError, match="a dense mask of 2 × 40000 × 40000"):
+        dense_mask(causal() & sliding_window(4096), 40000, batch=2)  # int64 temporaries
+    # a mask alike for every batch row is made once: 36 MB, not 256 times over the limit
+    assert dense_mask(causal(), 6000, batch=256).shape == (256, 1, 6000, 6000)
+    with pytest.raises(MemoryLimitError, match="a dense mask of 256 × 6000 × 6000"):
+        dense_mask(causal() & documents(torch.arange(6000) // 7), 6000, batch=256)  # per row
+
+
+@pytest.mark.parametrize("scheme", sorted({*DISTANCE_SCHEMES, "fire"}))
+def test_score_mods_of_calls_without_scores_and_of_positions_one_row_for_the_batch(scheme):
+    """A call with no queries or no keys has the module's empty bias; positions (1, T)
+    are every batch row's, as the module's own bias (1, H, T, S) broadcasts."""
+    torch.manual_seed(0)
+    bias = FIREBias(H, mlp_width=8) if scheme == "fire" else DISTANCE_SCHEMES[scheme]()
+    for sizes in ((0,), (0, 3), (2, 0)):
+        assert bias(*sizes).numel() == 0
+        score = torch.randn(2, H, *bias(*sizes).shape[-2:])
+        mod = bias.score_mod(*sizes)
+        assert torch.equal(mod(score, *indices(2, *score.shape[-2:])), score)
+    positions = torch.tensor([[3, 4, 9]])  # (1, T): shared by a batch of 2
+    want = bias(3, positions=positions, key_positions=positions).detach()  # (1, H, T, T)
+    score = torch.zeros(2, H, 3, 3)
+    got = bias.score_mod(3, positions=positions, key_positions=positions)(score, *indices(2, 3, 3))
+    assert_close(got.detach(), want.expand(2, H, 3, 3), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.slow
+def test_every_decoding_step_through_flex_equals_the_full_call():
+    """One token at a time with a KVCache after a causal prefill of 8 or 3: the calls
+    whose cache holds 8, 24 or 40 keys are those PyTorch's CPU kernel gets wrong at head
+    dims 8 and 16 (posenc.torch.flex routes them around it); every step equals SDPA's
+    full call. ALiBi and T5 at head_dim 8 (one program), and a model's shape: 8 heads of
+    64."""
+    models = {  # (position, heads, head_dim, prefill)
+        "alibi": (lambda: ALiBiBias(2), 2, 8, 8),
+        "t5": (lambda: T5RelativeBias(4, bidirectional=False), 4, 8, 3),
+        "alibi, 8 heads of 64": (lambda: ALiBiBias(8), 8, 64, 3),
+    }
+    for name, (position, heads, head_dim, prefill) in models.items():
+        torch.manual_seed(6)
+        width = heads * head_dim
+        sdpa = MultiHeadAttention(width, heads, position=position()).eval()
+        flex = MultiHeadAttention(width, heads, position=position(),
+                                  attn_implementation="flex_attention").eval()  # fmt: skip
+        flex.load_state_dict(sdpa.state_dict())
+        x = torch.randn(2, 41, width)
+        with torch.no_grad():
+            want = sdpa(x)  # (B, T, C)
+            cache = KVCache()
+            steps = [flex(x[:, :prefill], cache=cache)]
+            steps += [flex(x[:, t : t + 1], cache=cache) for t in range(prefill, 41)]
+        assert_close(torch.cat(steps, dim=1), want, rtol=0, atol=1e-5, msg=name)
+
+
+def test_auto_keeps_sdpa_for_what_the_cpu_kernel_does_not_take(monkeypatch):
+    """float64: PyTorch 2.13's CPU FlexAttention fails inside its lowering; "auto" keeps
+    SDPA, and "flex_attention" refuses by name."""
+    monkeypatch.setattr(_attend, "AUTO_SCORES", 1)
+    sdpa, auto = pair(ALiBiBias(H), "auto")
+    sdpa, auto = sdpa.double(), auto.double()
+    x = torch.randn(2, 6, C, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(auto(x), sdpa(x))
+        flex = pair(ALiBiBias(H), "flex_attention")[1].double()
+        with pytest.raises(TypeError, match="takes float32, bfloat16 or float16.*float64"):
+            flex(x)

@@ -46,12 +46,17 @@ __all__ = [
     "Mask",
     "Window",
     "block_classes",
+    "check_call",
     "segments_from_cu_seqlens",
     "segments_from_document_ids",
 ]
 
 #: Classes of a tile: no key visible, some, all.
 EMPTY, PARTIAL, FULL = 0, 1, 2
+
+#: The largest window or count of sinks: int64's largest value, the index type of the
+#: kernels that evaluate a mask (a window this wide already holds every key).
+MAX_INDEX = 2**63 - 1
 
 
 def segments_from_document_ids(document_ids: Any) -> np.ndarray:
@@ -150,16 +155,20 @@ class Window(Mask):
     keys up to the query's own), with attention sinks (StreamingLLM) when ``sinks > 0``.
 
     Args:
-        window: Keys at ``|i - j| < window`` are visible, an int >= 1.
-        sinks: The keys ``0 .. sinks-1`` are visible to every query, an int >= 0.
+        window: Keys at ``|i - j| < window`` are visible, an int from 1 to
+            ``2**63 - 1`` (int64's largest).
+        sinks: The keys ``0 .. sinks-1`` are visible to every query, an int from 0 to
+            ``2**63 - 1``.
     """
 
     window: int
     sinks: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "window", check_int(self.window, "window", minimum=1))
-        object.__setattr__(self, "sinks", check_int(self.sinks, "sinks", minimum=0))
+        window = check_int(self.window, "window", minimum=1, maximum=MAX_INDEX)
+        sinks = check_int(self.sinks, "sinks", minimum=0, maximum=MAX_INDEX)
+        object.__setattr__(self, "window", window)
+        object.__setattr__(self, "sinks", sinks)
 
     def classes(self, bounds: _Bounds) -> np.ndarray:
         i0, i1, j0, j1 = bounds.grid()
@@ -190,6 +199,11 @@ class Documents(Mask):
             )
         segments = segments.astype(np.int64)
         segments = segments[None] if segments.ndim == 1 else segments
+        if not segments.size:
+            raise ValueError(
+                "documents need at least one key, got segments of shape "
+                f"{segments.shape} (no document ids, or cu_seqlens that end at 0)"
+            )
         if segments.shape[1] > 1 and np.any(np.diff(segments, axis=1) < 0):
             raise ValueError(
                 "segments must be non-decreasing along each row (number the documents "
@@ -198,12 +212,6 @@ class Documents(Mask):
         object.__setattr__(self, "segments", segments)
 
     def classes(self, bounds: _Bounds) -> np.ndarray:
-        keys = self.segments.shape[1]
-        if keys != bounds.keys:
-            raise ValueError(
-                f"the documents cover {keys} keys, the attention has {bounds.keys}: give "
-                "the document of every key (the queries take their own keys')"
-            )
         # Numbers are consecutive and non-decreasing: two tiles share a document when
         # their ranges overlap, and a tile is full when both hold one and the same.
         lo_q, hi_q = _block_range(self.segments[:, bounds.past :], bounds.query_block)
@@ -280,6 +288,59 @@ class _Bounds:
         )
 
 
+def check_call(
+    mask: Any, queries: Any, keys: Any, *, names: tuple[str, str] = ("queries", "keys")
+) -> tuple[int, int]:
+    """The one check of a mask for an attention of ``queries`` over ``keys``, which every
+    path that evaluates a mask passes (:func:`block_classes`, and the front ends' dense
+    masks and mask functions).
+
+    Args:
+        mask: A :class:`Mask`.
+        queries: ``T``, an int >= 1; they are the last ``T`` keys.
+        keys: ``S``, an int >= ``T``.
+        names: What the caller calls ``queries`` and ``keys``, for its messages.
+
+    Returns:
+        ``(queries, keys)`` as ints.
+
+    Raises:
+        TypeError: ``mask`` is not a :class:`Mask`, or a size not an int.
+        ValueError: A size out of range, or documents that do not give the document of
+            every key (a mask never guesses the documents of keys it was not given).
+
+    Example:
+        >>> check_call(Causal() & Documents(np.array([0, 0, 1])), 2, 3)
+        (2, 3)
+        >>> try:
+        ...     check_call(Documents(np.array([0, 0, 1])), 1, 5)
+        ... except ValueError as error:
+        ...     print(str(error).split(":")[0])
+        the documents cover 3 keys, the attention has 5
+    """
+    if not isinstance(mask, Mask):
+        raise TypeError(
+            "mask must be a posenc mask (causal(), sliding_window(), documents() or a "
+            f"combination with & and |), got {describe(mask)}"
+        )
+    query_name, key_name = names
+    queries = check_int(queries, query_name, minimum=1)
+    keys = check_int(keys, key_name, minimum=1)
+    if keys < queries:
+        raise ValueError(
+            f"{key_name} must be at least {query_name} (the queries are the last keys), "
+            f"got {keys} keys for {queries} queries"
+        )
+    for leaf in mask.leaves():
+        covered = leaf.segments.shape[1] if isinstance(leaf, Documents) else keys
+        if covered != keys:
+            raise ValueError(
+                f"the documents cover {covered} keys, the attention has {keys}: give the "
+                "document of every key (the queries take their own keys')"
+            )
+    return queries, keys
+
+
 def block_classes(
     mask: Mask,
     queries: int,
@@ -304,10 +365,7 @@ def block_classes(
         >>> block_classes(Causal(), 4, 4, query_block=2, key_block=2)[0].tolist()
         [[1, 0], [2, 1]]
     """
-    if not isinstance(mask, Mask):
-        raise TypeError(f"mask must be a posenc mask, got {describe(mask)}")
-    queries = check_int(queries, "queries", minimum=1)
-    keys = check_int(keys, "keys", minimum=queries)
+    queries, keys = check_call(mask, queries, keys)
     query_block = check_int(query_block, "query_block", minimum=1)
     key_block = check_int(key_block, "key_block", minimum=1)
     tiles = -(-queries // query_block) * -(-keys // key_block)

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from ..core.masks import Mask
 from . import masks
-from .flex import flex_attention, needs_gradients
+from .flex import CPU_DTYPES, flex_attention, needs_gradients
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -61,12 +61,14 @@ def choose(
 ) -> str:
     """What ``"auto"`` takes for one call: FlexAttention for calls of
     :data:`AUTO_SCORES` scores or more, where it can run them (no CoPE, no dropout in
-    training, and on the CPU no gradients), and SDPA otherwise."""
+    training, and on the CPU no gradients and a dtype its kernel takes), and SDPA
+    otherwise."""
+    cpu = tensors[0].device.type == "cpu"
     flex = (
         scores >= AUTO_SCORES
         and not hasattr(position, "contextual_bias")
         and not (dropout and training)
-        and not (tensors[0].device.type == "cpu" and needs_gradients(*tensors))
+        and not (cpu and (tensors[0].dtype not in CPU_DTYPES or needs_gradients(*tensors)))
     )
     return "flex_attention" if flex else "sdpa"
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import describe
+from .._checks import DEFAULT_MAX_BYTES, check_memory
 from ..core import masks as core
 from ..core.masks import FULL, PARTIAL, Mask
 from ._arguments import check_device
@@ -45,6 +45,9 @@ __all__ = [
 
 #: FlexAttention's tile, queries and keys alike.
 BLOCK = 128
+
+#: What this module's functions call the core's queries and keys.
+NAMES = ("query_length", "key_length")
 
 
 def all_keys() -> Mask:
@@ -108,24 +111,6 @@ def _numpy(value: Any, name: str) -> Any:
     return value
 
 
-def _check(mask: Any, queries: Any, keys: Any) -> tuple[int, int]:
-    if not isinstance(mask, Mask):
-        raise TypeError(
-            "mask must be a posenc mask (causal(), sliding_window(), documents() or a "
-            f"combination with & and |), got {describe(mask)}"
-        )
-    keys = queries if keys is None else keys
-    for value, name in ((queries, "query_length"), (keys, "key_length")):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {describe(value)}")
-    if keys < queries:
-        raise ValueError(
-            f"key_length must be at least query_length (the queries are the last keys), "
-            f"got {keys} keys for {queries} queries"
-        )
-    return queries, keys
-
-
 def _batch(mask: Mask, batch: int | None) -> int:
     """The batch the mask is made for: the attention's, else its documents' (or 1)."""
     sizes = {leaf.segments.shape[0] for leaf in mask.leaves() if isinstance(leaf, core.Documents)}
@@ -161,7 +146,8 @@ def _call(
     mask: Mask, query_length: Any, key_length: Any, batch: Any, device: Any, name: str
 ) -> Any:
     """``(queries, keys, batch, device)`` of a call to ``name``, checked."""
-    queries, keys = _check(mask, query_length, key_length)
+    keys = query_length if key_length is None else key_length
+    queries, keys = core.check_call(mask, query_length, keys, names=NAMES)
     device = check_device(device, name) or torch.device("cpu")
     return queries, keys, _batch(mask, batch), device
 
@@ -223,6 +209,13 @@ def dense_mask(
     queries, keys, batch, device = _call(
         mask, query_length, key_length, batch, device, "dense_mask"
     )
+    check_memory(
+        _dense_bytes(mask, batch, queries, keys),
+        f"a dense mask of {batch} × {queries} × {keys} entries",
+        DEFAULT_MAX_BYTES,
+        fix="attend through FlexAttention (block_mask(), or MultiHeadAttention's "
+        "attn_implementation='flex_attention'), which never forms it",
+    )
     predicate = _built(mask, queries, keys, batch, device)
     b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
     h = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
@@ -230,6 +223,18 @@ def dense_mask(
     k = torch.arange(keys, device=device).view(1, 1, 1, -1)
     dense: Tensor = predicate(b, h, q, k).expand(batch, 1, queries, keys)
     return dense
+
+
+def _dense_bytes(mask: Mask, batch: int, queries: int, keys: int) -> int:
+    """The peak memory of :func:`dense_mask`: per single mask a boolean ``T × S`` (and
+    one for combining it), per batch row for documents (read row by row), and a window's
+    two int64 temporaries (``|i - j|``); the other masks are the same for every batch
+    row, a broadcast and not a copy."""
+    per_entry = 0
+    for leaf in mask.leaves():
+        rows = batch if isinstance(leaf, core.Documents) else 1
+        per_entry += rows * (16 if isinstance(leaf, core.Window) else 2)
+    return queries * keys * per_entry
 
 
 def block_mask(

@@ -41,10 +41,13 @@ class PositionReader(Protocol):
 
 def read_positions(positions: Tensor | None, start: Any, length: Any, device: Any) -> Any:
     """A :class:`PositionReader`: the token at ``index`` of batch row ``b`` sits at
-    ``positions[b, index]`` (or ``positions[index]``), else at ``start + index``."""
+    ``positions[b, index]`` (or ``positions[index]``, also for positions ``(1, n)``, which
+    every batch row shares, as SDPA's broadcast bias does), else at ``start + index``."""
     if positions is None:
         first = torch.as_tensor(start, device=device)  # a tensor: a new offset, one program
         return lambda b, index: index + first
+    if positions.dim() == 2 and positions.shape[0] == 1:  # one row for every batch row
+        positions = positions[0]
     held = static_length(positions.to(device=device, dtype=torch.long))
     last = torch.tensor(length - 1, device=device)
     if held.dim() == 1:
@@ -97,6 +100,8 @@ class BiasesDistances:
         queries, keys, first, _ = call_positions(
             query_length, key_length, offset, positions, key_positions, device, name
         )
+        if queries == 0 or keys == 0:  # no score to add to: the module's own empty bias
+            return _unchanged
         query_span = _span(positions, first, queries, name)
         key_span = _span(key_positions, 0, keys, name)
         low, high = key_span[0] - query_span[1], key_span[1] - query_span[0]  # key - query
@@ -140,6 +145,11 @@ class BiasesDistances:
         bias: Tensor = call(1, around.numel(), positions=query, key_positions=around,
                             device=device, **extra)  # fmt: skip
         return bias[:, 0, :]
+
+
+def _unchanged(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+    """The ``score_mod`` of a call with no scores (no queries or no keys)."""
+    return score
 
 
 def _span(positions: Tensor | None, start: int, length: int, name: str) -> tuple[int, int]:
