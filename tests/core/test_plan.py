@@ -18,6 +18,7 @@ from posenc.core.plan import (
     plan_scaling,
     table_format,
 )
+from posenc.core.positions import grown_length
 
 # --- queries and keys --------------------------------------------------------------------
 
@@ -104,32 +105,38 @@ def test_rows_of_a_known_call_follow_the_out_of_range_policy():
     assert plan_rows(8, start=17, count=1) == RowsPlan("direct", 17, 18)  # farther
     assert plan_rows(8, start=6, count=4, past="compute") == RowsPlan("direct", 6, 10)
     assert plan_rows(8, start=6, count=4, past="refuse") == RowsPlan("refuse", 6, 10)
-    assert plan_rows(8, low=0, high=7) == RowsPlan("gather", 0, 8)
+    assert plan_rows(8, low=0, high=7, count=8) == RowsPlan("gather", 0, 8)
     assert plan_rows(8, low=3, high=9, count=2) == RowsPlan("grow", 3, 10)
     assert plan_rows(8, low=30, high=31, count=2) == RowsPlan("direct", 30, 32)
     # two far-apart positions read two rows: no growth to the farther one
     assert plan_rows(256, low=0, high=3_000_000, count=2) == RowsPlan("direct", 0, 3_000_001)
     assert plan_rows(8, low=0, high=20, count=5) == RowsPlan("grow", 0, 21)  # 21 - 5 <= 16
     assert plan_rows(8, low=0, high=21, count=5) == RowsPlan("direct", 0, 22)  # 22 - 5 > 16
-    assert plan_rows(8, low=-1, high=3) == RowsPlan("direct", -1, 4)  # NumPy/JAX functions
+    assert plan_rows(8, low=-1, high=3, count=5) == RowsPlan("direct", -1, 4)  # NumPy/JAX
+    with pytest.raises(TypeError, match="a call with positions gives count"):
+        plan_rows(8, low=0, high=3)
     assert plan_rows(8, start=5, count=0) == RowsPlan("slice", 5, 5)
     assert plan_rows(8).action == "gather"  # no positions
 
 
 @given(
-    rows=st.integers(1, 10_000),
-    start=st.integers(0, 50_000),
-    count=st.integers(1, 10_000),
+    rows=st.integers(1, 4096),
+    positions=st.lists(st.integers(0, 100_000), min_size=1, max_size=64),
 )
-def test_one_growth_rule_for_contiguous_and_gathered_calls(rows, start, count):
-    # The same positions as a run and as a gathered set plan the same growth, and a table
-    # grows by at most twice itself plus the rows the call reads.
-    run = plan_rows(rows, start=start, count=count)
-    gathered = plan_rows(rows, low=start, high=start + count - 1, count=count)
-    assert (run.action == "grow") == (gathered.action == "grow")
-    assert (run.action == "direct") == (gathered.action == "direct")
-    if run.action == "grow":
-        assert run.end <= 2 * rows + count
+def test_growth_is_bounded_by_the_table_and_the_calls_length(rows, positions):
+    # Any set of positions (repeats, gaps, far ones): a table grows to at most twice itself
+    # plus the call's length (posenc.core.positions.grown_length of the planned end), and a
+    # call that reads every row it would add (a run from inside the table) always grows.
+    plan = plan_rows(rows, low=min(positions), high=max(positions), count=len(positions))
+    if plan.action == "grow":
+        assert grown_length(plan.end, rows) <= 2 * rows + len(positions)
+    else:
+        assert plan.action in ("gather", "direct")
+        assert plan.action == "gather" or max(positions) + 1 - len(positions) > 2 * rows
+    run = list(range(min(positions), max(positions) + 1))
+    if run[0] <= rows < run[-1] + 1:  # a run past the table from inside it
+        planned = plan_rows(rows, low=run[0], high=run[-1], count=len(run))
+        assert planned.action == "grow"
 
 
 # --- traced indices ----------------------------------------------------------------------

@@ -279,6 +279,12 @@ def test_a_model_cast_to_bfloat16_or_on_the_meta_device_is_patched():
         meta = transformers.LlamaForCausalLM(config)
     patch(meta).to_empty(device="cpu")
     assert meta(torch.tensor([[2, 3, 4]])).logits.shape == (1, 3, 128)
+    # materialized, its tables are the core's: the same as a model built on the CPU
+    cos, sin = meta.model.rotary_emb(torch.zeros(1), positions)
+    built = patch(transformers.LlamaForCausalLM(config)).model.rotary_emb
+    want_cos, want_sin = built(torch.zeros(1), positions)
+    assert torch.equal(cos, want_cos)
+    assert torch.equal(sin, want_sin)
 
 
 def test_the_original_modules_plain_attributes_read_through():

@@ -116,16 +116,17 @@ def changed(found, expected):
 
 @pytest.mark.slow
 def test_pytorchs_cpu_kernel_is_wrong_exactly_where_expected(raw):
-    """Head dim 8, two queries, posenc's block masks (128-key tiles): the raw kernel is
-    wrong where :func:`wrong_in_2_13` says, and right elsewhere. (A PyTorch that widens
-    the fault to the padded head dim, 24, or to 64 fails the next test.)"""
+    """Head dims 8 and 16, two queries, posenc's block masks (128-key tiles): the raw
+    kernel is wrong where :func:`wrong_in_2_13` says, and right elsewhere. (A PyTorch
+    that widens the fault to the padded head dim, 24, or to the head dims posenc does not
+    pad, 32 and 64 as swept, fails the next test.)"""
 
     def tiled(q, k, v, scale):
         mask = block_mask(all_keys(), q.shape[-2], k.shape[-2])
         return raw(q, k, v, block_mask=mask, scale=scale)
 
-    found = sweep(tiled, (8,), 2, KEYS)
-    expected = {(8, n) for n in KEYS if n >= 2 and wrong_in_2_13(8, n, 128)}
+    found = sweep(tiled, (8, 16), 2, KEYS)
+    expected = {(d, n) for d in (8, 16) for n in KEYS if n >= 2 and wrong_in_2_13(d, n, 128)}
     assert found == expected, changed(found, expected)
 
 
@@ -134,11 +135,15 @@ def test_pytorchs_cpu_kernel_is_wrong_exactly_where_expected(raw):
 def test_posenc_flex_attention_is_right_everywhere_swept(queries):
     """Every key length at the fault's head dims, 8 and 16 (one query: up to one tile, a
     decoding step), and a few at the other head dims under 24, which run the same padded
-    program: at a scale of 0.25 for all, so that they share it."""
+    program: at a scale of 0.25 for all, so that they share it. With two queries, the
+    fault's key lengths at head dims posenc passes as they are (24, the padded width; 32
+    and 64, as models have them), so that a PyTorch that widens the fault is noticed."""
     lengths = KEYS if queries > 1 else KEYS[KEYS.index(128) :]
     assert not sweep(posenc_flex.flex_attention, (8, 16), queries, lengths, scale=0.25)
-    few = (120, 40, 24, 8)
+    few = (136, 120, 40, 24, 8)
     assert not sweep(posenc_flex.flex_attention, (4, 12, 20), queries, few, scale=0.25)
+    if queries > 1:
+        assert not sweep(posenc_flex.flex_attention, (24, 32, 64), queries, few, scale=0.25)
 
 
 @pytest.mark.slow

@@ -114,6 +114,20 @@ def test_attention_of_your_own_passes_the_caches_length_to_the_rotation():
         assert_close(keys, k_all, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match=r"length=3 is shorter than .* \(41: its largest"):
         rope(q[:, :, :1], k[:, :, :1], positions=torch.tensor([40]), length=3)
+    with pytest.raises(ValueError, match=r"length=3 is shorter"):  # the decoding step too
+        rope(q[:1, :1, :1], k[:1, :1, :1], offset=40, length=3)
+
+
+def test_the_caches_length_for_a_batch_with_positions_per_row():
+    # each row's positions: the largest of every row's keys, held and new
+    cache = KVCache()
+    held = torch.tensor([[0, 1, 30, 31], [0, 1, 2, 3]])
+    cache.update(torch.zeros(2, 1, 4, 2), torch.zeros(2, 1, 4, 2), positions=held)
+    assert cache.scaling_length(1, torch.tensor([[2], [4]])) == 32
+    assert cache.scaling_length(1, torch.tensor([[2], [40]])) == 41
+    assert cache.scaling_length(1) == 33  # after each row's last: 32 and 4
+    with pytest.raises(ValueError, match="positions has batch size 3 but the cache has 2"):
+        cache.scaling_length(1, torch.tensor([[2], [4], [5]]))
 
 
 @pytest.mark.parametrize("scaling", ["dynamic_ntk", "longrope"])

@@ -195,7 +195,7 @@ FAR_APART = [[0, 3_000_000], [5, 10**9], [2_999_999]]  # two far apart, one at 1
 @pytest.mark.parametrize("batch", [1, 2], ids=["decode-step", "batch-2"])
 def test_far_apart_positions_get_their_rows_and_grow_no_table(positions, batch):
     # The one growth rule (posenc.core.plan.plan_rows): a call grows the shared tables only
-    # when its rows end within twice the table plus the rows it reads. [0, 3_000_000] reads
+    # when its rows end within twice the table plus the call's length. [0, 3_000_000] reads
     # two rows: growing to 3,000,001 rows (366 MiB at head_dim 16, for every module of the
     # spec) is what the rule forbids. A batch of 1 takes RoPE's decoding step, 2 the other.
     rope, other = (RotaryEmbedding(16, base=2468.5, max_length=256) for _ in range(2))

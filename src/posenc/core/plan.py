@@ -34,6 +34,7 @@ __all__ = [
     "RowsPlan",
     "ScalingPlan",
     "align_queries",
+    "check_scaling_length",
     "plan_index",
     "plan_rows",
     "plan_scaling",
@@ -146,34 +147,56 @@ class ScalingPlan:
 _FIXED = ScalingPlan()
 
 
-def scaling_length(own: int | None, attended: int | None = None, *, name: str = "") -> int | None:
+def scaling_length(own: int | None, cached: int | None = None) -> int | None:
     """The length ``L`` whose frequencies a length-dependent RoPE scaling uses for a call.
 
     ``L`` is the largest position of everything the call attends to, + 1: its own
     positions' (``own``: ``offset + seq``, or ``max(positions) + 1``; ``None`` where they
-    are only traced) and those of the keys it attends to besides its own (``attended``:
-    a KV cache's, cached keys included, :meth:`posenc.torch.KVCache.scaling_length`).
-    Without a cache that is the call's own length, Hugging Face's rule. With one, a step
-    whose position goes back (positions ``0, 1, 30, 31, 2``) still sees ``L = 32``, as the
-    full call over every token does, so decoding equals the full call.
-
-    ``attended`` below ``own`` is an error: it must count every key attended, the call's
-    own included.
+    are only traced) and those of the keys a KV cache holds for it (``cached``: their
+    largest position + 1; ``None``: no cache). Without a cache that is the call's own
+    length, Hugging Face's rule. With one, a step whose position goes back (positions
+    ``0, 1, 30, 31, 2``) still sees ``L = 32``, as the full call over every token does,
+    so decoding equals the full call.
 
     Example:
-        >>> scaling_length(3), scaling_length(3, 32), scaling_length(None, None)
-        (3, 32, None)
+        >>> scaling_length(3), scaling_length(3, 32), scaling_length(40, 32)
+        (3, 32, 40)
     """
-    if attended is None:
+    if own is None or cached is None:
         return own
-    attended = check_int(attended, f"{name}length", minimum=1)
-    if own is not None and attended < own:
+    return max(own, cached)
+
+
+def check_scaling_length(own: int | None, length: Any, *, name: str = "") -> int | None:
+    """A length given for a call (``length=``, a KV cache's :func:`scaling_length`),
+    checked against the call's own (``own``; ``None``: traced, where none is taken):
+    ``None`` means the call's own, and a given one must count the call's own positions.
+
+    Example:
+        >>> check_scaling_length(3, None), check_scaling_length(3, 32)
+        (3, 32)
+        >>> check_scaling_length(41, 3)
+        Traceback (most recent call last):
+        ...
+        ValueError: length=3 is shorter than the call's own positions need (41: its largest \
+position + 1); length is the largest position of every key attended + 1, the call's own \
+included (a KVCache's scaling_length(...))
+    """
+    if length is None:
+        return own
+    given: int = check_int(length, f"{name}length", minimum=1)
+    if own is None:
         raise ValueError(
-            f"{name}length={attended} is shorter than the call's own positions need "
-            f"({own}: its largest position + 1); length is the largest position of every key "
-            "attended + 1, the call's own included (a KVCache's scaling_length(...))"
+            f"{name}length={given} is for calls whose positions are known (eager calls); "
+            "compiled code takes the length of its positions"
         )
-    return attended
+    if given < own:
+        raise ValueError(
+            f"{name}length={given} is shorter than the call's own positions need ({own}: "
+            "its largest position + 1); length is the largest position of every key attended "
+            "+ 1, the call's own included (a KVCache's scaling_length(...))"
+        )
+    return given
 
 
 def plan_scaling(
@@ -277,7 +300,7 @@ def plan_rows(
     rows: int,
     *,
     start: int | None = None,
-    count: int = 0,
+    count: int | None = None,
     low: int | None = None,
     high: int | None = None,
     past: Past = "grow",
@@ -286,20 +309,21 @@ def plan_rows(
 
     A contiguous call gives ``start`` and ``count`` (positions ``start .. start +
     count - 1``); a gathered one gives the ``low``-est and ``high``-est of its positions
-    (``None`` for no positions) and ``count``, how many positions it reads (a tensor's
-    ``numel()``). ``past`` is what the table can do about rows past it: ``"grow"`` (a
-    module's table), ``"compute"`` (a table that never grows: the core computes the
-    call's rows), ``"refuse"`` (a learned embedding; a table under ``torch.compile``).
+    (``None`` for no positions) and ``count``, its length: the positions of one sequence
+    (a ``(batch, seq)`` tensor's ``seq``), so that the plan is the same for any batch.
+    ``past`` is what the table can do about rows past it: ``"grow"`` (a module's table),
+    ``"compute"`` (a table that never grows: the core computes the call's rows),
+    ``"refuse"`` (a learned embedding; a table under ``torch.compile``).
     A negative position is computed by the core directly (only the NumPy and JAX
     functions accept one; the modules refuse it before planning).
 
     **The growth rule**, one for every way positions arrive: a table grows for a call
-    whose rows end within twice the table plus the rows the call reads (``end - count
-    <= 2 * rows``). For a contiguous call that is one that starts within twice the table
-    (a longer prompt, decoding one token after another); for gathered positions it
-    bounds the growth by what the call reads: ``[0, 3_000_000]`` on a 256-row table, one
-    far position or a far offset get only their own rows from the core (``"direct"``),
-    and the table stays as it was.
+    whose rows end within twice the table plus the call's length (``end - count <= 2 *
+    rows``). For a contiguous call that is one that starts within twice the table (a
+    longer prompt, decoding one token after another); for gathered positions it bounds
+    the growth by the call's own size: ``[0, 3_000_000]`` on a 256-row table, one far
+    position or a far offset get only their own rows from the core (``"direct"``), and
+    the table stays as it was.
 
     Example:
         >>> plan_rows(8, start=2, count=4), plan_rows(8, start=6, count=4)
@@ -314,6 +338,9 @@ def plan_rows(
         'refuse'
     """
     action: Action
+    if (start is not None or low is not None) and count is None:
+        raise TypeError("plan_rows: a call with positions gives count, its length")
+    count = count or 0
     if start is not None:
         first, end, action = start, start + count, "slice"
     elif low is None or high is None:

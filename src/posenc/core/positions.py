@@ -8,8 +8,8 @@ same way:
 get the exact rows, at any position:
 
 * inside the table: gathered from it;
-* past it, for a call whose rows end within twice the table's length plus the number
-  of rows the call reads (a contiguous call that starts within twice the table: a longer
+* past it, for a call whose rows end within twice the table's length plus the call's
+  length, its positions per sequence (a contiguous call that starts within twice the table: a longer
   prompt, decoding one token after another): the table grows to hold them, at least
   doubling so that decoding one token at a time grows it rarely (:func:`grown_length`;
   a doubled table the memory limit refuses falls back to the length needed); the rule

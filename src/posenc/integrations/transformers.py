@@ -184,7 +184,7 @@ class ExactRotaryEmbedding(nn.Module):
                     int(tables[0].shape[0]),
                     low=span[0],
                     high=span[1],
-                    count=position_ids.numel(),
+                    count=position_ids.shape[-1],
                 )
                 if plan.action == "gather":
                     cos, sin = tables
@@ -251,7 +251,9 @@ class ExactRotaryEmbedding(nn.Module):
         wide = self.form == "complex" or self.widen
         dtype = table_dtype(x.dtype, "rotation") if wide else x.dtype
         # with a cache, a length-dependent scaling sees every key attended (the keeper's)
-        length = None if self.keeper is None else self.keeper.attended
+        length = None
+        if self.keeper is not None and rope.spec.scaling.length_dependent:
+            length = self.keeper.attended
         cos, sin = rope.cos_sin(positions, dtype=dtype, length=length)
         if cos.device != x.device:
             cos, sin = cos.to(x.device), sin.to(x.device)
@@ -393,13 +395,16 @@ def _cache_owners(
     for name, module in replacements.items():
         if module.mrope is None:
             owners.setdefault(cache_owner(model, name), []).append(module)
+    names = {id(module): name for name, module in replacements.items()}
     for owner, modules in owners.items():
         specs = [{key: rope.spec for key, rope in m.ropes.items()} for m in modules]
-        if any(spec != specs[0] for spec in specs):
+        other = next((i for i, spec in enumerate(specs) if spec != specs[0]), None)
+        if other is not None:
             raise ValueError(
                 f"posenc cannot patch {type(model).__name__}: the rotary modules under "
-                f"{owner or 'the model'} rotate differently, and posenc keeps one rotation "
-                "per model's cache"
+                f"{owner or 'the model'} rotate differently ({names[id(modules[0])]!r}: "
+                f"{specs[0]}; {names[id(modules[other])]!r}: {specs[other]}), and posenc "
+                "keeps one rotation per model's cache"
             )
     return owners
 

@@ -37,7 +37,7 @@ from torch import Tensor, nn  # noqa: E402
 from transformers.cache_utils import DynamicCache, DynamicLayer  # noqa: E402
 
 from .._checks import check_choice, check_int  # noqa: E402
-from ..core.plan import scaling_length  # noqa: E402
+from ..torch.cache import attended_length  # noqa: E402
 
 __all__ = ["CACHE_MODES", "CacheKeeper", "SinkCache", "cache_owner", "keep_caches"]
 
@@ -179,7 +179,7 @@ class CacheKeeper:
             calls = (torch.arange(count) + held).unsqueeze(0) if given is None else given
         device = _call_input(args, kwargs).device
         calls = calls.to(torch.int64)
-        end = _attended(calls, new_held, held - drop)
+        end = attended_length(held - drop, new_held, calls, calls.shape[-1])
         self.attended = end
         states = self._states(end)
         self._move(cache, record, states, drop, kept, new_held)
@@ -418,21 +418,6 @@ def keep_caches(owner: nn.Module, modules: list[Any], mode: str) -> None:
     keeper.mode = mode
     for module in modules:
         module.keeper = keeper
-
-
-def _attended(calls: Tensor, held_positions: Tensor | None, held: int) -> int:
-    """The length a length-dependent scaling sees for a call at ``calls`` after ``held``
-    keys (at ``held_positions``, or their indices): the largest position of every key
-    attended + 1 (:func:`posenc.core.plan.scaling_length`)."""
-    own = int(calls.max()) + 1 if calls.numel() else held
-    if not held:
-        return own
-    cached = held  # the keys held at their indices, or at the positions recorded
-    if held_positions is not None and held_positions.numel():
-        cached = int(held_positions.max()) + 1
-    length = scaling_length(own, max(own, cached))
-    assert length is not None  # known positions: a known length
-    return length
 
 
 def _returned_cache(output: Any) -> Any:

@@ -312,7 +312,10 @@ class SinusoidalPositionalEncoding(
             plan = plan_index(wide_index(), self._tables.length, wide=wide_index())
         elif known.size and not self._tables.holds(
             plan_rows(
-                self._tables.length, low=int(known.min()), high=int(known.max()), count=known.size
+                self._tables.length,
+                low=int(known.min()),
+                high=int(known.max()),
+                count=known.shape[-1],
             ),
             fmt,
         ):  # far past the table, far apart, or refused: the rows of this call, from the core

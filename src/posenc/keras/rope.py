@@ -396,11 +396,11 @@ class RotaryEmbedding(
             variant = "base"
         else:  # the long factors past the switch; a traced length selects in the graph
             variant = "" if plan.switch is not None else "long" if plan.seq_len else "short"
-        count = exact[0] if isinstance(exact[0], int) else int(np.size(exact[0]))
-        if known is not None and not self._tables.holds(  # far, or refused
-            plan_rows(self._tables.length, low=known[0], high=known[1] - 1, count=count), fmt
-        ):
-            return self._values(exact[0], self._frequencies[variant], fmt, start=exact[1])
+        if known is not None:  # a run's length, or known positions (their seq)
+            count = exact[0] if isinstance(exact[0], int) else int(exact[0].shape[-1])
+            needed = plan_rows(self._tables.length, low=known[0], high=known[1] - 1, count=count)
+            if not self._tables.holds(needed, fmt):  # far, or refused
+                return self._values(exact[0], self._frequencies[variant], fmt, start=exact[1])
         length = self._tables.length  # read before the tables: never more than they hold
         index = None  # traced positions: NaN rows outside the layer's length
         if where is not None and known is None:

@@ -278,7 +278,9 @@ class PositionTables(DerivedBuffers):
             if span is None:
                 span = positions_range(positions, name)
             assert span is not None  # not traced: the values were read
-            plan = plan_rows(self.table_length, low=span[0], high=span[1], count=positions.numel())
+            plan = plan_rows(
+                self.table_length, low=span[0], high=span[1], count=positions.shape[-1]
+            )
         tables = self._planned_tables(plan, dtype, device, name)
         if tables is None:  # only this call's rows, from the core
             if positions is None:

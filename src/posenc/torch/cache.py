@@ -37,7 +37,7 @@ from .._checks import check_choice, check_int, describe
 from ..core.plan import scaling_length
 from ._arguments import check_position_tensor
 
-__all__ = ["ON_FREQUENCY_CHANGE", "KVCache"]
+__all__ = ["ON_FREQUENCY_CHANGE", "KVCache", "attended_length"]
 
 ON_FREQUENCY_CHANGE: tuple[str, ...] = ("rerotate", "recompute", "keep")
 """What a :class:`KVCache` does with its keys when a call's RoPE frequencies differ."""
@@ -173,14 +173,16 @@ class KVCache:
             (32, 33)
         """
         count = check_int(count, "count", minimum=0)
-        if positions is not None:
-            check_position_tensor(positions, 1, count, "KVCache.scaling_length", of="tokens")
+        if positions is not None:  # of the batch the cache holds (any, while it is empty)
+            batch = positions.shape[0] if isinstance(positions, Tensor) else 1
+            batch = batch if self.keys is None else self.keys.shape[0]
+            name = "KVCache.scaling_length"
+            check_position_tensor(positions, batch, count, name, of="the cache")
         drop = self._to_evict(count)
-        held = self.length - drop
         recorded = self._positions
         if positions is None and recorded is not None:
             positions = _after(recorded, count)
-        return _attended(held, recorded, positions, count)
+        return attended_length(self.length - drop, recorded, positions, count)
 
     def next_positions(self, count: int) -> Tensor | None:
         """The positions ``count`` new tokens get when a call gives none: ``None`` (at the
@@ -275,7 +277,7 @@ class KVCache:
             held.frequencies = None  # a fixed scaling has only its construction frequencies
         if not moves.frequencies_change:
             return None  # the construction frequencies, the only ones of most scalings
-        held.attended = _attended(held.length, held.positions, positions, count)
+        held.attended = attended_length(held.length, held.positions, positions, count)
         return moves.frequency_state(held.attended)
 
     def _check_rotation(self, rotation: Any, moves: Any, drop: int, name: str) -> None:
@@ -448,15 +450,19 @@ class KVCache:
         return text + ")"
 
 
-def _attended(held: int, recorded: Tensor | None, positions: Tensor | None, count: int) -> int:
-    """The largest position + 1 of ``held`` keys (at ``recorded`` positions, or their
-    indices) and ``count`` new ones (at ``positions``, or after the keys held), by the
-    planner's rule (:func:`posenc.core.plan.scaling_length`)."""
+def attended_length(
+    held: int, recorded: Tensor | None, positions: Tensor | None, count: int
+) -> int:
+    """The length a length-dependent scaling sees for a call of ``count`` new tokens at
+    ``positions`` (``None``: after the keys held) that attends to ``held`` cached keys at
+    ``recorded`` positions (``None``: their indices): the planner's rule,
+    :func:`posenc.core.plan.scaling_length`, on the two ends (also the Hugging Face cache
+    hooks')."""
     own = held + count if positions is None else int(positions.max()) + 1 if count else 0
-    if not held:
-        return own
-    cached = held if recorded is None else int(recorded.max()) + 1
-    length = scaling_length(own, max(own, cached))
+    cached = None
+    if held:
+        cached = held if recorded is None or not recorded.numel() else int(recorded.max()) + 1
+    length = scaling_length(own, cached)
     assert length is not None  # known positions: a known length
     return length
 

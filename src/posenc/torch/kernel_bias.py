@@ -435,7 +435,7 @@ class SandwichBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
             index = plan_index(dtype_name(distance), self._length, wide=wide_index())
         elif distance.numel():
             longest = self._longest(distance, offset, positions is None and key_positions is None)
-            plan = plan_rows(self._length, low=0, high=longest - 1, count=distance.numel())
+            plan = plan_rows(self._length, low=0, high=longest - 1, count=distance.shape[-1])
             grown = None  # the one out-of-range policy (posenc.core.positions)
             if plan.action == "grow":
                 grown = grow(lambda length: self._install(length, own), plan.end, self._length)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import check_bool, check_choice, check_max_length, describe
-from ..core.plan import plan_rows, plan_scaling, scaling_length
+from ..core.plan import check_scaling_length, plan_rows, plan_scaling
 from ..core.rope import RopeScaling, rope_options
 from ..specs import FromHFConfig, RopeSpec
 from ._arguments import (
@@ -330,6 +330,7 @@ class RotaryEmbedding(
         span = None if positions is None else positions_range(positions, name)
         if (
             not self.spec.scaling.length_dependent
+            and length is None  # (else checked by _rows, whatever the scaling)
             and not is_traced()
             and self._small_step(q, k, inplace)
         ):  # a decoding step: the planner's slice or gather of the tables, q and k together
@@ -337,7 +338,7 @@ class RotaryEmbedding(
             if span is None or positions is None:
                 plan = plan_rows(rows, start=offset, count=seq)
             else:
-                plan = plan_rows(rows, low=span[0], high=span[1], count=positions.numel())
+                plan = plan_rows(rows, low=span[0], high=span[1], count=positions.shape[-1])
             if plan.action == "slice":
                 return self._step(q, k, slice(plan.start, plan.end))
             if plan.action == "gather":
@@ -449,7 +450,7 @@ class RotaryEmbedding(
             end: int | None = offset + seq
         else:
             end = None if span is None else span[1] + 1
-        end = scaling_length(end, length, name=f"{name}: ")
+        end = check_scaling_length(end, length, name=f"{name}: ")
         plan = plan_scaling(self.spec.scaling, end, name=f"{name}: ", by_length=True)
         if plan.by_length:  # a traced length: its frequencies, selected in the graph
             assert positions is not None  # a known offset and a static seq give a known end
