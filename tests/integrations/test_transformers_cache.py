@@ -76,6 +76,18 @@ def decoded_against_full(model, ids, prompt):
     return np.array(errors)
 
 
+def decoded_and_full_caches(model):
+    """The caches of a 4-token prompt then 20 tokens one at a time, and of the full call."""
+    ids = torch.randint(2, 128, (1, 24), generator=torch.Generator().manual_seed(3))
+    cache, full = DynamicCache(), DynamicCache()
+    with torch.no_grad():
+        model(ids[:, :4], cache=cache, use_cache=True)
+        for t in range(4, 24):
+            model(ids[:, t : t + 1], cache=cache, use_cache=True)
+        model(ids, cache=full, use_cache=True)
+    return cache, full
+
+
 @pytest.mark.parametrize("make", MODELS.values(), ids=MODELS.keys())
 def test_decoding_with_the_models_own_cache_equals_the_full_call(make):
     ids = torch.randint(2, 128, (2, 28), generator=torch.Generator().manual_seed(1))
@@ -144,13 +156,7 @@ def test_grouped_query_attention_and_partial_rotary_decode_exactly_too():
 
 def test_in_a_deeper_model_the_first_layers_keys_equal_the_full_pass():
     model = patch(dynamic_llama(layers=2))
-    ids = torch.randint(2, 128, (1, 24), generator=torch.Generator().manual_seed(3))
-    cache, full = DynamicCache(), DynamicCache()
-    with torch.no_grad():
-        model(ids[:, :4], cache=cache, use_cache=True)
-        for t in range(4, 24):
-            model(ids[:, t : t + 1], cache=cache, use_cache=True)
-        model(ids, cache=full, use_cache=True)
+    cache, full = decoded_and_full_caches(model)
     torch.testing.assert_close(cache.layers[0].keys, full.layers[0].keys, rtol=0, atol=2e-6)
     # the second layer's inputs for earlier tokens were computed with earlier frequencies
     assert (cache.layers[1].values - full.layers[1].values).abs().max() > 1e-4
@@ -266,13 +272,7 @@ def test_a_model_with_a_rotary_module_in_every_layer_keeps_one_cache_exact():
     model = patch(transformers.MoshiForCausalLM(config).eval())
     hooked = [name for name, m in model.named_modules() if m._forward_pre_hooks]
     assert hooked == ["model"]
-    ids = torch.randint(2, 128, (1, 24), generator=torch.Generator().manual_seed(3))
-    cache, full = DynamicCache(), DynamicCache()
-    with torch.no_grad():
-        model(ids[:, :4], cache=cache, use_cache=True)
-        for t in range(4, 24):
-            model(ids[:, t : t + 1], cache=cache, use_cache=True)
-        model(ids, cache=full, use_cache=True)
+    cache, full = decoded_and_full_caches(model)
     torch.testing.assert_close(cache.layers[0].keys, full.layers[0].keys, rtol=0, atol=2e-6)
 
 

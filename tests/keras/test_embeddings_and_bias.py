@@ -97,15 +97,6 @@ def weights_of(layer: Any) -> np.ndarray:
     return np.asarray(ops.convert_to_numpy(layer.weights[0].value), dtype=np.float64)
 
 
-@pytest.fixture
-def policy():
-    """Set a global dtype policy for one test and always restore float32."""
-    try:
-        yield keras.mixed_precision.set_global_policy
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-
-
 # --- the layers, described once for the generic tests ----------------------------------
 #
 # ``term(layer, shape, start, fmt)`` is what the layer adds to an input of ``shape``

@@ -31,15 +31,6 @@ def as_f32(tensor) -> np.ndarray:
     return keras.ops.convert_to_numpy(keras.ops.cast(tensor, "float32"))
 
 
-@pytest.fixture
-def policy():
-    """Set a global dtype policy for one test and always restore float32."""
-    try:
-        yield keras.mixed_precision.set_global_policy
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-
-
 RNG = np.random.default_rng(1234)
 
 

@@ -50,15 +50,6 @@ RNG = np.random.default_rng(1315)
 HEADS, HEAD_DIM, D_MODEL = 8, 64, 64  # Gemma 2B's head width, 8 heads
 
 
-@pytest.fixture
-def policy():
-    """Set a global dtype policy for one test and always restore float32."""
-    try:
-        yield keras.mixed_precision.set_global_policy
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-
-
 def as_f64(tensor: Any) -> np.ndarray:
     """A backend tensor of any float dtype as float64 NumPy (exact widening)."""
     if keras.backend.standardize_dtype(tensor.dtype) in ("float16", "bfloat16"):

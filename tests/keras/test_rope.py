@@ -150,15 +150,6 @@ def nan_positions(out):
     return nan.all(axis=-1)  # (batch, seq)
 
 
-@pytest.fixture
-def policy():
-    """Set a global dtype policy for one test and always restore float32."""
-    try:
-        yield keras.mixed_precision.set_global_policy
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-
-
 # --- values ------------------------------------------------------------------------------
 
 
