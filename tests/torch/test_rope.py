@@ -368,6 +368,23 @@ def test_torch_compile_fullgraph_eager_backend():
     assert torch.equal(low[0], module(q.half(), k.half())[0])
 
 
+def test_torch_compile_batched_positions_once_the_batch_is_symbolic():
+    # a second batch size makes Dynamo compile the batch as a symbolic size; positions of
+    # batch 2 then met `2 in (1, s0)`, which Dynamo answers False: a refusal of good input
+    torch._dynamo.reset()
+    module = RotaryEmbedding(64, max_length=64)
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    for batch in (3, 2):
+        q, k = _randn(batch, 8, 16, 64, seed=batch), _randn(batch, 2, 16, 64, seed=9)
+        assert torch.equal(compiled(q, k)[0], module(q, k)[0])
+    positions = torch.stack([torch.arange(16), torch.arange(16) * 3])
+    for row in (positions, positions[:1]):
+        for mine, theirs in zip(
+            compiled(q, k, positions=row), module(q, k, positions=row), strict=True
+        ):
+            assert torch.equal(mine, theirs)
+
+
 def test_torch_compile_inductor():
     module = RotaryEmbedding(32, max_length=64, qk_layout="bshd")
     compiled = torch.compile(module, fullgraph=True)

@@ -103,6 +103,12 @@ def check_device(device: Any, name: str) -> torch.device | None:
     return parsed
 
 
+def fits_batch(size: Any, batch: Any) -> bool:
+    """``size in (1, batch)``, spelled out: under ``torch.compile`` Dynamo answers the ``in``
+    wrongly when ``batch`` is a symbolic size (``2 in (1, s0)`` is False at ``s0 == 2``)."""
+    return bool(size == 1 or size == batch)
+
+
 def check_position_tensor(
     positions: Any,
     batch: int | None,
@@ -130,7 +136,7 @@ def check_position_tensor(
             f"{name}: {of} of shape (seq, d_model) takes positions of shape (seq,), got "
             f"{tuple(positions.shape)}; add a batch axis to {of} for batched positions"
         )
-    if positions.dim() == 2 and positions.shape[0] not in (1, batch):
+    if positions.dim() == 2 and not fits_batch(positions.shape[0], batch):
         verb = "have" if " and " in of else "has"  # "x has", "q and k have"
         raise ValueError(
             f"{name}: positions has batch size {positions.shape[0]} but {of} {verb} {batch}"

@@ -42,6 +42,7 @@ from ._arguments import (
     apply_dropout,
     check_offset_or_positions,
     check_position_tensor,
+    fits_batch,
     positions_range,
 )
 from ._backend import dtype_name, format_of, gather_rows, to_tensor, wide_index
@@ -105,7 +106,7 @@ def _batch_first(x: Any, positions: Any, batch_first: bool, name: str) -> tuple[
         return x, positions, False
     if isinstance(positions, Tensor) and positions.dim() == 2:
         seq, batch = x.shape[0], x.shape[1]
-        if positions.shape[0] != seq or positions.shape[1] not in (1, batch):
+        if positions.shape[0] != seq or not fits_batch(positions.shape[1], batch):
             raise ValueError(
                 f"{name}: with batch_first=False, x {tuple(x.shape)} is (seq, batch, "
                 f"d_model) and positions must have shape (seq,) or (seq, batch) = ({seq},) or "

@@ -28,7 +28,7 @@ from torch import Tensor
 from .._checks import DEFAULT_MAX_BYTES, check_memory
 from ..core import masks as core
 from ..core.masks import FULL, PARTIAL, Mask
-from ._arguments import check_device
+from ._arguments import check_device, fits_batch
 from ._backend import to_tensor
 from ._flex_inputs import static_length
 
@@ -120,7 +120,7 @@ def _batch(mask: Mask, batch: int | None) -> int:
     own = sizes.pop() if sizes else 1
     if batch is None:
         return own
-    if own not in (1, batch):
+    if not fits_batch(own, batch):
         raise ValueError(f"the documents have batch {own}, the attention {batch}")
     return batch
 

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from .._checks import check_choice, check_max_length, describe
 from ..specs import AxialRopeSpec, FromSpec, XPosSpec
-from ._arguments import check_offset_or_positions, layout_reading
+from ._arguments import check_offset_or_positions, fits_batch, layout_reading
 from ._backend import format_of, to_tensor
 from ._tables import PositionTables, eager_only, table_dtype
 from .protocols import RotatesQueriesKeys
@@ -364,7 +364,7 @@ class AxialRotaryEmbedding(nn.Module, FromSpec):
                     f"and {tuple(sin.shape)}"
                 )
             lead = cos.shape[:-1]
-        if lead[-1] != seq or (len(lead) == 2 and lead[0] not in (1, batch)):
+        if lead[-1] != seq or (len(lead) == 2 and not fits_batch(lead[0], batch)):
             given = "coords" if coords is not None else "cos/sin"
             raise ValueError(
                 f"{name}: {given} must cover seq={seq} tokens (and batch 1 or {batch}), got "
