@@ -807,9 +807,19 @@ def test_dry_run_imports_neither_torch_nor_matplotlib():
     assert [RunSpec.from_dict(json.loads(line)) for line in lines] == expand(FULL)
 
 
-def test_python_m_posenc_bench_is_posenc_bench():
+def test_python_m_posenc_cli_bench_is_posenc_bench():
     result = subprocess.run(
-        [sys.executable, "-m", "posenc.bench", "--schemes", "t5", "--seeds", "4,", "--dry-run"],
+        [
+            sys.executable,
+            "-m",
+            "posenc.cli",
+            "bench",
+            "--schemes",
+            "t5",
+            "--seeds",
+            "4,",
+            "--dry-run",
+        ],
         capture_output=True,
         text=True,
         check=True,

@@ -22,9 +22,10 @@ beyond the training lengths, averaged over seeds.
 * :mod:`posenc.bench.report` aggregates the records over seeds into Markdown tables,
   ``summary.json`` and a plot.
 
-``posenc bench`` is the command line of all this (:mod:`posenc.bench.cli`,
-docs/bench.md). The other modules: :mod:`~posenc.bench.records` (the results files),
-:mod:`~posenc.bench.workers` (the worker pool and the progress bars),
+``posenc bench`` is the command line of all this (:mod:`posenc.cli.bench`,
+docs/bench.md); this package never imports the command. The other modules:
+:mod:`~posenc.bench.records` (the results files), :mod:`~posenc.bench.workers` (the
+worker pool and the progress bars),
 :mod:`~posenc.bench.tasks` and :mod:`~posenc.bench.model`. The names above are
 imported on first use: ``import posenc.bench`` imports neither PyTorch nor matplotlib.
 

@@ -11,9 +11,9 @@
                   layouts (Meta's interleaved pairs, Hugging Face's halves)
 
 One module per command: :mod:`.table` (with :mod:`.scheme_tables`), :mod:`.plot`,
-:mod:`.demo` (``embed`` and ``demo``), :mod:`.explore`, :mod:`.convert` and the bench's own
-:mod:`posenc.bench.cli`. The
-top parser is built at each :func:`main` call, so the choices that come from registries
+:mod:`.demo` (``embed`` and ``demo``), :mod:`.explore`, :mod:`.convert` and :mod:`.bench`
+(the experiment bench of :mod:`posenc.bench`, which never imports the command). The top
+parser is built at each :func:`main` call, so the choices that come from registries
 (schemes, RoPE scalings) are current. Frameworks and matplotlib are imported only by the
 sub-commands that need them.
 
@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from .. import __version__
 from .._checks import MemoryLimitError, format_bytes
 from .._files import STDOUT, OutputWriteError
-from . import convert, demo, explore, plot, table
+from . import bench, convert, demo, explore, plot, table
 from .base import Parser, UsageError
 from .plot import PLOT_KINDS
 from .table import SCHEMES
@@ -66,10 +66,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Parser]]:
     table.add_parser(commands)
     plot.add_parser(commands)
     demo.add_parser(commands)  # embed and demo
-    # The bench's command lives beside the bench; imported here, when the parser is built.
-    from ..bench import cli as bench_cli
-
-    bench_cli.add_parser(commands)
+    bench.add_parser(commands)
     convert.add_parser(commands)
     explore.add_parser(commands)
     return parser, dict(commands.choices)

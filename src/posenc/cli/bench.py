@@ -1,4 +1,4 @@
-"""``posenc bench``: the bench's command line (``python -m posenc.bench`` is the same).
+"""``posenc bench``: the command line of the experiment bench (:mod:`posenc.bench`).
 
 The top parser of :mod:`posenc.cli` adds this command with :func:`add_parser`; its
 :func:`run` expands a preset and the options given into run specs
@@ -21,11 +21,11 @@ from typing import Any
 
 from .._checks import check_choice
 from .._extras import require
-from ..cli.base import UsageError
-from . import preflight
-from .plugins import load_plugin, scheme_names, task_names
-from .records import RESULTS_FILE, FolderInUseError, RunsFailedError, load_records
-from .spec import SCHEMES, TASKS, RunSpec, check_rope_eval_scaling
+from ..bench import preflight
+from ..bench.plugins import load_plugin, scheme_names, task_names
+from ..bench.records import RESULTS_FILE, FolderInUseError, RunsFailedError, load_records
+from ..bench.spec import SCHEMES, TASKS, RunSpec, check_rope_eval_scaling
+from .base import UsageError
 
 __all__ = ["add_parser", "run"]
 
@@ -195,7 +195,7 @@ _BENCH_SETTINGS = {
 
 def run(args: argparse.Namespace) -> int:
     """Run ``posenc bench`` as ``args`` asks; the exit status."""
-    from . import report, runner
+    from ..bench import report, runner
 
     given = _given_flags(args)
     _load_plugins(args.plugin or [])
