@@ -482,7 +482,9 @@ def run_torch_rope_nd(case: Case, x: np.ndarray, call: Any, where: Any) -> np.nd
     spec, coords = axial_spec(case), torch.from_numpy(axial_coords(case))
     module = pt.AxialRotaryEmbedding.from_spec(spec, qk_layout="bshd")
     if case.decode:
-        return decode(case, lambda x, s: module(x, x, coords=coords[s : s + x.shape[1]])[0].numpy(), xt)
+        return decode(
+            case, lambda x, s: module(x, x, coords=coords[s : s + x.shape[1]])[0].numpy(), xt
+        )
     if case.traced:  # compiled code takes the tables, made from the coordinates eagerly
         cos, sin = module.tables(coords)
         return call(lambda x, c, s: module(x, x, cos=c, sin=s)[0], xt, cos, sin).numpy()
@@ -548,8 +550,13 @@ def run_jax_rope_nd(case: Case, x: np.ndarray, *, jit: bool) -> np.ndarray:
 
     def axial(x: Any, c: Any) -> Any:
         cos, sin = pj.axial_rope_tables(
-            c, spec.head_dim, base=spec.base, sections=spec.sections, mode=spec.mode,
-            layout=spec.layout, max_length=rows if jit else None,
+            c,
+            spec.head_dim,
+            base=spec.base,
+            sections=spec.sections,
+            mode=spec.mode,
+            layout=spec.layout,
+            max_length=rows if jit else None,
         )  # (seq, d) each
         return pj.apply_rope(x, cos[:, None, :], sin[:, None, :], layout=spec.layout)
 

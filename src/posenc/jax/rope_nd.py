@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import MAX_POSITIONS, check_positions
+from ..core.rope import RopeLayout
+from ..core.rope_nd import AxialMode
 from ..specs import AxialRopeSpec, XPosSpec
 from ._arguments import check_traced_index, need_max_length, static_int
 from ._backend import format_of, is_traced, known_value, to_tensor
@@ -94,7 +96,7 @@ def axial_rows(
         sin = s if sin is None else jnp.where(mine, s, sin)
         nan = jnp.isnan(c[..., :1])  # the whole row of a coordinate outside the table
         outside = nan if outside is None else outside | nan
-    assert cos is not None and sin is not None  # noqa: PT018  (n_axes >= 1)
+    assert cos is not None and sin is not None and outside is not None  # noqa: PT018  (n_axes >= 1)
     return jnp.where(outside, jnp.nan, cos), jnp.where(outside, jnp.nan, sin)
 
 
@@ -117,7 +119,7 @@ def xpos_tables(
     gamma: float = 0.4,
     scale_base: float = 512.0,
     centre: float = 0.0,
-    layout: str = "interleaved",
+    layout: RopeLayout = "interleaved",
     dtype: Any = "float32",
     max_length: int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -179,7 +181,7 @@ def apply_xpos(
     q_scale: Any,
     k_scale: Any,
     *,
-    layout: str = "interleaved",
+    layout: RopeLayout = "interleaved",
 ) -> tuple[jax.Array, jax.Array]:
     """Rotate queries and keys as :func:`apply_rope` does and scale them by xPos.
 
@@ -222,8 +224,8 @@ def axial_rope_tables(
     *,
     base: float = 10000.0,
     sections: Sequence[int] | None = None,
-    mode: str = "axial",
-    layout: str = "half",
+    mode: AxialMode = "axial",
+    layout: RopeLayout = "half",
     dtype: Any = "float32",
     max_length: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
@@ -264,7 +266,7 @@ def axial_rope_tables(
         head_dim=static_int(head_dim, "head_dim", minimum=2),
         n_axes=shape[-1],
         base=base,
-        sections=sections,
+        sections=None if sections is None else tuple(sections),
         mode=mode,
         layout=layout,
     )

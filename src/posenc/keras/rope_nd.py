@@ -20,6 +20,8 @@ from keras import ops
 
 from .._checks import check_choice, check_int, check_max_length, describe
 from ..core.plan import plan_index, plan_rows, table_format
+from ..core.rope import RopeLayout
+from ..core.rope_nd import AxialMode
 from ..specs import AxialRopeSpec, XPosSpec
 from ._arguments import (
     ChecksPlainArguments,
@@ -170,7 +172,7 @@ class XPosRotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer
         gamma: float = 0.4,
         scale_base: float = 512.0,
         centre: float = 0.0,
-        layout: str = "interleaved",
+        layout: RopeLayout = "interleaved",
         max_length: int = 4096,
         qk_layout: str = "bshd",
         **kwargs: Any,
@@ -226,9 +228,9 @@ class XPosRotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer
     def _run(self, start: Any, seq: Any, fmt: str) -> tuple[Any, ...]:
         """Rows ``start .. start+seq-1``, ``(seq, d)`` each."""
         tables = self._held_tables()
-        if isinstance(start, int) and isinstance(seq, int):
-            if not tables.holds(plan_rows(tables.length, start=start, count=seq), fmt):
-                return tuple(to_tensor(t, fmt) for t in self.spec.tables(seq, fmt=fmt, start=start))
+        known = isinstance(start, int) and isinstance(seq, int)
+        if known and not tables.holds(plan_rows(tables.length, start=start, count=seq), fmt):
+            return tuple(to_tensor(t, fmt) for t in self.spec.tables(seq, fmt=fmt, start=start))
         return tuple(span_rows(t, start, seq, tables.length) for t in tables.get(fmt))
 
     def _at(self, positions: Any, batch: Any, seq: Any, fmt: str) -> tuple[Any, ...]:
@@ -315,8 +317,8 @@ class AxialRotaryEmbedding(SharesTables, keras.layers.Layer):
         n_axes: int = 2,
         base: float = 10000.0,
         sections: Any = None,
-        mode: str = "axial",
-        layout: str = "half",
+        mode: AxialMode = "axial",
+        layout: RopeLayout = "half",
         max_length: int = 4096,
         qk_layout: str = "bshd",
         **kwargs: Any,
@@ -370,7 +372,9 @@ class AxialRotaryEmbedding(SharesTables, keras.layers.Layer):
     def _check_coords(self, coords: Any, batch: Any, seq: Any, name: str) -> np.ndarray | None:
         """The coordinates' values when known now (else ``None``), after the checks."""
         if coords is None:
-            raise TypeError(f"{name}: pass coords= (integers (seq, n_axes) or (batch, seq, n_axes))")
+            raise TypeError(
+                f"{name}: pass coords= (integers (seq, n_axes) or (batch, seq, n_axes))"
+            )
         if isinstance(coords, np.ndarray):
             known: np.ndarray | None = coords
         elif ops.is_tensor(coords) or keras.backend.is_keras_tensor(coords):
@@ -381,9 +385,8 @@ class AxialRotaryEmbedding(SharesTables, keras.layers.Layer):
         else:
             raise TypeError(f"{name}: coords must be an integer tensor, got {describe(coords)}")
         shape, n = tuple(coords.shape), self.spec.n_axes
-        if len(shape) not in (2, 3) or shape[-1] != n or None not in (seq, shape[-2]) and (
-            shape[-2] != seq
-        ):
+        known_seq = None not in (seq, shape[-2:][0])
+        if len(shape) not in (2, 3) or shape[-1] != n or (known_seq and shape[-2] != seq):
             raise ValueError(
                 f"{name}: coords must have shape (seq, n_axes) or (batch, seq, n_axes) with "
                 f"seq={seq} and n_axes={n}, got shape {shape}"
@@ -403,7 +406,8 @@ class AxialRotaryEmbedding(SharesTables, keras.layers.Layer):
         cos = sin = outside = None
         for axis in range(self.spec.n_axes):
             where = coords[..., axis]
-            c, s = gather_rows(flat[2 * axis], where, plan), gather_rows(flat[2 * axis + 1], where, plan)
+            c = gather_rows(flat[2 * axis], where, plan)  # (..., seq, d)
+            s = gather_rows(flat[2 * axis + 1], where, plan)
             mine = ops.equal(axes, axis)
             cos = c if cos is None else ops.where(mine, c, cos)
             sin = s if sin is None else ops.where(mine, s, sin)

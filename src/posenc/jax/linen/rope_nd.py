@@ -7,11 +7,12 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..._checks import check_choice, check_max_length, describe
 from ...core.plan import table_format
+from ...core.rope import RopeLayout
+from ...core.rope_nd import AxialMode
 from ...specs import AxialRopeSpec, XPosSpec
 from .._arguments import check_offset
 from .._backend import format_of, is_traced
@@ -103,7 +104,7 @@ class XPosRotaryEmbedding(nn.Module):
     gamma: float = 0.4
     scale_base: float = 512.0
     centre: float = 0.0
-    layout: str = "interleaved"
+    layout: RopeLayout = "interleaved"
     max_length: int = 4096
     qk_layout: str = "bshd"
 
@@ -197,8 +198,8 @@ class AxialRotaryEmbedding(nn.Module):
     n_axes: int = 2
     base: float = 10000.0
     sections: Any = None
-    mode: str = "axial"
-    layout: str = "half"
+    mode: AxialMode = "axial"
+    layout: RopeLayout = "half"
     max_length: int = 4096
     qk_layout: str = "bshd"
 
@@ -227,7 +228,8 @@ class AxialRotaryEmbedding(nn.Module):
         fmt = table_format(format_of(q.dtype, "q.dtype"), "rotation")
         cos, sin = axial_rows(spec, fmt, coords, max_length=self.max_length, name=name)
         cos, sin = _place(cos, self.qk_layout), _place(sin, self.qk_layout)
-        return apply_rope(q, cos, sin, layout=spec.layout), apply_rope(k, cos, sin, layout=spec.layout)
+        layout = spec.layout
+        return apply_rope(q, cos, sin, layout=layout), apply_rope(k, cos, sin, layout=layout)
 
 
 def _coords(coords: Any, n_axes: int, batch: int, seq: int, name: str) -> Any:
