@@ -51,18 +51,21 @@ from typing import Any
 
 import numpy as np
 
-SCHEMES = ("sinusoidal", "nd", "learned", "rope", "alibi", "t5", "nope")
+# xPos and axial RoPE / M-RoPE (block "rope-nd": their cases, inputs, reference and runners)
+ROPE_ND = ("xpos", "axial")
+SCHEMES = ("sinusoidal", "nd", "learned", "rope", "alibi", "t5", "nope", *ROPE_ND)
+KERAS_SCHEMES = tuple(scheme for scheme in SCHEMES if scheme != "nope")
 
 # The packages each front end needs, and the schemes it has an implementation of.
 FRONTENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "numpy": ((), SCHEMES),
     "torch": (("torch",), SCHEMES),
-    "keras-tensorflow": (("keras", "tensorflow"), SCHEMES[:-1]),
-    "keras-jax": (("keras", "jax"), SCHEMES[:-1]),
-    "keras-torch": (("keras", "torch"), SCHEMES[:-1]),
-    "jax": (("jax",), ("sinusoidal", "nd", "rope", "alibi", "t5")),
-    "jax-jit": (("jax",), ("sinusoidal", "rope", "alibi", "t5")),
-    "flax": (("jax", "flax"), ("sinusoidal", "learned", "rope", "alibi", "t5")),
+    "keras-tensorflow": (("keras", "tensorflow"), KERAS_SCHEMES),
+    "keras-jax": (("keras", "jax"), KERAS_SCHEMES),
+    "keras-torch": (("keras", "torch"), KERAS_SCHEMES),
+    "jax": (("jax",), ("sinusoidal", "nd", "rope", "alibi", "t5", *ROPE_ND)),
+    "jax-jit": (("jax",), ("sinusoidal", "rope", "alibi", "t5", *ROPE_ND)),
+    "flax": (("jax", "flax"), ("sinusoidal", "learned", "rope", "alibi", "t5", *ROPE_ND)),
 }
 # Keras has no NoPE layer (a Keras model without position information simply has no
 # such layer); "nd" under jit is the same constant as eagerly (static shapes only).
@@ -79,10 +82,13 @@ NO_INDEX_DTYPE = {("keras-torch", "uint64"), ("keras-jax", "int64"), ("keras-jax
 
 # (front end, scheme) pairs computed without a table: exact at every position, traced too.
 TABLELESS = {("torch", "alibi")} | {(f, s) for f in FRONTENDS for s in ("t5", "nope")}
+# PyTorch's axial RoPE computes its tables from coordinates eagerly (compiled code takes
+# them as cos=/sin=): exact at any coordinate.
+TABLELESS |= {("torch", "axial")}
 
 # The schemes a KV-cache decode calls token by token, which have decode cases; the
 # attention-score biases among them (a step is its queries against the keys so far).
-DECODED = ("sinusoidal", "learned", "rope", "alibi", "t5", "nope")
+DECODED = ("sinusoidal", "learned", "rope", "alibi", "t5", "nope", *ROPE_ND)
 BIASES = ("alibi", "t5")
 
 
@@ -321,6 +327,277 @@ CASES: list[Case] = [
 ]  # fmt: skip
 
 
+# --- rope-nd: xPos and axial RoPE / M-RoPE --------------------------------------------------
+
+
+def _xpos(name: str, **params: Any) -> Case:
+    base = {"head_dim": 16, "seq": 6, "heads": 2, "start": 0, "layout": "interleaved"}
+    base.update(params)
+    traced, decode = base.pop("traced", False), base.pop("decode", False)
+    return Case("xpos", name, base, traced=traced, decode=decode)
+
+
+def _axial(name: str, coords: Any, **params: Any) -> Case:
+    """An axial / M-RoPE case; ``coords`` ``(seq, n_axes)`` (or ``(3, 1, seq)`` M-RoPE
+    position ids, as ``mrope_positions`` gives them)."""
+    coords = np.asarray(coords)
+    if coords.ndim == 3:
+        coords = np.moveaxis(coords, 0, -1)[0]  # (3, 1, seq) -> (seq, 3)
+    base = {"head_dim": 16, "heads": 2, "base": 10000.0, "mode": "axial", "layout": "half"}
+    base.update(params, coords=coords.tolist(), seq=len(coords))
+    traced, decode = base.pop("traced", False), base.pop("decode", False)
+    return Case("axial", name, base, traced=traced, decode=decode)
+
+
+def _qwen2vl_positions() -> np.ndarray:
+    """Qwen2-VL's text + image position ids ``(3, 1, 10)``: two text tokens, an image of
+    4 x 4 patches (merged 2 x 2: four tokens), four text tokens (the decoded ones)."""
+    from posenc.core.packing import mrope_positions
+
+    types = [[0, 0, 1, 1, 1, 1, 0, 0, 0, 0]]
+    return mrope_positions(types, image_grids=[[1, 4, 4]])[0]
+
+
+_GRID = [(y, x) for y in range(3) for x in range(4)]  # a 3 x 4 image, (row, column)
+_PAST = [(0, 1), (2, 3), (4, 1), (1, 5)]  # rows 2 and 3 reach past a 4-row table
+
+CASES += [
+    _xpos("default"),
+    _xpos("half-centred", layout="half", start=30, centre=40.0, gamma=0.5, scale_base=256.0),
+    _xpos("real-shapes", head_dim=64, heads=8, seq=5, start=100),
+    _xpos("far-centred", start=3000, centre=3002.0, table=64),  # scales near 1 there
+    _xpos("past-table", seq=4, start=2, table=4),
+    _xpos("past-table-traced", seq=4, start=2, table=4, traced=True),
+    _xpos("decode", seq=7, start=0, table=4, prompt=2, decode=True),
+    _axial("grid-2d", _GRID),
+    _axial("grid-2d-interleaved", _GRID, layout="interleaved", base=100.0),
+    _axial("mrope-qwen2vl", _qwen2vl_positions(), head_dim=64, heads=8, n_axes=3,
+           sections=[8, 12, 12], mode="mrope", base=1e6),
+    _axial("mrope-interleaved", _qwen2vl_positions(), head_dim=32, n_axes=3,
+           sections=[6, 5, 5], mode="mrope-interleaved", base=5e5),
+    _axial("past-table", _PAST, table=4),
+    _axial("past-table-traced", _PAST, table=4, traced=True),
+    _axial("decode-mrope", _qwen2vl_positions(), head_dim=32, n_axes=3, sections=[4, 6, 6],
+           mode="mrope", base=1e6, prompt=6, decode=True),
+]  # fmt: skip
+
+
+def axial_coords(case: Case) -> np.ndarray:
+    """The case's coordinates ``(seq, n_axes)``, int64."""
+    return np.asarray(case.params["coords"], dtype=np.int64)
+
+
+def axial_spec(case: Case) -> Any:
+    from posenc.specs import AxialRopeSpec
+
+    p = case.params
+    sections = p.get("sections")
+    return AxialRopeSpec(
+        head_dim=p["head_dim"], n_axes=axial_coords(case).shape[-1], base=p["base"],
+        sections=None if sections is None else tuple(sections), mode=p["mode"],
+        layout=p["layout"],
+    )  # fmt: skip
+
+
+def xpos_options(case: Case) -> dict[str, Any]:
+    """The xPos options of a case, as every front end spells them."""
+    p = case.params
+    return {
+        "base": p.get("base", 10000.0),
+        "gamma": p.get("gamma", 0.4),
+        "scale_base": p.get("scale_base", 512.0),
+        "centre": p.get("centre", 0.0),
+        "layout": p["layout"],
+    }
+
+
+def rope_nd_reference(case: Case, x: np.ndarray) -> np.ndarray:
+    """xPos: ``(b, s, 2h, d)``, the rotated queries then keys along the heads; axial:
+    ``(b, s, h, d)``, the rotated queries. float64, rounded once to float32."""
+    from posenc.core.rope import apply_rope
+    from posenc.core.rope_nd import apply_xpos
+
+    p = case.params
+    xt = x.astype(np.float64).transpose(0, 2, 1, 3)  # (b, h, s, d)
+    if case.scheme == "xpos":
+        where, options = positions(case), xpos_options(case)
+        q, k = apply_xpos(xt, xt, q_positions=where, k_positions=where, **options)
+        out = np.concatenate([q, k], axis=1)  # (b, 2h, s, d)
+    else:
+        cos, sin = axial_spec(case).tables(axial_coords(case), fmt="float64")
+        out = apply_rope(xt, cos, sin, layout=p["layout"])
+    return out.transpose(0, 2, 1, 3).astype(np.float32)
+
+
+def run_numpy_rope_nd(case: Case, x: np.ndarray) -> np.ndarray:
+    """The public NumPy functions: ``posenc.apply_xpos``; ``posenc.axial_rope_tables`` and
+    ``posenc.apply_rope`` in float32."""
+    import posenc
+
+    p = case.params
+    if case.scheme == "xpos":
+
+        def xpos(x: np.ndarray, first: int) -> np.ndarray:
+            where = np.arange(first, first + x.shape[1])
+            xt = x.transpose(0, 2, 1, 3)  # (b, h, s, d)
+            q, k = posenc.apply_xpos(
+                xt, xt, q_positions=where, k_positions=where, **xpos_options(case)
+            )
+            return np.concatenate([q, k], axis=1).transpose(0, 2, 1, 3)
+
+        return decode(case, xpos, x) if case.decode else xpos(x, p["start"])
+    coords = axial_coords(case)
+
+    def axial(x: np.ndarray, first: int) -> np.ndarray:
+        spec = axial_spec(case)
+        cos, sin = posenc.axial_rope_tables(
+            coords[first : first + x.shape[1]], spec.head_dim, spec.base,
+            sections=spec.sections, mode=spec.mode, layout=spec.layout, dtype="float32",
+        )  # fmt: skip
+        out = posenc.apply_rope(x.transpose(0, 2, 1, 3), cos, sin, layout=spec.layout)
+        return out.transpose(0, 2, 1, 3)
+
+    return decode(case, axial, x) if case.decode else axial(x, 0)
+
+
+def run_torch_rope_nd(case: Case, x: np.ndarray, call: Any, where: Any) -> np.ndarray:
+    import torch
+
+    import posenc.torch as pt
+
+    p, xt = case.params, torch.from_numpy(x)
+    if case.scheme == "xpos":
+        module = pt.XPosRotaryEmbedding(
+            p["head_dim"], max_length=case.table, qk_layout="bshd", **xpos_options(case)
+        )
+
+        def both(q: torch.Tensor, k: torch.Tensor) -> np.ndarray:
+            return torch.cat([q, k], dim=2).numpy()
+
+        if case.decode:
+            return decode(case, lambda x, s: both(*module(x, x, offset=s)), xt)
+        if case.traced:
+            return both(*call(lambda x, pos: module(x, x, positions=pos), xt, where))
+        return both(*module(xt, xt, offset=p["start"]))
+    spec, coords = axial_spec(case), torch.from_numpy(axial_coords(case))
+    module = pt.AxialRotaryEmbedding.from_spec(spec, qk_layout="bshd")
+    if case.decode:
+        return decode(
+            case, lambda x, s: module(x, x, coords=coords[s : s + x.shape[1]])[0].numpy(), xt
+        )
+    if case.traced:  # compiled code takes the tables, made from the coordinates eagerly
+        cos, sin = module.tables(coords)
+        return call(lambda x, c, s: module(x, x, cos=c, sin=s)[0], xt, cos, sin).numpy()
+    return module(xt, xt, coords=coords)[0].numpy()
+
+
+def run_keras_rope_nd(case: Case, x: np.ndarray, call: Any, start: Any) -> np.ndarray:
+    import keras
+
+    import posenc.keras as pk
+
+    p = case.params
+
+    def out(tensors: Any) -> np.ndarray:
+        return np.concatenate([keras.ops.convert_to_numpy(t) for t in tensors], axis=2)
+
+    if case.scheme == "xpos":
+        layer = pk.XPosRotaryEmbedding(p["head_dim"], max_length=case.table, **xpos_options(case))
+        if case.decode:
+            return decode(case, lambda x, s: out(layer(x, x, start_index=s)), x)
+        return out(call(lambda x, s: layer(x, x, start_index=s), x, start("start")))
+    spec, coords = axial_spec(case), axial_coords(case)
+    layer = pk.AxialRotaryEmbedding(**spec.fields(), max_length=case.table)
+
+    def first(tensors: Any) -> np.ndarray:
+        return keras.ops.convert_to_numpy(tensors[0])
+
+    if case.decode:
+        return decode(case, lambda x, s: first(layer(x, x, coords=coords[s : s + x.shape[1]])), x)
+    if case.traced:
+        where = keras.ops.convert_to_tensor(coords.astype(np.int32))
+        return first(call(lambda x, c: layer(x, x, coords=c), x, where))
+    return first(layer(x, x, coords=coords))
+
+
+def run_jax_rope_nd(case: Case, x: np.ndarray, *, jit: bool) -> np.ndarray:
+    import jax
+    import jax.numpy as jnp
+
+    import posenc.jax as pj
+
+    p = case.params
+    if case.scheme == "xpos":
+        # traced positions gather from a table of the case's rows, else of every position
+        rows = case.table if case.traced else int(positions(case)[-1]) + 1
+
+        def xpos(x: Any, pos: Any) -> Any:
+            tables = pj.xpos_tables(
+                pos, p["head_dim"], max_length=rows if jit else None, **xpos_options(case)
+            )  # (seq, d) each
+            q, k = pj.apply_xpos(x, x, *(t[:, None, :] for t in tables), layout=p["layout"])
+            return jnp.concatenate([q, k], axis=2)
+
+        step = jax.jit(xpos) if jit else xpos
+
+        def at(x: Any, first: int) -> np.ndarray:
+            where = np.arange(first, first + x.shape[1])
+            return np.asarray(step(x, jnp.asarray(where) if jit else where))
+
+        return decode(case, at, x) if case.decode else at(x, p["start"])
+    spec, coords = axial_spec(case), axial_coords(case)
+    rows = case.table if case.traced else int(coords.max()) + 1
+
+    def axial(x: Any, c: Any) -> Any:
+        cos, sin = pj.axial_rope_tables(
+            c,
+            spec.head_dim,
+            base=spec.base,
+            sections=spec.sections,
+            mode=spec.mode,
+            layout=spec.layout,
+            max_length=rows if jit else None,
+        )  # (seq, d) each
+        return pj.apply_rope(x, cos[:, None, :], sin[:, None, :], layout=spec.layout)
+
+    step = jax.jit(axial) if jit else axial
+
+    def along(x: Any, first: int) -> np.ndarray:
+        c = coords[first : first + x.shape[1]]
+        return np.asarray(step(x, jnp.asarray(c, dtype=jnp.int32) if jit else c))
+
+    return decode(case, along, x) if case.decode else along(x, 0)
+
+
+def run_flax_rope_nd(case: Case, x: np.ndarray, call: Any, start: Any) -> np.ndarray:
+    import jax.numpy as jnp
+
+    from posenc.jax import linen
+
+    p = case.params
+    if case.scheme == "xpos":
+        module = linen.XPosRotaryEmbedding(
+            p["head_dim"], max_length=case.table, **xpos_options(case)
+        )
+
+        def both(tensors: Any) -> np.ndarray:
+            return np.asarray(jnp.concatenate(tensors, axis=2))
+
+        if case.decode:
+            return decode(case, lambda x, s: both(module.apply({}, x, x, start_index=s)), x)
+        return both(call(lambda x, s: module.apply({}, x, x, start_index=s), x, start("start")))
+    spec, coords = axial_spec(case), axial_coords(case)
+    module = linen.AxialRotaryEmbedding(**spec.fields(), max_length=case.table)
+    if case.decode:
+        return decode(
+            case,
+            lambda x, s: np.asarray(module.apply({}, x, x, coords=coords[s : s + x.shape[1]])[0]),
+            x,
+        )
+    where = jnp.asarray(coords, dtype=jnp.int32) if case.traced else coords
+    return np.asarray(call(lambda x, c: module.apply({}, x, x, coords=c)[0], x, where))
+
+
 # --- inputs and the reference ----------------------------------------------------------
 
 
@@ -337,7 +614,7 @@ def inputs(case: Case) -> dict[str, np.ndarray]:
             "x": rng.standard_normal((2, p["length"], p["d"])).astype(np.float32),
             "weight": rng.standard_normal((p["max_length"], p["d"])).astype(np.float32),
         }
-    if case.scheme == "rope":
+    if case.scheme in ("rope", *ROPE_ND):
         x = rng.standard_normal((1, p["seq"], p["heads"], p["head_dim"]))  # (b, s, h, d)
         return {"x": x.astype(np.float32)}
     if case.scheme == "t5":
@@ -420,6 +697,8 @@ def reference(case: Case) -> np.ndarray:
             offset=p.get("offset"),
             fmt=case.fmt,
         )
+    if case.scheme in ROPE_ND:
+        return rope_nd_reference(case, data["x"])
     if case.scheme == "t5":
         return t5_bias(
             data["weight"],
@@ -440,6 +719,9 @@ def row_positions(case: Case) -> np.ndarray:
 
         p = case.params
         return align_queries(p["q"], p["k"], p.get("offset"))[2] + np.arange(p["q"])
+    if case.scheme == "axial":  # a token's coordinate farthest from the table
+        coords = axial_coords(case)
+        return np.where(coords.min(-1) < 0, coords.min(-1), coords.max(-1))
     return positions(case)
 
 
@@ -518,9 +800,10 @@ def decode(case: Case, step: Any, x: Any = None) -> np.ndarray:
 
 def tolerance(case: Case) -> float:
     """Absolute tolerance: 0 where only the core's values move, float32 rounding else."""
-    if case.scheme == "rope":
-        # Two float32 products and a sum per entry, |x| <= ~5: a few float32 ulps of 4.
-        return 2e-6
+    if case.scheme in ("rope", *ROPE_ND):
+        # Two float32 products and a sum per entry, |x| <= ~5: a few float32 ulps of 4
+        # (xPos: and one product by a scale, at most about 1.1 here).
+        return 4e-6 if case.scheme == "xpos" else 2e-6
     return 0.0
 
 
@@ -602,6 +885,8 @@ def run_numpy(case: Case) -> np.ndarray:
             compat=p.get("compat", "hf"),
         )
 
+    if case.scheme in ROPE_ND:
+        return run_numpy_rope_nd(case, data["x"])
     if case.scheme in BIASES:
         bias = alibi if case.scheme == "alibi" else t5
         return decode(case, bias) if case.decode else bias(p["q"], p["k"], p.get("offset"))
@@ -703,6 +988,8 @@ def run_torch(case: Case) -> np.ndarray:
             return out(call(lambda x, pos: module(x, x, positions=pos)[0], x, where))
         q_rot, _ = module(x, x, offset=p["start"])
         return out(q_rot)
+    if case.scheme in ROPE_ND:
+        return run_torch_rope_nd(case, data["x"], call, where)
     if case.scheme == "alibi":
         module = pt.ALiBiBias(p["heads"], mode=p.get("mode", "causal"))
         if case.decode:
@@ -789,6 +1076,8 @@ def run_keras(case: Case) -> np.ndarray:
         if case.decode:
             return decode(case, lambda x, s: out(layer(x, start_index=s)), x)
         return out(call(lambda x, s: layer(x, start_index=s), x, start("start")))
+    if case.scheme in ROPE_ND:
+        return run_keras_rope_nd(case, data["x"], call, start)
     if case.scheme == "alibi":
         layer = pk.ALiBiBias(p["heads"], mode=p.get("mode", "causal"), max_length=case.table)
 
@@ -928,6 +1217,8 @@ def _run_jax(case: Case, *, jit: bool) -> np.ndarray:
             return out(call(lambda x: rotate(x, positions(case)), data["x"]))
         pos = jnp.asarray(positions(case)) if jit else positions(case)
         return out(call(rotate, data["x"], pos))
+    if case.scheme in ROPE_ND:
+        return run_jax_rope_nd(case, data["x"], jit=jit)
     if case.scheme == "alibi":
 
         def alibi(offset: Any, q: int = p["q"], k: int = p["k"]) -> Any:
@@ -1032,6 +1323,8 @@ def _run_flax(case: Case) -> np.ndarray:
         if case.decode:
             return decode(case, lambda x, s: out(module.apply(variables, x, start_index=s)), x)
         return out(call(lambda x, s: module.apply(variables, x, start_index=s), x, start("start")))
+    if case.scheme in ROPE_ND:
+        return run_flax_rope_nd(case, data["x"], call, start)
     if case.scheme == "alibi":
         module = linen.ALiBiBias(
             p["heads"], mode=p.get("mode", "causal"), max_length=case.table, dtype=case.fmt

@@ -1,8 +1,8 @@
 """Pure JAX functions over the NumPy core, safe under ``jax.jit``, ``jax.vmap`` and ``jax.grad``.
 
 All of them in one namespace; they live by family in :mod:`posenc.jax.encodings`
-(sinusoidal, 1-D and N-D), :mod:`posenc.jax.rope` and :mod:`posenc.jax.bias` (ALiBi,
-T5), and are re-exported by :mod:`posenc.jax`.
+(sinusoidal, 1-D and N-D), :mod:`posenc.jax.rope`, :mod:`posenc.jax.rope_nd` (xPos,
+axial RoPE) and :mod:`posenc.jax.bias` (ALiBi, T5), and are re-exported by :mod:`posenc.jax`.
 
 The numbers come from :mod:`posenc.core`: every table is computed there in float64 with
 exact angle reduction and rounded once to the target format. The functions only convert
@@ -31,15 +31,19 @@ from .bias import alibi_bias, alibi_slopes, t5_bias
 from .encodings import sinusoidal
 from .nd import sinusoidal_nd
 from .rope import apply_rope, rope_tables
+from .rope_nd import apply_xpos, axial_rope_tables, xpos_tables
 
 __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "apply_xpos",
+    "axial_rope_tables",
     "rope_tables",
     "sinusoidal",
     "sinusoidal_nd",
     "t5_bias",
+    "xpos_tables",
 ]
 
 # The functions' docstring examples run with this module's doctests (doctest.testmod

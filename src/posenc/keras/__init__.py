@@ -7,6 +7,8 @@ dtype, and only move, slice and gather them with ``keras.ops``.
 Layers: :class:`SinusoidalPositionalEncoding` (1-D, added to the input),
 :class:`SinusoidalPositionalEncodingND` (images, video), :class:`LearnedPositionalEmbedding`,
 :class:`RotaryEmbedding` (every RoPE scaling; applied to queries and keys),
+:class:`XPosRotaryEmbedding` and :class:`AxialRotaryEmbedding` (xPos; axial RoPE and
+M-RoPE: applied to queries and keys together),
 :class:`ALiBiBias` and :class:`T5RelativeBias` (added to attention scores); and
 :func:`generate_positional_encoding`, the function of the TensorFlow example in
 GeeksforGeeks' "Positional Encoding in Transformers".
@@ -35,14 +37,17 @@ from .packing import (
     positions_from_document_ids,
 )
 from .rope import RotaryEmbedding
+from .rope_nd import AxialRotaryEmbedding, XPosRotaryEmbedding
 
 __all__ = [
     "ALiBiBias",
+    "AxialRotaryEmbedding",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "SinusoidalPositionalEncodingND",
     "T5RelativeBias",
+    "XPosRotaryEmbedding",
     "generate_positional_encoding",
     "mrope_positions",
     "positions_from_attention_mask",

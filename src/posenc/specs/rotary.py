@@ -26,7 +26,13 @@ from ..core.rope import (
     rope_options,
     rope_table_values,
 )
-from ..core.rope_nd import AXIAL_MODES, AxialMode, axial_rope_tables, xpos_scales
+from ..core.rope_nd import (
+    AXIAL_MODES,
+    AxialMode,
+    axial_column_axes,
+    axial_rope_tables,
+    xpos_scales,
+)
 from .base import SchemeSpec
 from .hf import mrope_spec_from_hf_config, rope_spec_from_hf_config, rope_spec_to_hf_dict
 
@@ -326,3 +332,32 @@ class AxialRopeSpec(SchemeSpec):
             layout=self.layout,
             dtype=fmt,
         )
+
+    @property
+    def column_axes(self) -> np.ndarray:
+        """The coordinate axis each column of the tables turns by, ``(head_dim,)`` int64
+        (:func:`posenc.core.rope_nd.axial_column_axes`)."""
+        assert self.sections is not None  # resolved in __post_init__
+        return axial_column_axes(self.sections, self.mode, self.layout)
+
+    def axis_tables(
+        self, positions: Any, *, axis: int, fmt: str = "float32", start: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(cos, sin)`` at coordinate ``positions`` along ``axis``, every other axis at 0:
+        the rows a front end gathers for that axis when the coordinates are traced (the
+        columns of the other axes hold cos 1 and sin 0; :attr:`column_axes` says which
+        columns are the axis's own). ``positions``: an int ``n`` (``start .. start+n-1``)
+        or an array; each result ``(*positions.shape, head_dim)``.
+
+        Example:
+            >>> spec = AxialRopeSpec(head_dim=4, n_axes=2, layout="interleaved")
+            >>> cos, _ = spec.axis_tables(2, axis=1, fmt="float64")
+            >>> cos.round(6).tolist(), spec.column_axes.tolist()
+            ([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.540302, 0.540302]], [0, 0, 1, 1])
+        """
+        if isinstance(positions, int):
+            positions = start + np.arange(check_int(positions, "positions", minimum=0))
+        along = np.asarray(positions)
+        coords = np.zeros((*along.shape, self.n_axes), dtype=along.dtype)
+        coords[..., check_int(axis, "axis", minimum=0, maximum=self.n_axes - 1)] = along
+        return self.tables(coords, fmt=fmt)

@@ -49,7 +49,13 @@ References:
     Wang et al., "Qwen2-VL", 2024; Hugging Face ``modeling_qwen2_vl.py``.
 """
 
-from .axial import AXIAL_MODES, AxialMode, axial_rope_tables, grid_coordinates
+from .axial import (
+    AXIAL_MODES,
+    AxialMode,
+    axial_column_axes,
+    axial_rope_tables,
+    grid_coordinates,
+)
 from .xpos import XPOS_CENTRES, XposCentre, XposConvention, apply_xpos, xpos_centre, xpos_scales
 
 __all__ = [
@@ -59,6 +65,7 @@ __all__ = [
     "XposCentre",
     "XposConvention",
     "apply_xpos",
+    "axial_column_axes",
     "axial_rope_tables",
     "grid_coordinates",
     "xpos_centre",

@@ -30,7 +30,13 @@ from ..rope import (
     rope_table_values,
 )
 
-__all__ = ["AXIAL_MODES", "AxialMode", "axial_rope_tables", "grid_coordinates"]
+__all__ = [
+    "AXIAL_MODES",
+    "AxialMode",
+    "axial_column_axes",
+    "axial_rope_tables",
+    "grid_coordinates",
+]
 
 AxialMode = Literal["axial", "mrope", "mrope-interleaved"]
 AXIAL_MODES: tuple[AxialMode, ...] = ("axial", "mrope", "mrope-interleaved")
@@ -100,6 +106,40 @@ def _pair_order(ladders: list[np.ndarray], sections: Any, mode: AxialMode) -> li
         return _interleaved_pairs(sizes if sections is None else list(sections), sum(sizes))
     starts = np.cumsum([0, *sizes])
     return [np.arange(starts[a], starts[a + 1]) for a in range(len(sizes))]
+
+
+def axial_column_axes(
+    sections: Sequence[int], mode: AxialMode = "axial", layout: RopeLayout = "half"
+) -> np.ndarray:
+    """The coordinate axis each column of :func:`axial_rope_tables`' tables turns by.
+
+    A front end that gathers one table per axis (traced coordinates: rows ``0 ..
+    max_length-1`` along each axis) takes column ``j`` from the table of axis
+    ``axes[j]``.
+
+    Args:
+        sections: Pairs per axis (as validated by :func:`axial_rope_tables`).
+        mode: ``"axial"``, ``"mrope"`` or ``"mrope-interleaved"``.
+        layout: ``"half"`` or ``"interleaved"``.
+
+    Returns:
+        An int64 array ``(2 * sum(sections),)``.
+
+    Example:
+        >>> axial_column_axes([1, 2], "mrope", "half").tolist()
+        [0, 1, 1, 0, 1, 1]
+        >>> axial_column_axes([2, 1], "mrope-interleaved", "interleaved").tolist()
+        [0, 0, 1, 1, 0, 0]
+    """
+    mode = check_choice(mode, "mode", AXIAL_MODES)
+    n_axes = len(sections) if isinstance(sections, Sequence) else 0
+    sections = _check_sections(sections, None, n_axes)
+    pairs = sum(sections)
+    ladders = [np.zeros(s) for s in sections]  # only their sizes matter to _pair_order
+    owner = np.zeros(pairs, dtype=np.int64)
+    for axis, index in enumerate(_pair_order(ladders, sections, mode)):
+        owner[index] = axis
+    return pair_layout(owner, check_choice(layout, "layout", ROPE_LAYOUTS))
 
 
 def _axial_ladders(inv_freq: Any, sections: Sequence[int] | None, n_axes: int) -> list[np.ndarray]:

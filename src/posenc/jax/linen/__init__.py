@@ -12,12 +12,14 @@ traced:
   table the core computes the call's rows, except for the learned embedding, which
   raises); a traced one gathers rows from the table, and rows past it are NaN, never
   another row.
-* ``positions=`` (:class:`RotaryEmbedding`) follows the same rule.
+* ``positions=`` (:class:`RotaryEmbedding`, :class:`XPosRotaryEmbedding`) and ``coords=``
+  (:class:`AxialRotaryEmbedding`) follow the same rule.
 
 That is the out-of-range policy of :mod:`posenc.core.positions`, applied by the
 :class:`~posenc.jax._tables.PositionTables` the modules share with the pure functions
 of :mod:`posenc.jax`. The modules live by family in :mod:`.encodings` (added to the
-input: sinusoidal, learned, N-D), :mod:`.rope` and :mod:`.bias` (ALiBi, T5).
+input: sinusoidal, learned, N-D), :mod:`.rope`, :mod:`.rope_nd` (xPos, axial RoPE and
+M-RoPE) and :mod:`.bias` (ALiBi, T5).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -43,14 +45,17 @@ from .bias import ALiBiBias, T5RelativeBias
 from .encodings import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .nd import SinusoidalPositionalEncodingND
 from .rope import RotaryEmbedding
+from .rope_nd import AxialRotaryEmbedding, XPosRotaryEmbedding
 
 __all__ = [
     "ALiBiBias",
+    "AxialRotaryEmbedding",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "SinusoidalPositionalEncodingND",
     "T5RelativeBias",
+    "XPosRotaryEmbedding",
 ]
 
 # The modules' docstring examples run with this package's doctests (doctest.testmod
