@@ -7,7 +7,8 @@ dtype, and only move, slice and gather them with ``keras.ops``.
 Layers: :class:`SinusoidalPositionalEncoding` (1-D, added to the input),
 :class:`SinusoidalPositionalEncodingND` (images, video), :class:`LearnedPositionalEmbedding`,
 :class:`RotaryEmbedding` (every RoPE scaling; applied to queries and keys),
-:class:`ALiBiBias` and :class:`T5RelativeBias` (added to attention scores); and
+:class:`ALiBiBias` and :class:`T5RelativeBias` (added to attention scores),
+:class:`ContextualPositionEncoding` (CoPE: a bias computed from the queries and keys); and
 :func:`generate_positional_encoding`, the function of the TensorFlow example in
 GeeksforGeeks' "Positional Encoding in Transformers".
 
@@ -25,6 +26,7 @@ except ImportError as exc:
     raise missing("keras", "posenc.keras", exc) from exc
 
 from .bias import ALiBiBias, T5RelativeBias
+from .cope import ContextualPositionEncoding
 from .encodings import SinusoidalPositionalEncoding, generate_positional_encoding
 from .learned import LearnedPositionalEmbedding
 from .nd import SinusoidalPositionalEncodingND
@@ -38,6 +40,7 @@ from .rope import RotaryEmbedding
 
 __all__ = [
     "ALiBiBias",
+    "ContextualPositionEncoding",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
