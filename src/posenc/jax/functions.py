@@ -1,8 +1,8 @@
 """Pure JAX functions over the NumPy core, safe under ``jax.jit``, ``jax.vmap`` and ``jax.grad``.
 
 All of them in one namespace; they live by family in :mod:`posenc.jax.encodings`
-(sinusoidal, 1-D and N-D), :mod:`posenc.jax.rope` and :mod:`posenc.jax.bias` (ALiBi,
-T5), and are re-exported by :mod:`posenc.jax`.
+(sinusoidal, 1-D and N-D), :mod:`posenc.jax.rope`, :mod:`posenc.jax.bias` (ALiBi,
+T5) and :mod:`posenc.jax.cope` (CoPE), and are re-exported by :mod:`posenc.jax`.
 
 The numbers come from :mod:`posenc.core`: every table is computed there in float64 with
 exact angle reduction and rounded once to the target format. The functions only convert
@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 from .bias import alibi_bias, alibi_slopes, t5_bias
+from .cope import cope_bias
 from .encodings import sinusoidal
 from .nd import sinusoidal_nd
 from .rope import apply_rope, rope_tables
@@ -36,6 +37,7 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "cope_bias",
     "rope_tables",
     "sinusoidal",
     "sinusoidal_nd",
