@@ -91,6 +91,20 @@ TABLELESS |= {("torch", "axial")}
 DECODED = ("sinusoidal", "learned", "rope", "alibi", "t5", "nope", *ROPE_ND)
 BIASES = ("alibi", "t5")
 
+# --- CoPE (contextual position encoding): in every front end, computed from the queries
+# and keys (no table, no positions: exact traced too); rows are queries as for a bias, a
+# decode step its queries against the keys so far. Its functions: the "CoPE" blocks below.
+CONTEXTUAL = ("cope",)
+SCHEMES = (*SCHEMES, *CONTEXTUAL)
+FRONTENDS = {name: (needs, (*has, *CONTEXTUAL)) for name, (needs, has) in FRONTENDS.items()}
+TABLELESS |= {(frontend, "cope") for frontend in FRONTENDS}
+DECODED = (*DECODED, *CONTEXTUAL)
+
+
+def by_queries(case: Case) -> bool:
+    """Whether the output's rows are queries against keys (a bias, CoPE)."""
+    return case.scheme in BIASES or case.scheme in CONTEXTUAL
+
 
 def missing_packages(frontend: str) -> list[str]:
     """The packages ``frontend`` needs that cannot be imported here."""
@@ -324,6 +338,23 @@ CASES: list[Case] = [
     Case("t5", "decode-default", {"heads": 2, "buckets": 8, "max_distance": 12, "q": 5,
          "k": 16, "prompt": 2}, decode=True),
     Case("nope", "decode", {"length": 5, "d": 8, "start": 7}, decode=True),
+    # CoPE: real heads and width (counts past 8 share the last vector), a padding mask per
+    # batch row with queries after cached keys, no mask; compiled; decoded step by step.
+    *[
+        Case("cope", name + suffix, {"batch": batch, "heads": heads, "head_dim": dim, "q": q,
+             "k": k, "max_positions": npos, "mask": mask, "scale": dim**-0.5},
+             traced=suffix == "-traced")
+        for name, (batch, heads, dim, q, k, npos, mask) in {
+            "causal-8x64": (2, 8, 64, 12, 12, 9, "causal"),
+            "padded-q<k": (2, 4, 8, 3, 7, 16, "padded"),
+            "bidirectional": (1, 2, 16, 5, 5, 4, "none"),
+        }.items()
+        for suffix in ("", "-traced")
+    ],
+    Case("cope", "decode", {"batch": 2, "heads": 2, "head_dim": 16, "q": 6, "k": 6,
+         "max_positions": 8, "mask": "causal", "scale": 0.25, "prompt": 2}, decode=True),
+    Case("cope", "decode-cached", {"batch": 2, "heads": 8, "head_dim": 64, "q": 5, "k": 9,
+         "max_positions": 6, "mask": "padded", "scale": 0.125}, decode=True),
 ]  # fmt: skip
 
 
@@ -619,6 +650,8 @@ def inputs(case: Case) -> dict[str, np.ndarray]:
         return {"x": x.astype(np.float32)}
     if case.scheme == "t5":
         return {"weight": rng.standard_normal((p["buckets"], p["heads"])).astype(np.float32)}
+    if case.scheme == "cope":
+        return cope_inputs(case, rng)
     return {}
 
 
@@ -655,6 +688,8 @@ def reference(case: Case) -> np.ndarray:
     from posenc.core.t5 import t5_bias
 
     table_values = importlib.import_module("posenc.core.sinusoidal").table_values
+    if case.scheme == "cope":
+        return cope_reference(case)
     p, data = case.params, inputs(case)
     if case.scheme == "sinusoidal":
         table = table_values(
@@ -714,7 +749,7 @@ def reference(case: Case) -> np.ndarray:
 
 def row_positions(case: Case) -> np.ndarray:
     """The positions of the output's rows (axis 1): tokens, or the biases' queries."""
-    if case.scheme in ("alibi", "t5"):
+    if by_queries(case):
         from posenc.core.plan import align_queries
 
         p = case.params
@@ -734,7 +769,7 @@ def expected(frontend: str, case: Case) -> np.ndarray:
         where = row_positions(case)
         outside = (where < 0) | (where >= case.table)
         values[:, outside] = np.nan
-    if case.decode and case.scheme in BIASES:
+    if case.decode and by_queries(case):
         seen = np.full_like(values, np.nan)
         for _, _, where in decode_views(case):
             seen[where] = values[where]
@@ -749,7 +784,7 @@ def decode_steps(case: Case) -> list[tuple[int, int]]:
     """``(first, count)`` of each call of a decode case, along the tokens (the biases'
     queries): the first ``prompt`` of them in one call (default 1), then one per call."""
     p = case.params
-    total = p["q"] if case.scheme in BIASES else len(positions(case))
+    total = p["q"] if by_queries(case) else len(positions(case))
     prompt = int(p.get("prompt", 1))
     return [(0, prompt), *((first, 1) for first in range(prompt, total))]
 
@@ -760,9 +795,9 @@ def decode_views(case: Case) -> list[tuple[int, int, tuple[slice, ...]]]:
     views = []
     for first, count in decode_steps(case):
         rows = slice(first, first + count)
-        if case.scheme in BIASES:
+        if by_queries(case):
             keys = row_positions(case)[first + count - 1] + 1  # up to the step's last query
-            views.append((first, count, (slice(None), rows, slice(0, int(keys)))))
+            views.append((first, count, (..., rows, slice(0, int(keys)))))
         else:
             views.append((first, count, (slice(None), rows)))
     return views
@@ -782,6 +817,8 @@ def decode(case: Case, step: Any, x: Any = None) -> np.ndarray:
       and keys of a ``(heads, q, k)`` array of NaN, which :func:`expected` matches.
     """
     p = case.params
+    if case.scheme in CONTEXTUAL:
+        return decode_contextual(case, step)
     if case.scheme not in BIASES:
         start, outputs = p.get("start", 0), []
         for first, count in decode_steps(case):
@@ -804,6 +841,8 @@ def tolerance(case: Case) -> float:
         # Two float32 products and a sum per entry, |x| <= ~5: a few float32 ulps of 4
         # (xPos: and one product by a scale, at most about 1.1 here).
         return 4e-6 if case.scheme == "xpos" else 2e-6
+    if case.scheme == "cope":
+        return 1e-5  # float32 gates, sums and products of head_dim terms, |bias| < ~5
     return 0.0
 
 
@@ -813,6 +852,8 @@ def tolerance(case: Case) -> float:
 def run_numpy(case: Case) -> np.ndarray:
     import posenc
 
+    if case.scheme == "cope":
+        return cope_numpy(case)
     p, data = case.params, inputs(case)
 
     def at(first: int, x: np.ndarray) -> np.ndarray:
@@ -898,6 +939,8 @@ def run_torch(case: Case) -> np.ndarray:
 
     import posenc.torch as pt
 
+    if case.scheme == "cope":
+        return cope_torch(case)
     p, data = case.params, inputs(case)
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
         case.fmt
@@ -1021,6 +1064,8 @@ def run_keras(case: Case) -> np.ndarray:
 
     import posenc.keras as pk
 
+    if case.scheme == "cope":
+        return cope_keras(case)
     p, data = case.params, inputs(case)
 
     def out(tensor: Any) -> np.ndarray:
@@ -1153,6 +1198,8 @@ def _run_jax(case: Case, *, jit: bool) -> np.ndarray:
 
     import posenc.jax as pj
 
+    if case.scheme == "cope":
+        return cope_jax(case, jit=jit)
     p, data = case.params, inputs(case)
 
     def out(array: Any) -> np.ndarray:
@@ -1274,6 +1321,8 @@ def _run_flax(case: Case) -> np.ndarray:
 
     from posenc.jax import linen
 
+    if case.scheme == "cope":
+        return cope_flax(case)
     p, data = case.params, inputs(case)
     dtype = {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16}[case.fmt]
 
@@ -1349,6 +1398,168 @@ def _run_flax(case: Case) -> np.ndarray:
         return out(call(lambda o: module.apply(variables, p["q"], p["k"], offset=o),
                         start("offset")))  # fmt: skip
     raise AssertionError(case.scheme)
+
+
+# --- CoPE ------------------------------------------------------------------------------
+#
+# Each front end's CoPE is ``bias(first, count, keys)``: the queries of rows ``first ..
+# first + count - 1`` against keys ``0 .. keys - 1``, ``(batch, heads, count, keys)`` as
+# NumPy. The full call is ``bias(0, q, k)``; a decode case calls it once per step.
+
+
+def cope_inputs(case: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Queries, keys and the learned vectors (the weight ``pos_emb`` of every front end)."""
+    p = case.params
+    shapes = {
+        "q": (p["batch"], p["heads"], p["q"], p["head_dim"]),
+        "k": (p["batch"], p["heads"], p["k"], p["head_dim"]),
+        "pos_emb": (1, p["head_dim"], p["max_positions"]),
+    }
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+
+
+def cope_allowed(case: Case, first: int, count: int, keys: int) -> np.ndarray | None:
+    """The mask of a call's rows and keys: causal (the queries are the last of the keys),
+    with ``"padded"`` batch row ``b`` also hiding its first ``2b`` keys (left padding,
+    ``(batch, 1, count, keys)``); ``None`` for ``"none"``."""
+    p = case.params
+    if p["mask"] == "none":
+        return None
+    rows = row_positions(case)[first : first + count]
+    allowed = np.arange(keys)[None, :] <= rows[:, None]  # (count, keys)
+    if p["mask"] == "padded":
+        shown = np.arange(keys)[None, :] >= 2 * np.arange(p["batch"])[:, None]  # (B, keys)
+        allowed = allowed & shown[:, None, None, :]  # (B, 1, count, keys)
+    return allowed
+
+
+def cope_reference(case: Case) -> np.ndarray:
+    from posenc.core.cope import cope_bias
+
+    p, data = case.params, inputs(case)
+    allowed = cope_allowed(case, 0, p["q"], p["k"])
+    bias = cope_bias(data["q"], data["k"], data["pos_emb"], allowed=allowed, scale=p["scale"])
+    return bias.astype(np.float32)  # float64, rounded once
+
+
+def cope_run(case: Case, bias: Any) -> np.ndarray:
+    """The case's output from a front end's ``bias(first, count, keys)``."""
+    p = case.params
+    return decode_contextual(case, bias) if case.decode else bias(0, p["q"], p["k"])
+
+
+def decode_contextual(case: Case, step: Any) -> np.ndarray:
+    """A CoPE decode: ``step(first, count, keys)`` per step, each into its rows and keys
+    of a ``(batch, heads, q, k)`` array of NaN, which :func:`expected` matches."""
+    p = case.params
+    out = np.full((p["batch"], p["heads"], p["q"], p["k"]), np.nan, np.float32)
+    for first, count, index in decode_views(case):
+        keys = index[-1].stop
+        bias = step(first, count, keys)
+        assert bias.shape == (p["batch"], p["heads"], count, keys), (first, bias.shape)
+        out[index] = bias
+    return out
+
+
+def cope_numpy(case: Case) -> np.ndarray:
+    import posenc
+
+    p, data = case.params, inputs(case)
+
+    def bias(first: int, count: int, keys: int) -> np.ndarray:
+        q, k = data["q"][:, :, first : first + count], data["k"][:, :, :keys]
+        allowed = cope_allowed(case, first, count, keys)
+        values = posenc.cope_bias(q, k, data["pos_emb"], allowed=allowed, scale=p["scale"])
+        return values.astype(np.float32)
+
+    return cope_run(case, bias)
+
+
+def cope_torch(case: Case) -> np.ndarray:
+    import torch
+
+    import posenc.torch as pt
+
+    p, data = case.params, inputs(case)
+    module = pt.ContextualPositionEncoding(p["head_dim"], max_positions=p["max_positions"])
+    module.load_state_dict({"pos_emb": torch.from_numpy(data["pos_emb"])})  # by name
+    call = module
+    if case.traced:
+        torch._dynamo.reset()
+        call = torch.compile(module, backend="eager", fullgraph=True)
+
+    def bias(first: int, count: int, keys: int) -> np.ndarray:
+        q = torch.from_numpy(data["q"][:, :, first : first + count])
+        k = torch.from_numpy(data["k"][:, :, :keys])
+        allowed = cope_allowed(case, first, count, keys)
+        mask = None if allowed is None else torch.from_numpy(allowed)
+        return call(q, k, allowed=mask, scale=p["scale"]).detach().numpy()
+
+    return cope_run(case, bias)
+
+
+def cope_keras(case: Case) -> np.ndarray:
+    import keras
+
+    import posenc.keras as pk
+
+    p, data = case.params, inputs(case)
+    layer = pk.ContextualPositionEncoding(p["head_dim"], max_positions=p["max_positions"])
+    layer.build()
+    layer.pos_emb.assign(data["pos_emb"])
+
+    def bias(first: int, count: int, keys: int) -> np.ndarray:
+        allowed = cope_allowed(case, first, count, keys)
+
+        def call(q: Any, k: Any) -> Any:
+            return layer(q, k, allowed=allowed, scale=p["scale"])
+
+        q = keras.ops.convert_to_tensor(data["q"][:, :, first : first + count])
+        k = keras.ops.convert_to_tensor(data["k"][:, :, :keys])
+        values = (keras_traced(call) if case.traced else call)(q, k)
+        return keras.ops.convert_to_numpy(values)
+
+    return cope_run(case, bias)
+
+
+def cope_jax(case: Case, *, jit: bool) -> np.ndarray:
+    import jax
+
+    import posenc.jax as pj
+
+    p, data = case.params, inputs(case)
+
+    def bias(first: int, count: int, keys: int) -> np.ndarray:
+        allowed = cope_allowed(case, first, count, keys)
+
+        def call(q: Any, k: Any, pos_emb: Any) -> Any:
+            return pj.cope_bias(q, k, pos_emb, allowed=allowed, scale=p["scale"])
+
+        q, k = data["q"][:, :, first : first + count], data["k"][:, :, :keys]
+        return np.asarray((jax.jit(call) if jit else call)(q, k, data["pos_emb"]))
+
+    return cope_run(case, bias)
+
+
+def cope_flax(case: Case) -> np.ndarray:
+    import jax
+
+    from posenc.jax import linen
+
+    p, data = case.params, inputs(case)
+    module = linen.ContextualPositionEncoding(p["head_dim"], max_positions=p["max_positions"])
+    variables = {"params": {"pos_emb": data["pos_emb"]}}  # the PyTorch module's name
+
+    def bias(first: int, count: int, keys: int) -> np.ndarray:
+        allowed = cope_allowed(case, first, count, keys)
+
+        def call(q: Any, k: Any) -> Any:
+            return module.apply(variables, q, k, allowed=allowed, scale=p["scale"])
+
+        q, k = data["q"][:, :, first : first + count], data["k"][:, :, :keys]
+        return np.asarray((jax.jit(call) if case.traced else call)(q, k))
+
+    return cope_run(case, bias)
 
 
 def run(frontend: str, case: Case) -> np.ndarray:

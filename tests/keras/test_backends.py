@@ -24,6 +24,7 @@ FILES = [
     "test_lengths.py",
     "test_keras_hub_swaps.py",
     "test_rope_nd.py",
+    "test_cope.py",
 ]
 
 

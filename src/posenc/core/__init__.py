@@ -1,6 +1,7 @@
 """Pure NumPy math: one implementation per formula, float64 inside."""
 
 from .alibi import alibi_bias, alibi_slopes
+from .cope import cope_bias
 from .frequencies import frequencies, wavelengths
 from .nd import sinusoidal_nd
 from .nope import attention_temperature, nope
@@ -53,6 +54,7 @@ __all__ = [
     "apply_xpos",
     "attention_temperature",
     "axial_rope_tables",
+    "cope_bias",
     "frequencies",
     "layout_permutation",
     "mrope_positions",

@@ -2,8 +2,8 @@
 
 Importing this package imports JAX (``import posenc`` alone does not). The pure
 functions live by family in :mod:`posenc.jax.encodings` (sinusoidal, 1-D and N-D),
-:mod:`posenc.jax.rope`, :mod:`posenc.jax.rope_nd` (xPos, axial RoPE and M-RoPE) and
-:mod:`posenc.jax.bias` (ALiBi, T5), all in
+:mod:`posenc.jax.rope`, :mod:`posenc.jax.rope_nd` (xPos, axial RoPE and M-RoPE),
+:mod:`posenc.jax.bias` (ALiBi, T5) and :mod:`posenc.jax.cope` (CoPE), all in
 :mod:`posenc.jax.functions` too, and are re-exported here; the Flax linen modules live
 in :mod:`posenc.jax.linen`, the only package that imports Flax. It is loaded on first
 access (``posenc.jax.linen``, or ``from posenc.jax import linen``), so this package
@@ -37,6 +37,7 @@ except ImportError as exc:
     raise missing("jax", "posenc.jax", exc) from exc
 
 from .bias import alibi_bias, alibi_slopes, t5_bias
+from .cope import cope_bias
 from .encodings import sinusoidal
 from .nd import sinusoidal_nd
 from .packing import (
@@ -54,6 +55,7 @@ __all__ = [
     "apply_rope",
     "apply_xpos",
     "axial_rope_tables",
+    "cope_bias",
     "mrope_positions",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",

@@ -2,7 +2,8 @@
 
 All of them in one namespace; they live by family in :mod:`posenc.jax.encodings`
 (sinusoidal, 1-D and N-D), :mod:`posenc.jax.rope`, :mod:`posenc.jax.rope_nd` (xPos,
-axial RoPE) and :mod:`posenc.jax.bias` (ALiBi, T5), and are re-exported by :mod:`posenc.jax`.
+axial RoPE), :mod:`posenc.jax.bias` (ALiBi, T5) and :mod:`posenc.jax.cope` (CoPE), and are
+re-exported by :mod:`posenc.jax`.
 
 The numbers come from :mod:`posenc.core`: every table is computed there in float64 with
 exact angle reduction and rounded once to the target format. The functions only convert
@@ -28,6 +29,7 @@ Example:
 from __future__ import annotations
 
 from .bias import alibi_bias, alibi_slopes, t5_bias
+from .cope import cope_bias
 from .encodings import sinusoidal
 from .nd import sinusoidal_nd
 from .rope import apply_rope, rope_tables
@@ -39,6 +41,7 @@ __all__ = [
     "apply_rope",
     "apply_xpos",
     "axial_rope_tables",
+    "cope_bias",
     "rope_tables",
     "sinusoidal",
     "sinusoidal_nd",

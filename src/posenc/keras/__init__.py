@@ -9,7 +9,8 @@ Layers: :class:`SinusoidalPositionalEncoding` (1-D, added to the input),
 :class:`RotaryEmbedding` (every RoPE scaling; applied to queries and keys),
 :class:`XPosRotaryEmbedding` and :class:`AxialRotaryEmbedding` (xPos; axial RoPE and
 M-RoPE: applied to queries and keys together),
-:class:`ALiBiBias` and :class:`T5RelativeBias` (added to attention scores); and
+:class:`ALiBiBias` and :class:`T5RelativeBias` (added to attention scores),
+:class:`ContextualPositionEncoding` (CoPE: a bias computed from the queries and keys); and
 :func:`generate_positional_encoding`, the function of the TensorFlow example in
 GeeksforGeeks' "Positional Encoding in Transformers".
 
@@ -27,6 +28,7 @@ except ImportError as exc:
     raise missing("keras", "posenc.keras", exc) from exc
 
 from .bias import ALiBiBias, T5RelativeBias
+from .cope import ContextualPositionEncoding
 from .encodings import SinusoidalPositionalEncoding, generate_positional_encoding
 from .learned import LearnedPositionalEmbedding
 from .nd import SinusoidalPositionalEncodingND
@@ -42,6 +44,7 @@ from .rope_nd import AxialRotaryEmbedding, XPosRotaryEmbedding
 __all__ = [
     "ALiBiBias",
     "AxialRotaryEmbedding",
+    "ContextualPositionEncoding",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",

@@ -13,7 +13,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._checks import DEFAULT_MAX_BYTES, check_choice, check_int, check_real
+from .._checks import (
+    DEFAULT_MAX_BYTES,
+    check_choice,
+    check_int,
+    check_max_length,
+    check_real,
+    check_weights,
+    check_width,
+)
 from ..core.alibi import MODES, check_heads
 from ..core.sandwich import check_sandwich_options, sandwich_bias, sandwich_distance_bias
 from .base import SchemeSpec
@@ -173,5 +181,9 @@ class CopeSpec(SchemeSpec):
     max_positions: int
 
     def __post_init__(self) -> None:
-        self._set("head_dim", check_int(self.head_dim, "head_dim", minimum=1))
-        self._set("max_positions", check_int(self.max_positions, "max_positions", minimum=1))
+        self._set("head_dim", check_width(self.head_dim, "head_dim"))
+        self._set("max_positions", check_max_length(self.max_positions, "max_positions"))
+        check_weights(
+            {"head_dim": self.head_dim, "max_positions": self.max_positions},
+            "CoPE's position vectors",
+        )

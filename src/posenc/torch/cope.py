@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_max_length, check_real, check_weights, check_width, describe
+from .._checks import describe
+from ..core.cope import check_cope_call
 from ..specs import CopeSpec, FromSpec
 from .protocols import BiasesScoresInContext
 
@@ -71,14 +72,8 @@ class ContextualPositionEncoding(BiasesScoresInContext, FromSpec):
 
     def __init__(self, head_dim: int, *, max_positions: int) -> None:
         super().__init__()
-        self.spec = CopeSpec(head_dim=head_dim, max_positions=max_positions)
+        self.spec = CopeSpec(head_dim=head_dim, max_positions=max_positions)  # checks them
         self.head_dim, self.max_positions = self.spec.head_dim, self.spec.max_positions
-        check_width(self.head_dim, "head_dim")
-        check_max_length(self.max_positions, "max_positions")
-        check_weights(
-            {"head_dim": self.head_dim, "max_positions": self.max_positions},
-            "ContextualPositionEncoding's position vectors",
-        )
         self.pos_emb = nn.Parameter(torch.zeros(1, self.head_dim, self.max_positions))
 
     def forward(
@@ -116,34 +111,15 @@ def _check_call(
     for label, x in (("q", q), ("k", k)):
         if not isinstance(x, Tensor) or not x.is_floating_point():
             raise TypeError(f"{name}: {label} must be a floating-point tensor, got {describe(x)}")
-        if x.dim() != 4 or x.shape[-1] != head_dim:
-            raise ValueError(
-                f"{name}: {label} must have shape (batch, heads, seq, {head_dim}), "
-                f"got {tuple(x.shape)}"
-            )
-    if q.shape[:2] != k.shape[:2]:
-        raise ValueError(
-            f"{name}: q and k must have the same batch and heads, got {tuple(q.shape)} and "
-            f"{tuple(k.shape)}"
+    if allowed is not None and (not isinstance(allowed, Tensor) or allowed.dtype != torch.bool):
+        raise TypeError(
+            f"{name}: allowed must be a boolean tensor (True where a query may attend), "
+            f"got {describe(allowed)}"
         )
-    scores = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    mask = None if allowed is None else tuple(allowed.shape)
+    checked = check_cope_call(name, tuple(q.shape), tuple(k.shape), mask, scale, head_dim)
     _check_devices(name, device, q=q, k=k, allowed=allowed)
-    if allowed is not None:
-        if not isinstance(allowed, Tensor) or allowed.dtype != torch.bool:
-            raise TypeError(
-                f"{name}: allowed must be a boolean tensor (True where a query may attend), "
-                f"got {describe(allowed)}"
-            )
-        try:
-            shape = torch.broadcast_shapes(allowed.shape, scores)  # type: ignore[no-untyped-call]
-        except RuntimeError:
-            shape = None
-        if shape != scores:
-            raise ValueError(
-                f"{name}: allowed must broadcast to the scores of q and k {scores}, got "
-                f"{tuple(allowed.shape)}"
-            )
-    return check_real(scale, f"{name}: scale", minimum=0.0, strict=True)
+    return checked
 
 
 def _check_devices(name: str, device: torch.device, **tensors: Any) -> None:

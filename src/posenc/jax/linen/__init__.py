@@ -19,7 +19,8 @@ That is the out-of-range policy of :mod:`posenc.core.positions`, applied by the
 :class:`~posenc.jax._tables.PositionTables` the modules share with the pure functions
 of :mod:`posenc.jax`. The modules live by family in :mod:`.encodings` (added to the
 input: sinusoidal, learned, N-D), :mod:`.rope`, :mod:`.rope_nd` (xPos, axial RoPE and
-M-RoPE) and :mod:`.bias` (ALiBi, T5).
+M-RoPE), :mod:`.bias` (ALiBi, T5) and :mod:`.cope` (CoPE, whose param ``"pos_emb"`` is its
+learned position vectors).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -42,6 +43,7 @@ except ImportError as exc:  # the pure functions of posenc.jax need JAX only
     ) from exc
 
 from .bias import ALiBiBias, T5RelativeBias
+from .cope import ContextualPositionEncoding
 from .encodings import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .nd import SinusoidalPositionalEncodingND
 from .rope import RotaryEmbedding
@@ -50,6 +52,7 @@ from .rope_nd import AxialRotaryEmbedding, XPosRotaryEmbedding
 __all__ = [
     "ALiBiBias",
     "AxialRotaryEmbedding",
+    "ContextualPositionEncoding",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
