@@ -2,7 +2,8 @@
 
 Importing this package imports JAX (``import posenc`` alone does not). The pure
 functions live by family in :mod:`posenc.jax.encodings` (sinusoidal, 1-D and N-D),
-:mod:`posenc.jax.rope` and :mod:`posenc.jax.bias` (ALiBi, T5), all in
+:mod:`posenc.jax.rope` (with :mod:`posenc.jax.rope_learned`, the tables of
+trained frequencies) and :mod:`posenc.jax.bias` (ALiBi, T5), all in
 :mod:`posenc.jax.functions` too, and are re-exported here; the Flax linen modules live
 in :mod:`posenc.jax.linen`, the only package that imports Flax. It is loaded on first
 access (``posenc.jax.linen``, or ``from posenc.jax import linen``), so this package
@@ -45,11 +46,13 @@ from .packing import (
     positions_from_document_ids,
 )
 from .rope import apply_rope, rope_tables
+from .rope_learned import learned_rope_tables
 
 __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "learned_rope_tables",
     "mrope_positions",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",

@@ -1,8 +1,9 @@
 """Pure JAX functions over the NumPy core, safe under ``jax.jit``, ``jax.vmap`` and ``jax.grad``.
 
 All of them in one namespace; they live by family in :mod:`posenc.jax.encodings`
-(sinusoidal, 1-D and N-D), :mod:`posenc.jax.rope` and :mod:`posenc.jax.bias` (ALiBi,
-T5), and are re-exported by :mod:`posenc.jax`.
+(sinusoidal, 1-D and N-D), :mod:`posenc.jax.rope` (and :mod:`posenc.jax.rope_learned`,
+the tables of trained frequencies) and :mod:`posenc.jax.bias` (ALiBi, T5), and are
+re-exported by :mod:`posenc.jax`.
 
 The numbers come from :mod:`posenc.core`: every table is computed there in float64 with
 exact angle reduction and rounded once to the target format. The functions only convert
@@ -31,11 +32,13 @@ from .bias import alibi_bias, alibi_slopes, t5_bias
 from .encodings import sinusoidal
 from .nd import sinusoidal_nd
 from .rope import apply_rope, rope_tables
+from .rope_learned import learned_rope_tables
 
 __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "learned_rope_tables",
     "rope_tables",
     "sinusoidal",
     "sinusoidal_nd",

@@ -7,6 +7,7 @@ dtype, and only move, slice and gather them with ``keras.ops``.
 Layers: :class:`SinusoidalPositionalEncoding` (1-D, added to the input),
 :class:`SinusoidalPositionalEncodingND` (images, video), :class:`LearnedPositionalEmbedding`,
 :class:`RotaryEmbedding` (every RoPE scaling; applied to queries and keys),
+:class:`LearnedRotaryEmbedding` (RoPE whose frequencies are trained),
 :class:`ALiBiBias` and :class:`T5RelativeBias` (added to attention scores); and
 :func:`generate_positional_encoding`, the function of the TensorFlow example in
 GeeksforGeeks' "Positional Encoding in Transformers".
@@ -35,10 +36,12 @@ from .packing import (
     positions_from_document_ids,
 )
 from .rope import RotaryEmbedding
+from .rope_learned import LearnedRotaryEmbedding
 
 __all__ = [
     "ALiBiBias",
     "LearnedPositionalEmbedding",
+    "LearnedRotaryEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "SinusoidalPositionalEncodingND",

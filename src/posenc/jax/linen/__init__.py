@@ -3,9 +3,9 @@
 The modules hold no table in their variables: derived tables (sinusoidal, RoPE, ALiBi,
 T5 buckets, N-D) are constants the core builds in float64 with exact angle reduction and
 rounds once; only trainable weights are params (``"embedding"`` of
-:class:`LearnedPositionalEmbedding`, ``"relative_attention_bias"`` of
-:class:`T5RelativeBias`). Sizes come from the input's static shape; positions may be
-traced:
+:class:`LearnedPositionalEmbedding`, ``"inv_freq"`` of :class:`LearnedRotaryEmbedding`,
+``"relative_attention_bias"`` of :class:`T5RelativeBias`). Sizes come from the input's
+static shape; positions may be traced:
 
 * ``start_index=`` (KV-cache decoding) is an int, or a traced integer scalar inside
   ``jax.jit``. A static start is exact at any position (past the ``max_length``-row
@@ -17,7 +17,8 @@ traced:
 That is the out-of-range policy of :mod:`posenc.core.positions`, applied by the
 :class:`~posenc.jax._tables.PositionTables` the modules share with the pure functions
 of :mod:`posenc.jax`. The modules live by family in :mod:`.encodings` (added to the
-input: sinusoidal, learned, N-D), :mod:`.rope` and :mod:`.bias` (ALiBi, T5).
+input: sinusoidal, learned, N-D), :mod:`.rope`, :mod:`.rope_learned` (RoPE with trained
+frequencies) and :mod:`.bias` (ALiBi, T5).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -43,10 +44,12 @@ from .bias import ALiBiBias, T5RelativeBias
 from .encodings import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .nd import SinusoidalPositionalEncodingND
 from .rope import RotaryEmbedding
+from .rope_learned import LearnedRotaryEmbedding
 
 __all__ = [
     "ALiBiBias",
     "LearnedPositionalEmbedding",
+    "LearnedRotaryEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "SinusoidalPositionalEncodingND",
