@@ -46,7 +46,7 @@ def learned_rope_tables(
     rounding error (Dekker's product of the position's two exact float32 parts and
     ``θ``, and Knuth's sum), and ``cos(hi + lo)`` is formed from the cos and sin of both;
     the tables are within a few float32 roundings of the exact values for positions
-    below ``2**24`` (about ``2**-21`` off at ``2**31``), where a plain float32 product
+    below ``2**24`` (about ``2**-18`` off at ``2**31``), where a plain float32 product
     would be ``position · θ · 2**-24`` radians off. ``inv_freq`` is read as float32 (the
     trained parameter's dtype); ``jax.jit`` does not reassociate the split.
 

@@ -52,7 +52,7 @@ class LearnedRotaryEmbedding(ChecksPlainArguments, keras.layers.Layer):
     product ``position · θ`` is split into a float32 sum ``hi + lo`` with no rounding
     error, and ``cos(hi + lo)`` is evaluated from the cos and sin of both. The tables
     are within a few float32 roundings of the exact ``cos(position · θ)`` for positions
-    below ``2**24`` (about ``2**-21`` off at ``2**31``), as the PyTorch module's angles
+    below ``2**24`` (about ``2**-18`` off at ``2**31``), as the PyTorch module's angles
     in float64; a plain float32 product would be ``position · θ · 2**-24`` radians off.
     The weight stays float32 under ``"mixed_float16"``/``"mixed_bfloat16"`` (it is not
     autocast), float16 and bfloat16 queries and keys are rotated in float32 and cast back.
