@@ -100,6 +100,14 @@ FRONTENDS = {name: (needs, (*has, *CONTEXTUAL)) for name, (needs, has) in FRONTE
 TABLELESS |= {(frontend, "cope") for frontend in FRONTENDS}
 DECODED = (*DECODED, *CONTEXTUAL)
 
+# Learned RoPE (rope_learned, RoPE whose frequencies are trained): in every front end,
+# decoded step by step; none keeps a table (each call forms its angles from the trained
+# frequencies), so it is exact at every position, traced too.
+SCHEMES = (*SCHEMES, "rope_learned")
+FRONTENDS = {f: (need, (*schemes, "rope_learned")) for f, (need, schemes) in FRONTENDS.items()}
+TABLELESS |= {(frontend, "rope_learned") for frontend in FRONTENDS}
+DECODED = (*DECODED, "rope_learned")
+
 
 def by_queries(case: Case) -> bool:
     """Whether the output's rows are queries against keys (a bias, CoPE)."""
@@ -629,11 +637,47 @@ def run_flax_rope_nd(case: Case, x: np.ndarray, call: Any, start: Any) -> np.nda
     return np.asarray(call(lambda x, c: module.apply({}, x, x, coords=c)[0], x, where))
 
 
+def _rope_learned(name: str, **params: Any) -> Case:
+    """A learned RoPE case: queries and keys (grouped: fewer key heads) in ``qk_layout``."""
+    options = {"traced": params.pop("traced", False), "decode": params.pop("decode", False)}
+    base = {
+        "head_dim": 16,
+        "seq": 6,
+        "heads": 2,
+        "kv_heads": 1,
+        "start": 0,
+        "layout": "half",
+        "base": 10000.0,
+        "qk_layout": "bshd",
+    }
+    return Case("rope_learned", name, base | params, **options)
+
+
+CASES += [
+    _rope_learned("default"),
+    _rope_learned("interleaved-bhsd-partial", layout="interleaved", qk_layout="bhsd",
+                  rotary_dim=8, start=3),
+    _rope_learned("llama3-8-heads-64", head_dim=64, heads=8, kv_heads=2, base=500000.0,
+                  scaling="llama3", scaling_params={"factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}, start=100),
+    _rope_learned("yarn-traced", scaling="yarn", traced=True, start=40,
+                  scaling_params={"factor": 4.0, "original_max_position_embeddings": 16}),
+    # No table: positions far past any (2**24 + 3) are exact, known or traced.
+    _rope_learned("past-table", seq=4, start=2**24 + 3, table=4),
+    _rope_learned("past-table-traced", seq=4, start=2**24 + 3, table=4, traced=True),
+    _rope_learned("decode", decode=True),
+    _rope_learned("decode-prompt-far-bhsd", layout="interleaved", qk_layout="bhsd", start=100_000,
+                  prompt=3, decode=True),
+]  # fmt: skip
+
+
 # --- inputs and the reference ----------------------------------------------------------
 
 
 def inputs(case: Case) -> dict[str, np.ndarray]:
     """The case's input arrays, the same for every front end."""
+    if case.scheme == "rope_learned":
+        return rope_learned_inputs(case)
     p, rng = case.params, case.rng()
     if case.scheme in ("sinusoidal", "nope"):
         shape = (2, p["length"], p["d"])
@@ -645,7 +689,7 @@ def inputs(case: Case) -> dict[str, np.ndarray]:
             "x": rng.standard_normal((2, p["length"], p["d"])).astype(np.float32),
             "weight": rng.standard_normal((p["max_length"], p["d"])).astype(np.float32),
         }
-    if case.scheme in ("rope", *ROPE_ND):
+    if case.scheme in ("rope", "rope_learned", *ROPE_ND):
         x = rng.standard_normal((1, p["seq"], p["heads"], p["head_dim"]))  # (b, s, h, d)
         return {"x": x.astype(np.float32)}
     if case.scheme == "t5":
@@ -690,6 +734,8 @@ def reference(case: Case) -> np.ndarray:
     table_values = importlib.import_module("posenc.core.sinusoidal").table_values
     if case.scheme == "cope":
         return cope_reference(case)
+    if case.scheme == "rope_learned":
+        return rope_learned_reference(case)
     p, data = case.params, inputs(case)
     if case.scheme == "sinusoidal":
         table = table_values(
@@ -850,6 +896,8 @@ def tolerance(case: Case) -> float:
 
 
 def run_numpy(case: Case) -> np.ndarray:
+    if case.scheme == "rope_learned":
+        return rope_learned_numpy(case)
     import posenc
 
     if case.scheme == "cope":
@@ -935,6 +983,8 @@ def run_numpy(case: Case) -> np.ndarray:
 
 
 def run_torch(case: Case) -> np.ndarray:
+    if case.scheme == "rope_learned":
+        return rope_learned_torch(case)
     import torch
 
     import posenc.torch as pt
@@ -1060,6 +1110,8 @@ def run_torch(case: Case) -> np.ndarray:
 
 def run_keras(case: Case) -> np.ndarray:
     """The case through the Keras layers, on whatever backend this process's Keras has."""
+    if case.scheme == "rope_learned":
+        return rope_learned_keras(case)
     import keras
 
     import posenc.keras as pk
@@ -1193,6 +1245,8 @@ def _jax_index_mode(case: Case) -> Any:
 
 
 def _run_jax(case: Case, *, jit: bool) -> np.ndarray:
+    if case.scheme == "rope_learned":
+        return rope_learned_jax(case, jit=jit)
     import jax
     import jax.numpy as jnp
 
@@ -1316,6 +1370,8 @@ def run_flax(case: Case) -> np.ndarray:
 
 
 def _run_flax(case: Case) -> np.ndarray:
+    if case.scheme == "rope_learned":
+        return rope_learned_flax(case)
     import jax
     import jax.numpy as jnp
 
@@ -1560,6 +1616,199 @@ def cope_flax(case: Case) -> np.ndarray:
         return np.asarray((jax.jit(call) if case.traced else call)(q, k))
 
     return cope_run(case, bias)
+
+
+# --- learned RoPE (rope_learned) -----------------------------------------------------------
+# Queries (``heads``) and keys (``kv_heads``) of shape (1, seq, heads, head_dim); each front
+# end's module takes them in the case's ``qk_layout`` and its output is given back as
+# (1, seq, heads + kv_heads, head_dim): the rotated queries, then the rotated keys. The
+# trained frequencies are the core's starting ones, perturbed by the case's rng, and go
+# into each front end's parameter by its name, ``inv_freq``.
+
+
+def rope_learned_options(case: Case) -> dict[str, Any]:
+    """The module options of a learned RoPE case (every front end takes the same)."""
+    p = case.params
+    keys = ("base", "rotary_dim", "layout", "scaling", "scaling_params", "qk_layout")
+    return {key: p[key] for key in keys if key in p}
+
+
+def rope_learned_inputs(case: Case) -> dict[str, np.ndarray]:
+    from posenc.core.rope import learned_rope_frequencies, rope_options
+
+    p, rng = case.params, case.rng()
+    q = rng.standard_normal((1, p["seq"], p["heads"], p["head_dim"]))
+    k = rng.standard_normal((1, p["seq"], p["kv_heads"], p["head_dim"]))
+    scaling, base, _ = rope_options(p.get("scaling"), p.get("scaling_params"), p["base"])
+    initial, factor = learned_rope_frequencies(
+        scaling, p.get("rotary_dim", p["head_dim"]), base, owner="case"
+    )
+    trained = initial * (1 + 0.2 * rng.standard_normal(initial.shape))  # as after training
+    return {
+        "x": np.concatenate([q, k], axis=2).astype(np.float32),  # (1, seq, heads + kv, d)
+        "inv_freq": trained.astype(np.float32),
+        "factor": np.float64(factor),
+    }
+
+
+def rope_learned_reference(case: Case) -> np.ndarray:
+    """The rotation by the trained frequencies in float64 (the core's exact tables and
+    rotation), rounded once."""
+    from posenc.core.rope import apply_rope, rope_tables
+
+    p, data = case.params, inputs(case)
+    cos, sin = rope_tables(
+        positions(case), data["inv_freq"], dtype="float64", layout=p["layout"],
+        scale=float(data["factor"]),
+    )  # fmt: skip
+    x = data["x"].astype(np.float64).transpose(0, 2, 1, 3)  # (b, h, s, d)
+    out = apply_rope(x, cos, sin, layout=p["layout"])
+    return out.transpose(0, 2, 1, 3).astype(np.float32)
+
+
+def _qk(case: Case, x: Any) -> tuple[Any, Any]:
+    """``(q, k)`` of a step's ``(1, seq, heads + kv, d)`` inputs, in the case's layout."""
+    q, k = x[:, :, : case.params["heads"]], x[:, :, case.params["heads"] :]
+    if case.params["qk_layout"] == "bhsd":
+        q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)  # (b, h, s, d)
+    return q, k
+
+
+def _output(case: Case, q: Any, k: Any) -> np.ndarray:
+    """Rotated ``q`` and ``k`` (NumPy, in the case's layout) as ``(1, seq, heads + kv, d)``."""
+    q, k = (np.asarray(a, dtype=np.float32) for a in (q, k))
+    if case.params["qk_layout"] == "bhsd":
+        q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)  # (b, s, h, d)
+    return np.concatenate([q, k], axis=2)
+
+
+def _rope_learned_steps(case: Case, rotate: Any) -> np.ndarray:
+    """The case's output from ``rotate(x, start) -> (q_rot, k_rot)``: once, or a call per
+    step of a decode case."""
+    data = inputs(case)
+    if case.decode:
+        return decode(case, lambda x, s: _output(case, *rotate(x, s)), data["x"])
+    return _output(case, *rotate(data["x"], case.params["start"]))
+
+
+def rope_learned_numpy(case: Case) -> np.ndarray:
+    """The core's public functions: ``rope_tables`` of the trained frequencies, rounded to
+    float32, and ``apply_rope`` in float32."""
+    import posenc
+
+    p, data = case.params, inputs(case)
+
+    def rotate(x: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+        where = np.arange(start, start + x.shape[1])
+        cos, sin = posenc.rope_tables(
+            where, data["inv_freq"], layout=p["layout"], scale=float(data["factor"])
+        )
+        q, k = (a.transpose(0, 2, 1, 3) for a in (x[:, :, : p["heads"]], x[:, :, p["heads"] :]))
+        q, k = (posenc.apply_rope(a, cos, sin, layout=p["layout"]) for a in (q, k))
+        if p["qk_layout"] == "bshd":
+            q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
+        return q, k
+
+    return _rope_learned_steps(case, rotate)
+
+
+def rope_learned_torch(case: Case) -> np.ndarray:
+    import torch
+
+    import posenc.torch as pt
+
+    p, data = case.params, inputs(case)
+    module = pt.LearnedRotaryEmbedding(p["head_dim"], **rope_learned_options(case))
+    module.load_state_dict({"inv_freq": torch.from_numpy(data["inv_freq"])})  # by name
+
+    def rotate(x: np.ndarray, start: int) -> tuple[Any, Any]:
+        q, k = (torch.from_numpy(np.ascontiguousarray(a)) for a in _qk(case, x))
+        if not case.traced:
+            q_rot, k_rot = module(q, k, offset=start)
+        else:  # compiled whole, the positions a tensor unknown while traced
+            torch._dynamo.reset()
+            where = torch.arange(start, start + x.shape[1])
+            compiled = torch.compile(module, backend="eager", fullgraph=True)
+            q_rot, k_rot = compiled(q, k, positions=where)
+        return q_rot.detach().numpy(), k_rot.detach().numpy()
+
+    return _rope_learned_steps(case, rotate)
+
+
+def rope_learned_keras(case: Case) -> np.ndarray:
+    import keras
+
+    import posenc.keras as pk
+
+    p, data = case.params, inputs(case)
+    layer = pk.LearnedRotaryEmbedding(p["head_dim"], **rope_learned_options(case))
+    layer.build()
+    {weight.name: weight for weight in layer.weights}["inv_freq"].assign(data["inv_freq"])
+
+    def rotate(x: np.ndarray, start: int) -> tuple[Any, Any]:
+        q, k = _qk(case, x)
+        if not case.traced:
+            q_rot, k_rot = layer(q, k, start_index=start)
+        else:  # the start a tensor, unknown while traced
+            start_index = keras.ops.convert_to_tensor(np.int32(start))
+            q_rot, k_rot = keras_traced(lambda q, k, s: layer(q, k, start_index=s))(
+                keras.ops.convert_to_tensor(q), keras.ops.convert_to_tensor(k), start_index
+            )
+        return keras.ops.convert_to_numpy(q_rot), keras.ops.convert_to_numpy(k_rot)
+
+    return _rope_learned_steps(case, rotate)
+
+
+def rope_learned_jax(case: Case, *, jit: bool) -> np.ndarray:
+    """``posenc.jax.learned_rope_tables`` and ``apply_rope``; with ``jit``, the positions
+    are traced."""
+    import jax
+    import jax.numpy as jnp
+
+    import posenc.jax as pj
+
+    p, data = case.params, inputs(case)
+    axis = 1 if p["qk_layout"] == "bshd" else 0  # where the tables take a heads axis
+
+    def rope(q: Any, k: Any, where: Any) -> tuple[Any, Any]:
+        cos, sin = pj.learned_rope_tables(
+            where, data["inv_freq"], layout=p["layout"], attention_factor=float(data["factor"])
+        )  # (seq, rotary_dim)
+        cos, sin = jnp.expand_dims(cos, axis), jnp.expand_dims(sin, axis)
+        return (
+            pj.apply_rope(q, cos, sin, layout=p["layout"]),
+            pj.apply_rope(k, cos, sin, layout=p["layout"]),
+        )
+
+    step = jax.jit(rope) if jit else rope  # one function (jitted once), a call per step
+
+    def rotate(x: np.ndarray, start: int) -> tuple[Any, Any]:
+        where = np.arange(start, start + x.shape[1])
+        return step(*_qk(case, x), jnp.asarray(where) if jit else where)
+
+    return _rope_learned_steps(case, rotate)
+
+
+def rope_learned_flax(case: Case) -> np.ndarray:
+    import jax
+    import jax.numpy as jnp
+
+    from posenc.jax import linen
+
+    p, data = case.params, inputs(case)
+    module = linen.LearnedRotaryEmbedding(p["head_dim"], **rope_learned_options(case))
+    variables = {"params": {"inv_freq": jnp.asarray(data["inv_freq"])}}  # by name
+
+    def apply(q: Any, k: Any, start: Any) -> Any:
+        return module.apply(variables, q, k, start_index=start)
+
+    def rotate(x: np.ndarray, start: int) -> tuple[Any, Any]:
+        q, k = _qk(case, x)
+        if case.traced:
+            return jax.jit(apply)(q, k, jnp.asarray(start, dtype=jnp.int32))
+        return apply(q, k, start)
+
+    return _rope_learned_steps(case, rotate)
 
 
 def run(frontend: str, case: Case) -> np.ndarray:

@@ -21,6 +21,7 @@ HERE = Path(__file__).parent
 FILES = [
     "test_embeddings_and_bias.py",
     "test_rope.py",
+    "test_rope_learned.py",
     "test_lengths.py",
     "test_keras_hub_swaps.py",
     "test_rope_nd.py",

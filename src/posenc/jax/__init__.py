@@ -2,8 +2,9 @@
 
 Importing this package imports JAX (``import posenc`` alone does not). The pure
 functions live by family in :mod:`posenc.jax.encodings` (sinusoidal, 1-D and N-D),
-:mod:`posenc.jax.rope`, :mod:`posenc.jax.rope_nd` (xPos, axial RoPE and M-RoPE),
-:mod:`posenc.jax.bias` (ALiBi, T5) and :mod:`posenc.jax.cope` (CoPE), all in
+:mod:`posenc.jax.rope` (with :mod:`posenc.jax.rope_learned`, the tables of trained
+frequencies), :mod:`posenc.jax.rope_nd` (xPos, axial RoPE and M-RoPE), :mod:`posenc.jax.bias`
+(ALiBi, T5) and :mod:`posenc.jax.cope` (CoPE), all in
 :mod:`posenc.jax.functions` too, and are re-exported here; the Flax linen modules live
 in :mod:`posenc.jax.linen`, the only package that imports Flax. It is loaded on first
 access (``posenc.jax.linen``, or ``from posenc.jax import linen``), so this package
@@ -47,6 +48,7 @@ from .packing import (
     positions_from_document_ids,
 )
 from .rope import apply_rope, rope_tables
+from .rope_learned import learned_rope_tables
 from .rope_nd import apply_xpos, axial_rope_tables, xpos_tables
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "apply_xpos",
     "axial_rope_tables",
     "cope_bias",
+    "learned_rope_tables",
     "mrope_positions",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",

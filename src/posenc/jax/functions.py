@@ -1,8 +1,9 @@
 """Pure JAX functions over the NumPy core, safe under ``jax.jit``, ``jax.vmap`` and ``jax.grad``.
 
 All of them in one namespace; they live by family in :mod:`posenc.jax.encodings`
-(sinusoidal, 1-D and N-D), :mod:`posenc.jax.rope`, :mod:`posenc.jax.rope_nd` (xPos,
-axial RoPE), :mod:`posenc.jax.bias` (ALiBi, T5) and :mod:`posenc.jax.cope` (CoPE), and are
+(sinusoidal, 1-D and N-D), :mod:`posenc.jax.rope` (and :mod:`posenc.jax.rope_learned`,
+the tables of trained frequencies), :mod:`posenc.jax.rope_nd` (xPos, axial RoPE),
+:mod:`posenc.jax.bias` (ALiBi, T5) and :mod:`posenc.jax.cope` (CoPE), and are
 re-exported by :mod:`posenc.jax`.
 
 The numbers come from :mod:`posenc.core`: every table is computed there in float64 with
@@ -33,6 +34,7 @@ from .cope import cope_bias
 from .encodings import sinusoidal
 from .nd import sinusoidal_nd
 from .rope import apply_rope, rope_tables
+from .rope_learned import learned_rope_tables
 from .rope_nd import apply_xpos, axial_rope_tables, xpos_tables
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "apply_xpos",
     "axial_rope_tables",
     "cope_bias",
+    "learned_rope_tables",
     "rope_tables",
     "sinusoidal",
     "sinusoidal_nd",

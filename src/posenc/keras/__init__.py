@@ -7,6 +7,7 @@ dtype, and only move, slice and gather them with ``keras.ops``.
 Layers: :class:`SinusoidalPositionalEncoding` (1-D, added to the input),
 :class:`SinusoidalPositionalEncodingND` (images, video), :class:`LearnedPositionalEmbedding`,
 :class:`RotaryEmbedding` (every RoPE scaling; applied to queries and keys),
+:class:`LearnedRotaryEmbedding` (RoPE whose frequencies are trained),
 :class:`XPosRotaryEmbedding` and :class:`AxialRotaryEmbedding` (xPos; axial RoPE and
 M-RoPE: applied to queries and keys together),
 :class:`ALiBiBias` and :class:`T5RelativeBias` (added to attention scores),
@@ -39,6 +40,7 @@ from .packing import (
     positions_from_document_ids,
 )
 from .rope import RotaryEmbedding
+from .rope_learned import LearnedRotaryEmbedding
 from .rope_nd import AxialRotaryEmbedding, XPosRotaryEmbedding
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "AxialRotaryEmbedding",
     "ContextualPositionEncoding",
     "LearnedPositionalEmbedding",
+    "LearnedRotaryEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "SinusoidalPositionalEncodingND",

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import MAX_POSITION, describe, position_error, show_number
+from ..core.rope import QK_AXES
 from ._backend import is_traced
 
 __all__ = [
@@ -30,12 +31,6 @@ __all__ = [
     "layout_reading",
     "positions_range",
 ]
-
-#: What each axis of a 4-D query or key tensor is, in each ``qk_layout``.
-QK_AXES: dict[str, tuple[str, str, str, str]] = {
-    "bhsd": ("batch", "heads", "seq", "head_dim"),  # Hugging Face, scaled_dot_product_attention
-    "bshd": ("batch", "seq", "heads", "head_dim"),  # Meta's Llama, flash-attn
-}
 
 
 def check_offset(offset: Any, name: str, count: int = 1) -> int:

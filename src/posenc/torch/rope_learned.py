@@ -13,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from .._checks import check_choice
-from ..core.rope import RopeScaling, rope_options
+from ..core.rope import RopeScaling, learned_rope_frequencies, rope_options
 from ..specs import FromSpec, RopeSpec
 from ._arguments import check_offset_or_positions
 from .protocols import RotatesQueriesKeys
@@ -78,26 +77,16 @@ class LearnedRotaryEmbedding(RotatesQueriesKeys, FromSpec):
         spec_scaling, base, _ = rope_options(
             scaling, scaling_params, base=base, seq_len_owner="module"
         )
-        if spec_scaling.length_dependent:
-            raise ValueError(
-                f"LearnedRotaryEmbedding: scaling={spec_scaling.name!r} recomputes the "
-                "frequencies from each sequence length, so there are none to train; use a "
-                "fixed scaling (default, linear, ntk, yarn, llama3, proportional)"
-            )
         self.spec = RopeSpec(
             head_dim=head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=spec_scaling
         )
         assert self.spec.rotary_dim is not None  # RopeSpec stores it resolved
         self.head_dim, self.rotary_dim = self.spec.head_dim, self.spec.rotary_dim
         self.layout = self.spec.layout
-        initial, self.attention_factor = self.spec.frequencies()  # float64, from the core
-        if initial.size and not float(np.abs(initial).max()) <= np.finfo(np.float32).max:
-            raise ValueError(
-                f"{type(self).__name__}: base={self.spec.base!r} gives frequencies up to "
-                f"{float(np.abs(initial).max()):.3g}, past float32 (the trained parameter's "
-                "dtype); use a base > 1"
-            )
-        self.inv_freq = nn.Parameter(torch.tensor(initial, dtype=torch.float32))  # default device
+        initial, self.attention_factor = learned_rope_frequencies(
+            spec_scaling, self.rotary_dim, self.spec.base, owner=type(self).__name__
+        )  # float32, from the core
+        self.inv_freq = nn.Parameter(torch.tensor(initial))  # float32, the default device
 
     def _tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """``cos`` and ``sin`` ``(..., rotary_dim)`` at integer ``positions`` in this layout,

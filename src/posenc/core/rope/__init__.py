@@ -81,6 +81,7 @@ from .functions import (
     rope_scaling,
     yarn_rope,
 )
+from .learned import learned_rope_frequencies
 from .methods import (
     DefaultScaling,
     DynamicNTKScaling,
@@ -101,7 +102,7 @@ from .registry import (
     unregister_rope_scaling,
 )
 from .rerotation import rerotation_table_values, rerotation_tables
-from .rotation import apply_rope, check_rope_shapes, rope_permutation
+from .rotation import QK_AXES, apply_rope, check_rope_shapes, rope_permutation
 from .scaling import RopeScaling
 from .tables import (
     ROPE_LAYOUTS,
@@ -114,6 +115,7 @@ from .tables import (
 
 __all__ = [
     "DEFAULT_BASE",
+    "QK_AXES",
     "ROPE_LAYOUTS",
     "ROPE_SCALINGS",
     "ROPE_SCALING_SPECS",
@@ -134,6 +136,7 @@ __all__ = [
     "check_rotary_dim",
     "default_rope",
     "dynamic_ntk_rope",
+    "learned_rope_frequencies",
     "linear_rope",
     "llama3_rope",
     "longrope_rope",

@@ -16,7 +16,14 @@ from ..precision import FORMATS, round_to_format
 from .frequencies import check_rotary_dim
 from .tables import ROPE_LAYOUTS, RopeLayout
 
-__all__ = ["apply_rope", "check_rope_shapes", "rope_permutation"]
+__all__ = ["QK_AXES", "apply_rope", "check_rope_shapes", "rope_permutation"]
+
+#: What each axis of a 4-D query or key tensor is, in each ``qk_layout`` of the modules
+#: that take queries and keys together (every front end reads it from here).
+QK_AXES: dict[str, tuple[str, str, str, str]] = {
+    "bhsd": ("batch", "heads", "seq", "head_dim"),  # Hugging Face, scaled_dot_product_attention
+    "bshd": ("batch", "seq", "heads", "head_dim"),  # Meta's Llama, flash-attn
+}
 
 
 def _float_format(array: np.ndarray, name: str) -> str:

@@ -3,9 +3,9 @@
 The modules hold no table in their variables: derived tables (sinusoidal, RoPE, ALiBi,
 T5 buckets, N-D) are constants the core builds in float64 with exact angle reduction and
 rounds once; only trainable weights are params (``"embedding"`` of
-:class:`LearnedPositionalEmbedding`, ``"relative_attention_bias"`` of
-:class:`T5RelativeBias`). Sizes come from the input's static shape; positions may be
-traced:
+:class:`LearnedPositionalEmbedding`, ``"inv_freq"`` of :class:`LearnedRotaryEmbedding`,
+``"relative_attention_bias"`` of :class:`T5RelativeBias`). Sizes come from the input's
+static shape; positions may be traced:
 
 * ``start_index=`` (KV-cache decoding) is an int, or a traced integer scalar inside
   ``jax.jit``. A static start is exact at any position (past the ``max_length``-row
@@ -18,9 +18,9 @@ traced:
 That is the out-of-range policy of :mod:`posenc.core.positions`, applied by the
 :class:`~posenc.jax._tables.PositionTables` the modules share with the pure functions
 of :mod:`posenc.jax`. The modules live by family in :mod:`.encodings` (added to the
-input: sinusoidal, learned, N-D), :mod:`.rope`, :mod:`.rope_nd` (xPos, axial RoPE and
-M-RoPE), :mod:`.bias` (ALiBi, T5) and :mod:`.cope` (CoPE, whose param ``"pos_emb"`` is its
-learned position vectors).
+input: sinusoidal, learned, N-D), :mod:`.rope`, :mod:`.rope_learned` (RoPE with trained
+frequencies), :mod:`.rope_nd` (xPos, axial RoPE and M-RoPE), :mod:`.bias` (ALiBi, T5) and
+:mod:`.cope` (CoPE, whose param ``"pos_emb"`` is its learned position vectors).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -47,6 +47,7 @@ from .cope import ContextualPositionEncoding
 from .encodings import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .nd import SinusoidalPositionalEncodingND
 from .rope import RotaryEmbedding
+from .rope_learned import LearnedRotaryEmbedding
 from .rope_nd import AxialRotaryEmbedding, XPosRotaryEmbedding
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "AxialRotaryEmbedding",
     "ContextualPositionEncoding",
     "LearnedPositionalEmbedding",
+    "LearnedRotaryEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "SinusoidalPositionalEncodingND",
