@@ -2,6 +2,7 @@
 
 from .alibi import alibi_bias, alibi_slopes
 from .frequencies import frequencies, wavelengths
+from .kernel_bias import fire_bias, kerple_bias
 from .nd import sinusoidal_nd
 from .nope import attention_temperature, nope
 from .packing import (
@@ -53,7 +54,9 @@ __all__ = [
     "apply_xpos",
     "attention_temperature",
     "axial_rope_tables",
+    "fire_bias",
     "frequencies",
+    "kerple_bias",
     "layout_permutation",
     "mrope_positions",
     "nope",

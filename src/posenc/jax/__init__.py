@@ -2,7 +2,8 @@
 
 Importing this package imports JAX (``import posenc`` alone does not). The pure
 functions live by family in :mod:`posenc.jax.encodings` (sinusoidal, 1-D and N-D),
-:mod:`posenc.jax.rope` and :mod:`posenc.jax.bias` (ALiBi, T5), all in
+:mod:`posenc.jax.rope`, :mod:`posenc.jax.bias` (ALiBi, T5) and
+:mod:`posenc.jax.kernel_bias` (KERPLE, FIRE, Sandwich), all in
 :mod:`posenc.jax.functions` too, and are re-exported here; the Flax linen modules live
 in :mod:`posenc.jax.linen`, the only package that imports Flax. It is loaded on first
 access (``posenc.jax.linen``, or ``from posenc.jax import linen``), so this package
@@ -37,6 +38,7 @@ except ImportError as exc:
 
 from .bias import alibi_bias, alibi_slopes, t5_bias
 from .encodings import sinusoidal
+from .kernel_bias import fire_bias, kerple_bias, sandwich_bias
 from .nd import sinusoidal_nd
 from .packing import (
     mrope_positions,
@@ -50,11 +52,14 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "fire_bias",
+    "kerple_bias",
     "mrope_positions",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",
     "positions_from_document_ids",
     "rope_tables",
+    "sandwich_bias",
     "sinusoidal",
     "sinusoidal_nd",
     "t5_bias",

@@ -2,7 +2,8 @@
 
 All of them in one namespace; they live by family in :mod:`posenc.jax.encodings`
 (sinusoidal, 1-D and N-D), :mod:`posenc.jax.rope` and :mod:`posenc.jax.bias` (ALiBi,
-T5), and are re-exported by :mod:`posenc.jax`.
+T5) and :mod:`posenc.jax.kernel_bias` (KERPLE, FIRE, Sandwich), and are re-exported
+by :mod:`posenc.jax`.
 
 The numbers come from :mod:`posenc.core`: every table is computed there in float64 with
 exact angle reduction and rounded once to the target format. The functions only convert
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from .bias import alibi_bias, alibi_slopes, t5_bias
 from .encodings import sinusoidal
+from .kernel_bias import fire_bias, kerple_bias, sandwich_bias
 from .nd import sinusoidal_nd
 from .rope import apply_rope, rope_tables
 
@@ -36,7 +38,10 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "fire_bias",
+    "kerple_bias",
     "rope_tables",
+    "sandwich_bias",
     "sinusoidal",
     "sinusoidal_nd",
     "t5_bias",

@@ -17,7 +17,8 @@ traced:
 That is the out-of-range policy of :mod:`posenc.core.positions`, applied by the
 :class:`~posenc.jax._tables.PositionTables` the modules share with the pure functions
 of :mod:`posenc.jax`. The modules live by family in :mod:`.encodings` (added to the
-input: sinusoidal, learned, N-D), :mod:`.rope` and :mod:`.bias` (ALiBi, T5).
+input: sinusoidal, learned, N-D), :mod:`.rope`, :mod:`.bias` (ALiBi, T5) and
+:mod:`.kernel_bias` (KERPLE, FIRE, Sandwich; params named as PyTorch's).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -41,13 +42,17 @@ except ImportError as exc:  # the pure functions of posenc.jax need JAX only
 
 from .bias import ALiBiBias, T5RelativeBias
 from .encodings import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from .kernel_bias import FIREBias, KERPLEBias, SandwichBias
 from .nd import SinusoidalPositionalEncodingND
 from .rope import RotaryEmbedding
 
 __all__ = [
     "ALiBiBias",
+    "FIREBias",
+    "KERPLEBias",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
+    "SandwichBias",
     "SinusoidalPositionalEncoding",
     "SinusoidalPositionalEncodingND",
     "T5RelativeBias",
