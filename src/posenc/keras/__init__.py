@@ -7,7 +7,8 @@ dtype, and only move, slice and gather them with ``keras.ops``.
 Layers: :class:`SinusoidalPositionalEncoding` (1-D, added to the input),
 :class:`SinusoidalPositionalEncodingND` (images, video), :class:`LearnedPositionalEmbedding`,
 :class:`RotaryEmbedding` (every RoPE scaling; applied to queries and keys),
-:class:`ALiBiBias` and :class:`T5RelativeBias` (added to attention scores); and
+:class:`ALiBiBias`, :class:`T5RelativeBias`, :class:`KERPLEBias`, :class:`FIREBias` and
+:class:`SandwichBias` (added to attention scores); and
 :func:`generate_positional_encoding`, the function of the TensorFlow example in
 GeeksforGeeks' "Positional Encoding in Transformers".
 
@@ -26,6 +27,7 @@ except ImportError as exc:
 
 from .bias import ALiBiBias, T5RelativeBias
 from .encodings import SinusoidalPositionalEncoding, generate_positional_encoding
+from .kernel_bias import FIREBias, KERPLEBias, SandwichBias
 from .learned import LearnedPositionalEmbedding
 from .nd import SinusoidalPositionalEncodingND
 from .packing import (
@@ -38,8 +40,11 @@ from .rope import RotaryEmbedding
 
 __all__ = [
     "ALiBiBias",
+    "FIREBias",
+    "KERPLEBias",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
+    "SandwichBias",
     "SinusoidalPositionalEncoding",
     "SinusoidalPositionalEncodingND",
     "T5RelativeBias",
