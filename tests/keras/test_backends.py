@@ -23,6 +23,7 @@ FILES = [
     "test_rope.py",
     "test_lengths.py",
     "test_keras_hub_swaps.py",
+    "test_kernel_bias.py",
 ]
 
 
