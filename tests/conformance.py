@@ -53,7 +53,12 @@ import numpy as np
 
 # xPos and axial RoPE / M-RoPE (block "rope-nd": their cases, inputs, reference and runners)
 ROPE_ND = ("xpos", "axial")
-SCHEMES = ("sinusoidal", "nd", "learned", "rope", "alibi", "t5", "nope", *ROPE_ND)
+# The score biases of posenc.*.kernel_bias (KERPLE, FIRE, Sandwich): their block is below.
+KERNEL_SCHEMES = ("kerple", "fire", "sandwich")
+SCHEMES = (
+    *("sinusoidal", "nd", "learned", "rope", "alibi", "t5", *KERNEL_SCHEMES, "nope"),
+    *ROPE_ND,
+)
 KERAS_SCHEMES = tuple(scheme for scheme in SCHEMES if scheme != "nope")
 
 # The packages each front end needs, and the schemes it has an implementation of.
@@ -63,9 +68,12 @@ FRONTENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "keras-tensorflow": (("keras", "tensorflow"), KERAS_SCHEMES),
     "keras-jax": (("keras", "jax"), KERAS_SCHEMES),
     "keras-torch": (("keras", "torch"), KERAS_SCHEMES),
-    "jax": (("jax",), ("sinusoidal", "nd", "rope", "alibi", "t5", *ROPE_ND)),
-    "jax-jit": (("jax",), ("sinusoidal", "rope", "alibi", "t5", *ROPE_ND)),
-    "flax": (("jax", "flax"), ("sinusoidal", "learned", "rope", "alibi", "t5", *ROPE_ND)),
+    "jax": (("jax",), ("sinusoidal", "nd", "rope", "alibi", "t5", *KERNEL_SCHEMES, *ROPE_ND)),
+    "jax-jit": (("jax",), ("sinusoidal", "rope", "alibi", "t5", *KERNEL_SCHEMES, *ROPE_ND)),
+    "flax": (
+        ("jax", "flax"),
+        ("sinusoidal", "learned", "rope", "alibi", "t5", *KERNEL_SCHEMES, *ROPE_ND),
+    ),
 }
 # Keras has no NoPE layer (a Keras model without position information simply has no
 # such layer); "nd" under jit is the same constant as eagerly (static shapes only).
@@ -81,15 +89,17 @@ TRACING = ("torch", "keras-tensorflow", "keras-jax", "keras-torch", "jax-jit", "
 NO_INDEX_DTYPE = {("keras-torch", "uint64"), ("keras-jax", "int64"), ("keras-jax", "uint64")}
 
 # (front end, scheme) pairs computed without a table: exact at every position, traced too.
-TABLELESS = {("torch", "alibi")} | {(f, s) for f in FRONTENDS for s in ("t5", "nope")}
+TABLELESS = {("torch", "alibi")} | {
+    (f, s) for f in FRONTENDS for s in ("t5", "nope", "kerple", "fire")
+}  # KERPLE and FIRE: arithmetic of their weights, no table
 # PyTorch's axial RoPE computes its tables from coordinates eagerly (compiled code takes
 # them as cos=/sin=): exact at any coordinate.
 TABLELESS |= {("torch", "axial")}
 
 # The schemes a KV-cache decode calls token by token, which have decode cases; the
 # attention-score biases among them (a step is its queries against the keys so far).
-DECODED = ("sinusoidal", "learned", "rope", "alibi", "t5", "nope", *ROPE_ND)
-BIASES = ("alibi", "t5")
+DECODED = ("sinusoidal", "learned", "rope", "alibi", "t5", *KERNEL_SCHEMES, "nope", *ROPE_ND)
+BIASES = ("alibi", "t5", *KERNEL_SCHEMES)
 
 # --- CoPE (contextual position encoding): in every front end, computed from the queries
 # and keys (no table, no positions: exact traced too); rows are queries as for a bias, a
@@ -637,6 +647,66 @@ def run_flax_rope_nd(case: Case, x: np.ndarray, call: Any, start: Any) -> np.nda
     return np.asarray(call(lambda x, c: module.apply({}, x, x, coords=c)[0], x, where))
 
 
+# --- KERPLE, FIRE and Sandwich (posenc.*.kernel_bias) ------------------------------------
+# KERPLE's and FIRE's weights come from the case's rng (kernel_inputs); Sandwich's
+# "table" is its distances (max_length), past which a traced entry is NaN.
+
+
+def _kernel(scheme: str, name: str, fmt: str = "float32", **params: Any) -> Case:
+    flags = {key: params.pop(key) for key in ("traced", "decode") if key in params}
+    base = {
+        "kerple": {"heads": 8, "kernel": "log"},
+        "fire": {"heads": 8, "width": 32},
+        "sandwich": {"heads": 8, "dim": 64},
+    }[scheme]
+    return Case(scheme, name, {**base, **params}, fmt, **flags)
+
+
+KERNEL_CASES = [
+    _kernel("kerple", "log-8", q=6, k=6),
+    _kernel("kerple", "power-offset", kernel="power", heads=4, q=3, k=12, offset=9),
+    _kernel("kerple", "default-q<k", heads=3, q=2, k=7),
+    _kernel("fire", "8-heads", q=6, k=6),
+    _kernel("fire", "offset-small-L", heads=3, width=4, init_L=4.0, q=3, k=12, offset=9),
+    _kernel("fire", "default-q<k", heads=2, width=8, q=2, k=7),
+    _kernel("sandwich", "8-heads-dim-64", q=6, k=6),
+    _kernel("sandwich", "symmetric", heads=3, dim=8, base=100.0, mode="symmetric", q=4, k=9),
+    _kernel("sandwich", "bf16-far", "bfloat16", heads=4, dim=16, q=2, k=3000, offset=2998),
+    _kernel("sandwich", "default-q<k-f16", "float16", heads=5, dim=32, q=3, k=40),
+    *[
+        _kernel(
+            scheme,
+            f"past-table{'-traced' * traced}",
+            traced=traced,
+            heads=4,
+            q=2,
+            k=4,
+            offset=3,
+            table=4,
+        )
+        for scheme in KERNEL_SCHEMES
+        for traced in (False, True)
+    ],
+    _kernel("kerple", "decode-offset", kernel="power", heads=8, q=5, k=9, offset=4, decode=True),
+    _kernel("kerple", "decode-default", heads=3, q=5, k=8, prompt=2, decode=True),
+    _kernel("fire", "decode-offset", heads=8, q=5, k=9, offset=4, init_L=4.0, decode=True),
+    _kernel("fire", "decode-default", heads=2, width=8, q=5, k=8, prompt=2, decode=True),
+    _kernel("sandwich", "decode-offset", q=5, k=9, offset=4, decode=True),
+    _kernel(
+        "sandwich",
+        "decode-default-past-table",
+        heads=3,
+        dim=8,
+        q=6,
+        k=8,
+        prompt=2,
+        table=4,
+        decode=True,
+    ),
+]
+CASES += KERNEL_CASES
+
+
 def _rope_learned(name: str, **params: Any) -> Case:
     """A learned RoPE case: queries and keys (grouped: fewer key heads) in ``qk_layout``."""
     options = {"traced": params.pop("traced", False), "decode": params.pop("decode", False)}
@@ -689,13 +759,15 @@ def inputs(case: Case) -> dict[str, np.ndarray]:
             "x": rng.standard_normal((2, p["length"], p["d"])).astype(np.float32),
             "weight": rng.standard_normal((p["max_length"], p["d"])).astype(np.float32),
         }
-    if case.scheme in ("rope", "rope_learned", *ROPE_ND):
+    if case.scheme in ("rope", *ROPE_ND):
         x = rng.standard_normal((1, p["seq"], p["heads"], p["head_dim"]))  # (b, s, h, d)
         return {"x": x.astype(np.float32)}
     if case.scheme == "t5":
         return {"weight": rng.standard_normal((p["buckets"], p["heads"])).astype(np.float32)}
     if case.scheme == "cope":
         return cope_inputs(case, rng)
+    if case.scheme in KERNEL_SCHEMES:
+        return kernel_inputs(case)
     return {}
 
 
@@ -737,6 +809,8 @@ def reference(case: Case) -> np.ndarray:
     if case.scheme == "rope_learned":
         return rope_learned_reference(case)
     p, data = case.params, inputs(case)
+    if case.scheme in KERNEL_SCHEMES:
+        return kernel_reference(case)
     if case.scheme == "sinusoidal":
         table = table_values(
             positions(case),
@@ -815,6 +889,8 @@ def expected(frontend: str, case: Case) -> np.ndarray:
         where = row_positions(case)
         outside = (where < 0) | (where >= case.table)
         values[:, outside] = np.nan
+    if case.traced and (frontend, case.scheme) not in TABLELESS and case.scheme == "sandwich":
+        values = sandwich_traced(case)  # a table by distance: NaN past its distances
     if case.decode and by_queries(case):
         seen = np.full_like(values, np.nan)
         for _, _, where in decode_views(case):
@@ -883,7 +959,9 @@ def decode(case: Case, step: Any, x: Any = None) -> np.ndarray:
 
 def tolerance(case: Case) -> float:
     """Absolute tolerance: 0 where only the core's values move, float32 rounding else."""
-    if case.scheme in ("rope", *ROPE_ND):
+    if case.scheme in ("kerple", "fire"):
+        return 1e-5  # float32 arithmetic of the weights (logs, an MLP), values below ~10
+    if case.scheme in ("rope", "rope_learned", *ROPE_ND):
         # Two float32 products and a sum per entry, |x| <= ~5: a few float32 ulps of 4
         # (xPos: and one product by a scale, at most about 1.1 here).
         return 4e-6 if case.scheme == "xpos" else 2e-6
@@ -908,6 +986,8 @@ def run_numpy(case: Case) -> np.ndarray:
         """The positions of a step's tokens ``x`` (a decode case's), from ``first``."""
         return np.arange(first, first + x.shape[1])
 
+    if case.scheme in KERNEL_SCHEMES:
+        return numpy_kernel(case)
     if case.scheme == "sinusoidal":
 
         def sinusoidal(where: np.ndarray) -> np.ndarray:
@@ -1016,6 +1096,8 @@ def run_torch(case: Case) -> np.ndarray:
                 raise ValueError(str(error.__cause__)) from error
             raise
 
+    if case.scheme in KERNEL_SCHEMES:
+        return torch_kernel(case, call, where)
     if case.scheme == "sinusoidal":
         module = pt.SinusoidalPositionalEncoding(
             p["d"],
@@ -1133,6 +1215,8 @@ def run_keras(case: Case) -> np.ndarray:
     def call(function: Any, *args: Any) -> Any:
         return keras_traced(function)(*args) if case.traced else function(*args)
 
+    if case.scheme in KERNEL_SCHEMES:
+        return keras_kernel(case, call, start)
     if case.scheme == "sinusoidal":
         layer = pk.SinusoidalPositionalEncoding(
             max_length=case.table if "table" in p else int(positions(case)[-1]) + 1,
@@ -1267,6 +1351,8 @@ def _run_jax(case: Case, *, jit: bool) -> np.ndarray:
         where = np.arange(first, first + x.shape[1])
         return jnp.asarray(where) if jit else where
 
+    if case.scheme in KERNEL_SCHEMES:
+        return jax_kernel(case, jit)
     if case.scheme == "sinusoidal":
 
         def sinusoidal(pos: Any) -> Any:
@@ -1395,6 +1481,8 @@ def _run_flax(case: Case) -> np.ndarray:
     def call(function: Any, *args: Any) -> Any:
         return jax.jit(function)(*args) if case.traced else function(*args)
 
+    if case.scheme in KERNEL_SCHEMES:
+        return flax_kernel(case)
     if case.scheme == "sinusoidal":
         module = linen.SinusoidalPositionalEncoding(
             max_length=case.table,
@@ -1616,6 +1704,203 @@ def cope_flax(case: Case) -> np.ndarray:
         return np.asarray((jax.jit(call) if case.traced else call)(q, k))
 
     return cope_run(case, bias)
+
+
+# --- KERPLE, FIRE and Sandwich: inputs, reference and each front end ----------------------
+
+
+def kernel_inputs(case: Case) -> dict[str, np.ndarray]:
+    """KERPLE's ``bias_p``, ``bias_a`` (one of each out of range: the projection) and
+    FIRE's weights by PyTorch's names, float32; Sandwich has none."""
+    p, rng = case.params, case.rng()
+    heads = p["heads"]
+    if case.scheme == "kerple":
+        bias_p = rng.uniform(0.2, 2.0, (heads, 1, 1))
+        bias_a = rng.uniform(0.05, 1.0, (heads, 1, 1))
+        bias_p[0], bias_a[-1] = (2.5 if p["kernel"] == "power" else -0.3), 0.0
+        return {"bias_p": bias_p.astype(np.float32), "bias_a": bias_a.astype(np.float32)}
+    if case.scheme == "fire":
+        from posenc.core.kernel_bias import FIRE_WEIGHTS
+
+        sizes = {"W": p["width"], "H": heads, "1": 1}
+        weights = {
+            name: rng.uniform(-1.0, 1.0, tuple(sizes[a] for a in axes)).astype(np.float32)
+            for name, axes in FIRE_WEIGHTS.items()
+        }
+        weights["c"] = np.float32(rng.uniform(0.05, 0.5))
+        weights["L_multiplier"] = np.float32(rng.uniform(0.5, 1.5))
+        return weights
+    return {}
+
+
+def _kernel_options(case: Case) -> dict[str, Any]:
+    """The case's options by the names every front end gives them."""
+    p = case.params
+    if case.scheme == "kerple":
+        return {"kernel": p["kernel"]}
+    if case.scheme == "fire":
+        return {"init_L": p.get("init_L", 512.0)}
+    return {"num_heads": p["heads"], "dim": p["dim"], "base": p.get("base", 10000.0),
+            "mode": p.get("mode", "causal")}  # fmt: skip
+
+
+def kernel_reference(case: Case) -> np.ndarray:
+    """The core's float64 values (KERPLE, FIRE) or correctly rounded ones (Sandwich)."""
+    from posenc.core.kernel_bias import fire_bias, kerple_bias
+    from posenc.core.sandwich import sandwich_bias
+
+    p, data, options = case.params, inputs(case), _kernel_options(case)
+    q, k, offset = p["q"], p["k"], p.get("offset")
+    if case.scheme == "kerple":
+        return kerple_bias(data["bias_p"], data["bias_a"], q, k, offset=offset, **options)
+    if case.scheme == "fire":
+        return fire_bias(data, q, k, offset=offset, **options)
+    return sandwich_bias(q, k, offset=offset, fmt=case.fmt, **options)
+
+
+def sandwich_traced(case: Case) -> np.ndarray:
+    """A traced Sandwich case's expected values: NaN where the distance passes the table."""
+    from posenc.core.plan import align_queries
+
+    p = case.params
+    values = kernel_reference(case).astype(np.float32)
+    _, _, offset = align_queries(p["q"], p["k"], p.get("offset"))
+    ahead = (offset + np.arange(p["q"]))[:, None] - np.arange(p["k"])[None, :]
+    distance = np.maximum(ahead, 0) if p.get("mode", "causal") == "causal" else np.abs(ahead)
+    values[:, distance >= case.table] = np.nan
+    return values
+
+
+def _kernel_run(case: Case, step: Any) -> np.ndarray:
+    """``step(q, k, offset)`` for the full call, or once per decode step."""
+    p = case.params
+    return decode(case, step) if case.decode else step(p["q"], p["k"], p.get("offset"))
+
+
+def numpy_kernel(case: Case) -> np.ndarray:
+    import posenc
+
+    data, options = inputs(case), _kernel_options(case)
+    if case.scheme == "kerple":
+
+        def bias(q: int, k: int, o: int | None) -> np.ndarray:
+            return posenc.kerple_bias(data["bias_p"], data["bias_a"], q, k, offset=o, **options)
+    elif case.scheme == "fire":
+
+        def bias(q: int, k: int, o: int | None) -> np.ndarray:
+            return posenc.fire_bias(data, q, k, offset=o, **options)
+    else:
+
+        def bias(q: int, k: int, o: int | None) -> np.ndarray:
+            return posenc.sandwich_bias(q, k, offset=o, fmt=case.fmt, **options)
+
+    return _kernel_run(case, lambda q, k, o: bias(q, k, o).astype(np.float32))
+
+
+def torch_kernel(case: Case, call: Any, where: Any) -> np.ndarray:
+    import torch
+
+    import posenc.torch as pt
+
+    p, data = case.params, inputs(case)
+    dtype = getattr(torch, case.fmt)
+    if case.scheme == "kerple":
+        module: Any = pt.KERPLEBias(p["heads"], kernel=p["kernel"])
+    elif case.scheme == "fire":
+        module = pt.FIREBias(p["heads"], mlp_width=p["width"], init_L=p.get("init_L", 512.0))
+    else:
+        options = _kernel_options(case)
+        module = pt.SandwichBias(options.pop("num_heads"), max_length=case.table, **options)
+    state = {name: torch.from_numpy(np.asarray(v)) for name, v in data.items()}
+    module.load_state_dict(state, strict=False)
+
+    def bias(q: int, k: int, o: int | None = None, pos: Any = None) -> Any:
+        with torch.no_grad():
+            return module(q, k, offset=o, positions=pos, dtype=dtype).float().numpy()
+
+    if case.traced:
+        return call(lambda pos: torch.from_numpy(bias(p["q"], p["k"], pos=pos)), where).numpy()
+    return _kernel_run(case, bias)
+
+
+def keras_kernel(case: Case, call: Any, start: Any) -> np.ndarray:
+    import keras
+
+    import posenc.keras as pk
+    from posenc.core.kernel_bias import FIRE_WEIGHTS
+
+    p, data = case.params, inputs(case)
+    if case.scheme == "kerple":
+        layer: Any = pk.KERPLEBias(p["heads"], kernel=p["kernel"])
+        weights = [data["bias_p"], data["bias_a"]]
+    elif case.scheme == "fire":
+        layer = pk.FIREBias(p["heads"], mlp_width=p["width"], init_L=p.get("init_L", 512.0))
+        weights = [data[name] for name in FIRE_WEIGHTS]
+    else:
+        options = _kernel_options(case)
+        layer = pk.SandwichBias(options.pop("num_heads"), max_length=case.table, **options)
+        weights = []
+    layer.build()
+    layer.set_weights(weights)
+
+    def bias(q: int, k: int, s: Any) -> Any:
+        return keras.ops.cast(layer.compute_bias(q, k, start_index=s, dtype=case.fmt), "float32")
+
+    if case.traced:
+        return keras.ops.convert_to_numpy(call(lambda s: bias(p["q"], p["k"], s), start("offset")))
+    return _kernel_run(case, lambda q, k, s: keras.ops.convert_to_numpy(bias(q, k, s)))
+
+
+def jax_kernel(case: Case, jit: bool) -> np.ndarray:
+    import jax
+    import jax.numpy as jnp
+
+    import posenc.jax as pj
+
+    p, data, options = case.params, inputs(case), _kernel_options(case)
+    # traced: the case's table; else one covering every distance of the case
+    table = case.table if case.traced else p.get("offset", p["k"]) + p["q"] + p["k"]
+
+    def bias(q: int, k: int, o: Any) -> Any:
+        if case.scheme == "kerple":
+            return pj.kerple_bias(data["bias_p"], data["bias_a"], q, k, offset=o, **options)
+        if case.scheme == "fire":
+            return pj.fire_bias(data, q, k, offset=o, **options)
+        return pj.sandwich_bias(q, k, offset=o, dtype=case.fmt, max_length=table, **options)
+
+    def step(q: int, k: int, o: int | None) -> np.ndarray:
+        if jit and o is not None:  # the offset traced; lengths static (a trace per step)
+            out = jax.jit(lambda o: bias(q, k, o))(jnp.int32(o))
+        else:
+            out = bias(q, k, o)
+        return np.asarray(jnp.asarray(out, jnp.float32))
+
+    return _kernel_run(case, step)
+
+
+def flax_kernel(case: Case) -> np.ndarray:
+    import jax
+    import jax.numpy as jnp
+
+    from posenc.jax import linen
+
+    p, data, options = case.params, inputs(case), _kernel_options(case)
+    if case.scheme == "kerple":
+        module: Any = linen.KERPLEBias(p["heads"], **options)
+    elif case.scheme == "fire":
+        module = linen.FIREBias(p["heads"], mlp_width=p["width"], **options)
+    else:
+        module = linen.SandwichBias(max_length=case.table, dtype=case.fmt, **options)
+    variables = {"params": {name: jnp.asarray(v) for name, v in data.items()}} if data else {}
+
+    def step(q: int, k: int, o: int | None) -> np.ndarray:
+        if case.traced and o is not None:
+            out = jax.jit(lambda o: module.apply(variables, q, k, offset=o))(jnp.int32(o))
+        else:
+            out = module.apply(variables, q, k, offset=o)
+        return np.asarray(jnp.asarray(out, jnp.float32))
+
+    return _kernel_run(case, step)
 
 
 # --- learned RoPE (rope_learned) -----------------------------------------------------------

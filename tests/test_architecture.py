@@ -224,6 +224,14 @@ SCHEME_MODULES = {
     "nd": {"SinusoidalPositionalEncodingND", "sinusoidal_nd"},
     "rope": {"RotaryEmbedding", "rope_tables", "apply_rope"},
     "bias": {"ALiBiBias", "T5RelativeBias", "alibi_bias", "t5_bias"},
+    "kernel_bias": {
+        "KERPLEBias",
+        "FIREBias",
+        "SandwichBias",
+        "kerple_bias",
+        "fire_bias",
+        "sandwich_bias",
+    },
     "packing": {"positions_from_cu_seqlens", "positions_from_attention_mask"},
 }
 

@@ -26,6 +26,7 @@ FILES = [
     "test_keras_hub_swaps.py",
     "test_rope_nd.py",
     "test_cope.py",
+    "test_kernel_bias.py",
 ]
 
 

@@ -3,6 +3,7 @@
 from .alibi import alibi_bias, alibi_slopes
 from .cope import cope_bias
 from .frequencies import frequencies, wavelengths
+from .kernel_bias import fire_bias, kerple_bias
 from .nd import sinusoidal_nd
 from .nope import attention_temperature, nope
 from .packing import (
@@ -55,7 +56,9 @@ __all__ = [
     "attention_temperature",
     "axial_rope_tables",
     "cope_bias",
+    "fire_bias",
     "frequencies",
+    "kerple_bias",
     "layout_permutation",
     "mrope_positions",
     "nope",

@@ -26,6 +26,7 @@ import numpy as np
 
 from .._checks import DEFAULT_MAX_BYTES, check_base, check_choice, check_int, check_memory, describe
 from .alibi import MODES, check_heads
+from .kernel_bias import query_key_positions
 from .plan import align_queries
 from .precision import CONTAINERS, round_to_format
 from .relative import diagonal_expand, diagonal_positions
@@ -109,6 +110,8 @@ def sandwich_bias(
     base: float = 10000.0,
     mode: str = "causal",
     offset: int | None = None,
+    positions: Any = None,
+    key_positions: Any = None,
     fmt: str = "float32",
     max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> np.ndarray:
@@ -120,6 +123,10 @@ def sandwich_bias(
 
     Args:
         query_length, key_length, offset: As :func:`posenc.alibi_bias`'s.
+        positions, key_positions: The queries' and keys' positions instead, integer
+            arrays ``(q,)``/``(batch, q)`` and ``(k,)``/``(batch, k)`` (with
+            ``positions``, no ``offset``); the result is then ``(batch, H, q, k)`` when
+            either is batched.
         num_heads, dim, base: As :func:`sandwich_distance_bias`'s.
         mode: ``"causal"`` or ``"symmetric"``.
         fmt: The format name of the result (``"float32"``, ``"bfloat16"``, ...), in its
@@ -127,7 +134,8 @@ def sandwich_bias(
         max_bytes: Refuse (``ValueError``) a result larger than this; ``None``: no limit.
 
     Returns:
-        ``(num_heads, query_length, key_length)``.
+        ``(num_heads, query_length, key_length)`` (``(batch, ...)`` with batched
+        positions).
 
     Example:
         >>> sandwich_bias(3, num_heads=2, dim=4, base=2.0, fmt="float64")[1].round(4)
@@ -142,6 +150,12 @@ def sandwich_bias(
     num_heads, dim, base = check_sandwich_options(num_heads, dim, base)
     mode = check_choice(mode, "mode", MODES)
     fmt = check_choice(fmt, "fmt", list(CONTAINERS))
+    if positions is not None or key_positions is not None:
+        return _bias_at(
+            query_key_positions(query_length, key_length, offset=offset, positions=positions,
+                                key_positions=key_positions),
+            num_heads, dim, base, mode, fmt, max_bytes,
+        )  # fmt: skip
     query_length, key_length, offset = align_queries(query_length, key_length, offset)
     container = CONTAINERS[fmt]
     diagonals = query_length + key_length
@@ -158,3 +172,32 @@ def sandwich_bias(
     )  # (H, Q + K - 1): less than the result just checked
     per_diagonal = round_to_format(per_diagonal, fmt).astype(container, copy=False)
     return diagonal_expand(per_diagonal, query_length, key_length)
+
+
+def _bias_at(
+    where: tuple[np.ndarray, np.ndarray],
+    num_heads: int,
+    dim: int,
+    base: float,
+    mode: str,
+    fmt: str,
+    max_bytes: int | None,
+) -> np.ndarray:
+    """The bias of queries and keys at the positions ``where``: each distinct distance
+    computed once, rounded once and gathered, ``(..., H, q, k)``."""
+    queries, keys = where
+    if queries.ndim == 2 and keys.ndim == 1:
+        keys = keys[None]
+    relative = keys[..., None, :] - queries[..., :, None]  # (..., q, k), key - query
+    container = CONTAINERS[fmt]
+    check_memory(
+        relative.size * (16 + num_heads * (8 + container.itemsize)), "this Sandwich bias",
+        max_bytes,
+    )  # fmt: skip
+    distance = np.maximum(-relative, 0) if mode == "causal" else np.abs(relative)
+    distinct, index = np.unique(distance, return_inverse=True)
+    values = sandwich_distance_bias(distinct, num_heads=num_heads, dim=dim, base=base,
+                                    max_bytes=max_bytes)  # fmt: skip
+    values = round_to_format(values, fmt).astype(container, copy=False)  # (H, n)
+    bias = values[:, index.reshape(distance.shape)]  # (H, ..., q, k)
+    return np.ascontiguousarray(np.moveaxis(bias, 0, -3))

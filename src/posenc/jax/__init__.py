@@ -4,7 +4,8 @@ Importing this package imports JAX (``import posenc`` alone does not). The pure
 functions live by family in :mod:`posenc.jax.encodings` (sinusoidal, 1-D and N-D),
 :mod:`posenc.jax.rope` (with :mod:`posenc.jax.rope_learned`, the tables of trained
 frequencies), :mod:`posenc.jax.rope_nd` (xPos, axial RoPE and M-RoPE), :mod:`posenc.jax.bias`
-(ALiBi, T5) and :mod:`posenc.jax.cope` (CoPE), all in
+(ALiBi, T5), :mod:`posenc.jax.kernel_bias` (KERPLE, FIRE, Sandwich) and
+:mod:`posenc.jax.cope` (CoPE), all in
 :mod:`posenc.jax.functions` too, and are re-exported here; the Flax linen modules live
 in :mod:`posenc.jax.linen`, the only package that imports Flax. It is loaded on first
 access (``posenc.jax.linen``, or ``from posenc.jax import linen``), so this package
@@ -40,6 +41,7 @@ except ImportError as exc:
 from .bias import alibi_bias, alibi_slopes, t5_bias
 from .cope import cope_bias
 from .encodings import sinusoidal
+from .kernel_bias import fire_bias, kerple_bias, sandwich_bias
 from .nd import sinusoidal_nd
 from .packing import (
     mrope_positions,
@@ -58,12 +60,15 @@ __all__ = [
     "apply_xpos",
     "axial_rope_tables",
     "cope_bias",
+    "fire_bias",
+    "kerple_bias",
     "learned_rope_tables",
     "mrope_positions",
     "positions_from_attention_mask",
     "positions_from_cu_seqlens",
     "positions_from_document_ids",
     "rope_tables",
+    "sandwich_bias",
     "sinusoidal",
     "sinusoidal_nd",
     "t5_bias",

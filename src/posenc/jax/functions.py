@@ -3,8 +3,8 @@
 All of them in one namespace; they live by family in :mod:`posenc.jax.encodings`
 (sinusoidal, 1-D and N-D), :mod:`posenc.jax.rope` (and :mod:`posenc.jax.rope_learned`,
 the tables of trained frequencies), :mod:`posenc.jax.rope_nd` (xPos, axial RoPE),
-:mod:`posenc.jax.bias` (ALiBi, T5) and :mod:`posenc.jax.cope` (CoPE), and are
-re-exported by :mod:`posenc.jax`.
+:mod:`posenc.jax.bias` (ALiBi, T5), :mod:`posenc.jax.kernel_bias` (KERPLE, FIRE,
+Sandwich) and :mod:`posenc.jax.cope` (CoPE), and are re-exported by :mod:`posenc.jax`.
 
 The numbers come from :mod:`posenc.core`: every table is computed there in float64 with
 exact angle reduction and rounded once to the target format. The functions only convert
@@ -32,6 +32,7 @@ from __future__ import annotations
 from .bias import alibi_bias, alibi_slopes, t5_bias
 from .cope import cope_bias
 from .encodings import sinusoidal
+from .kernel_bias import fire_bias, kerple_bias, sandwich_bias
 from .nd import sinusoidal_nd
 from .rope import apply_rope, rope_tables
 from .rope_learned import learned_rope_tables
@@ -44,8 +45,11 @@ __all__ = [
     "apply_xpos",
     "axial_rope_tables",
     "cope_bias",
+    "fire_bias",
+    "kerple_bias",
     "learned_rope_tables",
     "rope_tables",
+    "sandwich_bias",
     "sinusoidal",
     "sinusoidal_nd",
     "t5_bias",

@@ -10,7 +10,8 @@ Layers: :class:`SinusoidalPositionalEncoding` (1-D, added to the input),
 :class:`LearnedRotaryEmbedding` (RoPE whose frequencies are trained),
 :class:`XPosRotaryEmbedding` and :class:`AxialRotaryEmbedding` (xPos; axial RoPE and
 M-RoPE: applied to queries and keys together),
-:class:`ALiBiBias` and :class:`T5RelativeBias` (added to attention scores),
+:class:`ALiBiBias`, :class:`T5RelativeBias`, :class:`KERPLEBias`, :class:`FIREBias` and
+:class:`SandwichBias` (added to attention scores),
 :class:`ContextualPositionEncoding` (CoPE: a bias computed from the queries and keys); and
 :func:`generate_positional_encoding`, the function of the TensorFlow example in
 GeeksforGeeks' "Positional Encoding in Transformers".
@@ -31,6 +32,7 @@ except ImportError as exc:
 from .bias import ALiBiBias, T5RelativeBias
 from .cope import ContextualPositionEncoding
 from .encodings import SinusoidalPositionalEncoding, generate_positional_encoding
+from .kernel_bias import FIREBias, KERPLEBias, SandwichBias
 from .learned import LearnedPositionalEmbedding
 from .nd import SinusoidalPositionalEncodingND
 from .packing import (
@@ -47,9 +49,12 @@ __all__ = [
     "ALiBiBias",
     "AxialRotaryEmbedding",
     "ContextualPositionEncoding",
+    "FIREBias",
+    "KERPLEBias",
     "LearnedPositionalEmbedding",
     "LearnedRotaryEmbedding",
     "RotaryEmbedding",
+    "SandwichBias",
     "SinusoidalPositionalEncoding",
     "SinusoidalPositionalEncodingND",
     "T5RelativeBias",

@@ -140,11 +140,14 @@ class SandwichSpec(SchemeSpec):
         key_length: int | None = None,
         *,
         offset: int | None = None,
+        positions: Any = None,
+        key_positions: Any = None,
         fmt: str = "float32",
         max_bytes: int | None = DEFAULT_MAX_BYTES,
     ) -> np.ndarray:
         """``(num_heads, query_length, key_length)``, queries at ``offset + i`` (no
-        offset: the last ``query_length`` of the ``key_length`` positions)."""
+        offset: the last ``query_length`` of the ``key_length`` positions), or at
+        ``positions`` and keys at ``key_positions`` (:func:`posenc.sandwich_bias`)."""
         return sandwich_bias(
             query_length,
             key_length,
@@ -153,6 +156,8 @@ class SandwichSpec(SchemeSpec):
             base=self.base,
             mode=self.mode,
             offset=offset,
+            positions=positions,
+            key_positions=key_positions,
             fmt=fmt,
             max_bytes=max_bytes,
         )

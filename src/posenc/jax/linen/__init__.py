@@ -19,8 +19,9 @@ That is the out-of-range policy of :mod:`posenc.core.positions`, applied by the
 :class:`~posenc.jax._tables.PositionTables` the modules share with the pure functions
 of :mod:`posenc.jax`. The modules live by family in :mod:`.encodings` (added to the
 input: sinusoidal, learned, N-D), :mod:`.rope`, :mod:`.rope_learned` (RoPE with trained
-frequencies), :mod:`.rope_nd` (xPos, axial RoPE and M-RoPE), :mod:`.bias` (ALiBi, T5) and
-:mod:`.cope` (CoPE, whose param ``"pos_emb"`` is its learned position vectors).
+frequencies), :mod:`.rope_nd` (xPos, axial RoPE and M-RoPE), :mod:`.bias` (ALiBi, T5),
+:mod:`.kernel_bias` (KERPLE, FIRE, Sandwich; params named as PyTorch's) and :mod:`.cope`
+(CoPE, whose param ``"pos_emb"`` is its learned position vectors).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -45,6 +46,7 @@ except ImportError as exc:  # the pure functions of posenc.jax need JAX only
 from .bias import ALiBiBias, T5RelativeBias
 from .cope import ContextualPositionEncoding
 from .encodings import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from .kernel_bias import FIREBias, KERPLEBias, SandwichBias
 from .nd import SinusoidalPositionalEncodingND
 from .rope import RotaryEmbedding
 from .rope_learned import LearnedRotaryEmbedding
@@ -54,9 +56,12 @@ __all__ = [
     "ALiBiBias",
     "AxialRotaryEmbedding",
     "ContextualPositionEncoding",
+    "FIREBias",
+    "KERPLEBias",
     "LearnedPositionalEmbedding",
     "LearnedRotaryEmbedding",
     "RotaryEmbedding",
+    "SandwichBias",
     "SinusoidalPositionalEncoding",
     "SinusoidalPositionalEncodingND",
     "T5RelativeBias",
