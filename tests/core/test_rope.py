@@ -15,16 +15,10 @@ from posenc.core.precision import round_to_format, turns_of
 from posenc.core.rope import (
     ROPE_SCALINGS,
     apply_rope,
-    dynamic_ntk_rope,
-    linear_rope,
-    llama3_rope,
-    longrope_rope,
-    ntk_rope,
     rope_frequencies,
     rope_permutation,
     rope_scaling,
     rope_tables,
-    yarn_rope,
 )
 
 F32_EPS = 2.0**-24  # unit roundoff of float32
@@ -91,7 +85,9 @@ def test_linear_matches_hugging_face(head_dim, base, factor, partial):
     config = _hf_config(head_dim, base, {"rope_type": "linear", "factor": factor}, partial=partial)
     expected, attention = _hf("linear", config)
     rotary_dim = int(head_dim * (partial or 1.0))
-    ours, our_attention = linear_rope(head_dim, base, rotary_dim=rotary_dim, factor=factor)
+    ours, our_attention = rope_scaling(
+        "linear", head_dim, base, rotary_dim=rotary_dim, factor=factor
+    )
     assert ours.shape == expected.shape == (rotary_dim // 2,)
     assert_allclose(ours, expected, rtol=_ladder_rtol(base), atol=0)
     assert our_attention == attention == 1.0
@@ -111,8 +107,13 @@ def test_dynamic_ntk_matches_hugging_face_dynamic(head_dim, factor, seq_len):
     base = 10000.0
     config = _hf_config(head_dim, base, {"rope_type": "dynamic", "factor": factor})
     expected, attention = _hf("dynamic", config, seq_len=seq_len)
-    ours, our_attention = dynamic_ntk_rope(
-        head_dim, base, factor=factor, original_max_position_embeddings=4096, seq_len=seq_len
+    ours, our_attention = rope_scaling(
+        "dynamic_ntk",
+        head_dim,
+        base,
+        factor=factor,
+        original_max_position_embeddings=4096,
+        seq_len=seq_len,
     )
     assert_allclose(ours, expected, rtol=_ladder_rtol(base), atol=0)
     assert our_attention == attention == 1.0
@@ -121,7 +122,7 @@ def test_dynamic_ntk_matches_hugging_face_dynamic(head_dim, factor, seq_len):
 @pytest.mark.parametrize(("head_dim", "alpha"), [(64, 2.0), (128, 4.0), (96, 8.0)])
 def test_static_ntk_closed_form_and_hugging_face(head_dim, alpha):
     base = 10000.0
-    ours, attention = ntk_rope(head_dim, base, factor=alpha)
+    ours, attention = rope_scaling("ntk", head_dim, base, factor=alpha)
     # Closed form (bloc97): base' = base · alpha^(d/(d-2)).
     assert_array_equal(
         ours, rope_frequencies(head_dim, base * alpha ** (head_dim / (head_dim - 2)))
@@ -173,13 +174,20 @@ def test_yarn_matches_hugging_face(head_dim, base, partial, params):
 
 def test_yarn_attention_factor_closed_forms():
     # 0.1 ln(s) + 1 by default; DeepSeek's ratio is 1 when mscale == mscale_all_dim.
-    _, attention = yarn_rope(64, factor=4.0, original_max_position_embeddings=4096)
+    _, attention = rope_scaling("yarn", 64, factor=4.0, original_max_position_embeddings=4096)
     assert attention == 0.1 * math.log(4.0) + 1
-    _, attention = yarn_rope(
-        64, factor=40.0, original_max_position_embeddings=4096, mscale=0.707, mscale_all_dim=0.707
+    _, attention = rope_scaling(
+        "yarn",
+        64,
+        factor=40.0,
+        original_max_position_embeddings=4096,
+        mscale=0.707,
+        mscale_all_dim=0.707,
     )
     assert attention == 1.0
-    _, attention = yarn_rope(64, factor=4.0, original_max_position_embeddings=4096, mscale=2.0)
+    _, attention = rope_scaling(
+        "yarn", 64, factor=4.0, original_max_position_embeddings=4096, mscale=2.0
+    )
     assert attention == 0.1 * math.log(4.0) + 1  # one of the pair alone is ignored
 
 
@@ -198,7 +206,7 @@ def test_llama3_matches_hugging_face(head_dim, base, params):
         head_dim, base, {"rope_type": "llama3", **params}, max_position_embeddings=131072
     )
     expected, attention = _hf("llama3", config)
-    ours, our_attention = llama3_rope(head_dim, base, **params)
+    ours, our_attention = rope_scaling("llama3", head_dim, base, **params)
     # The smoothing blend (1-s)θ/f + sθ has the same (f - 1) amplification as YaRN's.
     assert_allclose(ours, expected, rtol=_ladder_rtol(base) * params["factor"], atol=0)
     assert our_attention == attention == 1.0
@@ -207,7 +215,7 @@ def test_llama3_matches_hugging_face(head_dim, base, params):
 @pytest.mark.parametrize(("head_dim", "base", "params"), LLAMA3_CASES)
 def test_llama3_keeps_high_and_divides_low_frequencies(head_dim, base, params):
     default = rope_frequencies(head_dim, base)
-    ours, _ = llama3_rope(head_dim, base, **params)
+    ours, _ = rope_scaling("llama3", head_dim, base, **params)
     wavelength = 2 * math.pi / default
     original = params["original_max_position_embeddings"]
     high = wavelength < original / params["high_freq_factor"]
@@ -252,8 +260,8 @@ def test_longrope_matches_hugging_face(seq_len, factor, attention_factor):
         head_dim, base, {"rope_type": "longrope", **params}, max_position_embeddings=extended
     )
     expected, attention = _hf("longrope", config, seq_len=seq_len)
-    ours, our_attention = longrope_rope(
-        head_dim, base, max_position_embeddings=extended, seq_len=seq_len, **params
+    ours, our_attention = rope_scaling(
+        "longrope", head_dim, base, max_position_embeddings=extended, seq_len=seq_len, **params
     )
     assert_allclose(ours, expected, rtol=_ladder_rtol(base), atol=0)
     assert our_attention == pytest.approx(attention, rel=1e-12)
@@ -263,7 +271,7 @@ def test_longrope_matches_hugging_face(seq_len, factor, attention_factor):
 
 def test_linear_is_default_divided_by_factor_exactly():
     for head_dim, base, factor in [(64, 10000.0, 2.0), (128, 500000.0, 3.0), (6, 100.0, 7.5)]:
-        ours, _ = linear_rope(head_dim, base, factor=factor)
+        ours, _ = rope_scaling("linear", head_dim, base, factor=factor)
         assert_array_equal(ours, rope_frequencies(head_dim, base) / factor)
 
 
@@ -290,7 +298,8 @@ def test_yarn_frequencies_lie_between_interpolated_and_original(
 ):
     d = 2 * half
     default = rope_frequencies(d, base)
-    ours, attention = yarn_rope(
+    ours, attention = rope_scaling(
+        "yarn",
         d,
         base,
         factor=factor,
@@ -317,7 +326,9 @@ def test_apply_rope_half_matches_hugging_face_float64():
     batch, heads, seq, head_dim = 2, 3, 17, 64
     q = rng.standard_normal((batch, heads, seq, head_dim))
     k = rng.standard_normal((batch, heads, seq, head_dim))
-    inv_freq, attention = yarn_rope(head_dim, factor=4.0, original_max_position_embeddings=8)
+    inv_freq, attention = rope_scaling(
+        "yarn", head_dim, factor=4.0, original_max_position_embeddings=8
+    )
     cos, sin = rope_tables(seq, inv_freq, dtype="float64", scale=attention)  # (seq, d)
     cos_b = np.broadcast_to(cos, (batch, seq, head_dim))  # HF passes (batch, seq, d)
     sin_b = np.broadcast_to(sin, (batch, seq, head_dim))
@@ -382,7 +393,8 @@ def test_apply_rope_interleaved_matches_meta_llama_float64():
     bsz, seq, heads, head_dim = 2, 23, 4, 32
     xq = rng.standard_normal((bsz, seq, heads, head_dim))
     xk = rng.standard_normal((bsz, seq, heads, head_dim))
-    inv_freq, _ = llama3_rope(
+    inv_freq, _ = rope_scaling(
+        "llama3",
         head_dim,
         500000.0,
         factor=8.0,
@@ -544,8 +556,8 @@ def _check_float32(table, exact):
 
 FREQUENCY_SETS = {
     "default-500000": rope_frequencies(128, 500000.0),
-    "yarn": yarn_rope(
-        64, 10000.0, factor=32.0, original_max_position_embeddings=4096, truncate=False
+    "yarn": rope_scaling(
+        "yarn", 64, 10000.0, factor=32.0, original_max_position_embeddings=4096, truncate=False
     )[0],
     "float32-inv-freq": rope_frequencies(64, 10000.0).astype(np.float32),
 }
@@ -593,7 +605,9 @@ def test_low_precision_tables_are_the_rounded_exact_values(fmt):
 
 
 def test_scaled_tables_are_rounded_once():
-    inv_freq, attention = yarn_rope(64, factor=40.0, original_max_position_embeddings=4096)
+    inv_freq, attention = rope_scaling(
+        "yarn", 64, factor=40.0, original_max_position_embeddings=4096
+    )
     sample = [3, 1234, 2**20]
     exact_cos, exact_sin = _exact_cos_sin(sample, inv_freq, scale=attention)
     cos, sin = rope_tables(np.array(sample), inv_freq, scale=attention, layout="interleaved")
@@ -631,7 +645,9 @@ def test_yarn_ramp_upper_end_is_clamped_at_d_minus_1():
     # Hugging Face clamps at d - 1, not d/2 - 1: with L0/2π > base no pair is fully
     # interpolated, the last one is (d/2 - 1 - low) / (high - low) of the way there.
     d, base, original, factor = 16, 100.0, 4096, 4.0
-    ours, _ = yarn_rope(d, base, factor=factor, original_max_position_embeddings=original)
+    ours, _ = rope_scaling(
+        "yarn", d, base, factor=factor, original_max_position_embeddings=original
+    )
     high = min(math.ceil(d * math.log(original / (2 * math.pi)) / (2 * math.log(base))), d - 1)
     low = max(math.floor(d * math.log(original / (32 * 2 * math.pi)) / (2 * math.log(base))), 0)
     assert high > d // 2 - 1
@@ -644,7 +660,13 @@ def test_yarn_ramp_upper_end_is_clamped_at_d_minus_1():
 def test_turns_of_is_a_double_double():
     mpmath = pytest.importorskip("mpmath")
     omega = np.array(
-        [1.0, 0.1, 1e-9, 3.0e5, yarn_rope(8, factor=3.0, original_max_position_embeddings=64)[0][1]]
+        [
+            1.0,
+            0.1,
+            1e-9,
+            3.0e5,
+            rope_scaling("yarn", 8, factor=3.0, original_max_position_embeddings=64)[0][1],
+        ]
     )
     hi, lo = turns_of(omega)
     with mpmath.workdps(50):
@@ -677,16 +699,16 @@ COS, SIN = rope_tables(4, rope_frequencies(8), dtype="float64")
         (lambda: rope_scaling(3, 8), TypeError, "name must be one of"),
         (lambda: rope_scaling("linear", 8), TypeError, "missing \\['factor'\\]"),
         (lambda: rope_scaling("linear", 8, factor=2.0, beta=1), TypeError, "unknown \\['beta'\\].*takes \\['factor'\\]"),
-        (lambda: linear_rope(8, factor=0.5), ValueError, "factor must be a finite real number >= 1"),
-        (lambda: linear_rope(8, factor="2"), TypeError, "factor must be a finite real number"),
-        (lambda: ntk_rope(2, factor=2.0), ValueError, "needs a rotary width d > 2"),
-        (lambda: dynamic_ntk_rope(8, factor=2.0, original_max_position_embeddings=0), ValueError, "original_max_position_embeddings must be an int >= 1"),
-        (lambda: yarn_rope(8, factor=2.0, original_max_position_embeddings=64, beta_fast=1, beta_slow=32), ValueError, "beta_fast .* must be >= beta_slow"),
-        (lambda: yarn_rope(8, factor=2.0, original_max_position_embeddings=64, truncate="yes"), TypeError, "truncate must be a bool"),
-        (lambda: llama3_rope(8, factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0, original_max_position_embeddings=64), ValueError, "high_freq_factor must be greater than low_freq_factor"),
-        (lambda: longrope_rope(8, short_factor=[1.0] * 3, long_factor=[1.0] * 4, original_max_position_embeddings=64, factor=2.0), ValueError, "short_factor must hold one divisor per frequency, rotary_dim // 2 = 4"),
-        (lambda: longrope_rope(8, short_factor=[1.0] * 4, long_factor=[1.0, 2.0, 0.0, 1.0], original_max_position_embeddings=64, factor=2.0), ValueError, "long_factor must be finite and > 0"),
-        (lambda: longrope_rope(8, short_factor=[1.0] * 4, long_factor=[1.0] * 4, original_max_position_embeddings=64), TypeError, "longrope needs factor="),
+        (lambda: rope_scaling("linear", 8, factor=0.5), ValueError, "factor must be a finite real number >= 1"),
+        (lambda: rope_scaling("linear", 8, factor="2"), TypeError, "factor must be a finite real number"),
+        (lambda: rope_scaling("ntk", 2, factor=2.0), ValueError, "needs a rotary width d > 2"),
+        (lambda: rope_scaling("dynamic_ntk", 8, factor=2.0, original_max_position_embeddings=0), ValueError, "original_max_position_embeddings must be an int >= 1"),
+        (lambda: rope_scaling("yarn", 8, factor=2.0, original_max_position_embeddings=64, beta_fast=1, beta_slow=32), ValueError, "beta_fast .* must be >= beta_slow"),
+        (lambda: rope_scaling("yarn", 8, factor=2.0, original_max_position_embeddings=64, truncate="yes"), TypeError, "truncate must be a bool"),
+        (lambda: rope_scaling("llama3", 8, factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0, original_max_position_embeddings=64), ValueError, "high_freq_factor must be greater than low_freq_factor"),
+        (lambda: rope_scaling("longrope", 8, short_factor=[1.0] * 3, long_factor=[1.0] * 4, original_max_position_embeddings=64, factor=2.0), ValueError, "short_factor must hold one divisor per frequency, rotary_dim // 2 = 4"),
+        (lambda: rope_scaling("longrope", 8, short_factor=[1.0] * 4, long_factor=[1.0, 2.0, 0.0, 1.0], original_max_position_embeddings=64, factor=2.0), ValueError, "long_factor must be finite and > 0"),
+        (lambda: rope_scaling("longrope", 8, short_factor=[1.0] * 4, long_factor=[1.0] * 4, original_max_position_embeddings=64), TypeError, "longrope needs factor="),
         (lambda: rope_tables(4, [[1.0, 0.1]]), ValueError, "inv_freq must be a non-empty 1-D array"),
         (lambda: rope_tables(4, ["a"]), TypeError, "inv_freq must hold real numbers"),
         (lambda: rope_tables(4, [np.inf]), ValueError, "inv_freq must be finite"),

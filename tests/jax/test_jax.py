@@ -90,7 +90,7 @@ print("ok")
     assert result.stdout.strip() == "ok"
 
 
-@pytest.mark.parametrize("name", ["posenc.jax", "posenc.jax.functions", "posenc.jax.linen"])
+@pytest.mark.parametrize("name", ["posenc.jax", "posenc.jax.linen"])
 def test_docstring_examples(name):
     if name.endswith("linen"):
         pytest.importorskip("flax")

@@ -13,11 +13,7 @@ from torch import nn  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
 from posenc.core.precision import round_to_format  # noqa: E402
-from posenc.core.rope import (  # noqa: E402
-    apply_rope,
-    dynamic_ntk_rope,
-    rope_tables,
-)
+from posenc.core.rope import apply_rope, rope_scaling, rope_tables  # noqa: E402
 from posenc.torch.rope import RotaryEmbedding, convert_rope_weights  # noqa: E402
 
 F32_EPS = 2.0**-24  # unit roundoff of float32
@@ -169,8 +165,13 @@ def test_length_dependent_scalings_follow_hugging_face_call_by_call(rope_type):
     if rope_type == "dynamic":
         # explicit positions take the length from max(positions) + 1 = 100
         positions = torch.tensor([3, 4, 99, 6, 7])
-        inv_freq, _ = dynamic_ntk_rope(
-            head_dim, base, factor=2.0, original_max_position_embeddings=original, seq_len=100
+        inv_freq, _ = rope_scaling(
+            "dynamic_ntk",
+            head_dim,
+            base,
+            factor=2.0,
+            original_max_position_embeddings=original,
+            seq_len=100,
         )
         cos, sin = rope_tables(positions.numpy(), inv_freq, dtype="float32")
         got = ours.cos_sin(positions)

@@ -5,8 +5,7 @@ functions live by family in :mod:`posenc.jax.encodings` (sinusoidal, 1-D and N-D
 :mod:`posenc.jax.rope` (with :mod:`posenc.jax.rope_learned`, the tables of trained
 frequencies), :mod:`posenc.jax.rope_nd` (xPos, axial RoPE and M-RoPE), :mod:`posenc.jax.bias`
 (ALiBi, T5), :mod:`posenc.jax.kernel_bias` (KERPLE, FIRE, Sandwich) and
-:mod:`posenc.jax.cope` (CoPE), all in
-:mod:`posenc.jax.functions` too, and are re-exported here; the Flax linen modules live
+:mod:`posenc.jax.cope` (CoPE), and are re-exported here; the Flax linen modules live
 in :mod:`posenc.jax.linen`, the only package that imports Flax. It is loaded on first
 access (``posenc.jax.linen``, or ``from posenc.jax import linen``), so this package
 works without Flax installed (that access then raises an ``ImportError`` that names
@@ -16,14 +15,22 @@ Every value comes from :mod:`posenc.core` (float64 with exact angle reduction, r
 once to the target format), its options validated by :mod:`posenc.specs`; JAX only
 converts, gathers and slices the tables and does the RoPE rotation arithmetic.
 :mod:`posenc.jax._backend` holds the primitives every front end has, :mod:`posenc.jax._tables`
-the rules on traced positions and offsets (NaN rows out of range, never a wrong row).
+the rules on traced positions and offsets. Sizes are static Python ints; positions and
+offsets may be traced. A concrete position gets the core's row at exactly that position;
+a traced one is gathered from a table of ``max_length`` rows, and outside it gives a row
+of NaN, never a silently wrong row.
 
 Example:
+    >>> import jax, jax.numpy as jnp
     >>> import posenc.jax
     >>> posenc.jax.sinusoidal(10, 16).shape
     (10, 16)
     >>> posenc.jax.alibi_slopes(2).tolist()
     [0.0625, 0.00390625]
+    >>> table = posenc.jax.sinusoidal(3, 4, base=100)
+    >>> gather = jax.jit(lambda p: posenc.jax.sinusoidal(p, 4, base=100, max_length=3))
+    >>> bool((gather(jnp.array([2, 0])) == table[jnp.array([2, 0])]).all())
+    True
 """
 
 from __future__ import annotations

@@ -70,17 +70,7 @@ References:
 """
 
 from .frequencies import check_rotary_dim, rope_frequencies
-from .functions import (
-    ROPE_SCALINGS,
-    default_rope,
-    dynamic_ntk_rope,
-    linear_rope,
-    llama3_rope,
-    longrope_rope,
-    ntk_rope,
-    rope_scaling,
-    yarn_rope,
-)
+from .functions import ROPE_SCALINGS, rope_scaling
 from .learned import learned_rope_frequencies
 from .methods import (
     DefaultScaling,
@@ -134,13 +124,7 @@ __all__ = [
     "check_inv_freq",
     "check_rope_shapes",
     "check_rotary_dim",
-    "default_rope",
-    "dynamic_ntk_rope",
     "learned_rope_frequencies",
-    "linear_rope",
-    "llama3_rope",
-    "longrope_rope",
-    "ntk_rope",
     "pair_layout",
     "register_rope_scaling",
     "rerotation_table_values",
@@ -153,5 +137,4 @@ __all__ = [
     "rope_table_values",
     "rope_tables",
     "unregister_rope_scaling",
-    "yarn_rope",
 ]
