@@ -95,7 +95,7 @@ def test_flax_module_loads_the_pytorch_weights_by_name():
 
     module = TorchCoPE(D, max_positions=NPOS)
     with torch.no_grad():
-        module.pos_emb.normal_()
+        module.pos_emb.normal_(generator=torch.Generator().manual_seed(5))
     cope = linen.ContextualPositionEncoding(D, max_positions=NPOS)
     initial = cope.init(jax.random.key(0), Q, K)
     assert not np.asarray(initial["params"]["pos_emb"]).any()  # the authors' zeros
@@ -106,7 +106,8 @@ def test_flax_module_loads_the_pytorch_weights_by_name():
     expected = module(torch.from_numpy(Q), torch.from_numpy(K), allowed=torch.from_numpy(CAUSAL),
                       scale=0.125).detach().numpy()  # fmt: skip
     got = jax.jit(lambda v, q, k: cope.apply(v, q, k, allowed=CAUSAL, scale=0.125))(variables, Q, K)
-    np.testing.assert_allclose(np.asarray(got), expected, rtol=0, atol=2e-6)
+    # float32 in both, summed in another order: a few ulps of values up to ~3
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=0, atol=1e-5)
 
 
 def test_flax_module_options_are_the_specs():

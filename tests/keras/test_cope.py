@@ -124,7 +124,7 @@ def test_weights_load_by_name_from_the_pytorch_module(data):
 
     module = TorchCoPE(D, max_positions=NPOS)
     with torch.no_grad():
-        module.pos_emb.normal_()
+        module.pos_emb.normal_(generator=torch.Generator().manual_seed(5))
     layer = ContextualPositionEncoding(D, max_positions=NPOS)
     layer.build()
     for name, value in module.state_dict().items():
@@ -134,7 +134,8 @@ def test_weights_load_by_name_from_the_pytorch_module(data):
         torch.from_numpy(q), torch.from_numpy(k), allowed=torch.from_numpy(CAUSAL), scale=0.125
     )
     got = layer(q, k, allowed=CAUSAL, scale=0.125)
-    np.testing.assert_allclose(numpy(got), expected.detach().double().numpy(), rtol=0, atol=2e-6)
+    # float32 in both, summed in another order: a few ulps of values up to ~3
+    np.testing.assert_allclose(numpy(got), expected.detach().double().numpy(), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])

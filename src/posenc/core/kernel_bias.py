@@ -34,7 +34,7 @@ import numpy as np
 from .._checks import DEFAULT_MAX_BYTES, check_choice, check_memory, check_real, describe
 from .plan import align_queries
 
-__all__ = ["FIRE_WEIGHTS", "fire_bias", "kerple_bias", "query_key_positions"]
+__all__ = ["FIRE_WEIGHTS", "check_fire_weights", "fire_bias", "kerple_bias", "query_key_positions"]
 
 KERNELS = ("log", "power")
 
@@ -192,25 +192,38 @@ def kerple_bias(
     return bias  # (..., H, q, k)
 
 
-def _fire_weights(weights: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """FIRE's six weights as float64, their shapes checked against one another."""
+def check_fire_weights(weights: Any) -> None:
+    """That ``weights`` maps FIRE's six weight names to arrays of matching shapes (any
+    arrays with a ``shape``: NumPy, a framework's tensors, traced ones too).
+
+    Example:
+        >>> check_fire_weights({"mlp.0.weight": np.zeros((4, 1))})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: weights lacks ['mlp.0.bias', ...]; FIRE's weights are ['mlp.0.weight', ...]
+    """
     if not isinstance(weights, Mapping):
         raise TypeError(f"weights must be a mapping of FIRE's weights by name, got "
                         f"{describe(weights)}")  # fmt: skip
     missing = [name for name in FIRE_WEIGHTS if name not in weights]
     if missing:
         raise ValueError(f"weights lacks {missing}; FIRE's weights are {list(FIRE_WEIGHTS)}")
-    out = {name: np.asarray(weights[name], dtype=np.float64) for name in FIRE_WEIGHTS}
-    width, heads = out["mlp.0.bias"].shape[:1] or (0,), out["mlp.2.bias"].shape[:1] or (0,)
+    shapes = {name: tuple(np.shape(weights[name])) for name in FIRE_WEIGHTS}
+    width, heads = shapes["mlp.0.bias"][:1] or (0,), shapes["mlp.2.bias"][:1] or (0,)
     sizes = {"W": width[0], "H": heads[0], "1": 1}
     for name, axes in FIRE_WEIGHTS.items():
         shape = tuple(sizes[axis] for axis in axes)
-        if out[name].shape != shape:
+        if shapes[name] != shape:
             raise ValueError(
                 f"weights[{name!r}] must have shape {shape} (mlp_width={sizes['W']}, "
-                f"num_heads={sizes['H']}), got {out[name].shape}"
+                f"num_heads={sizes['H']}), got {shapes[name]}"
             )
-    return out
+
+
+def _fire_weights(weights: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """FIRE's six weights as float64, their shapes checked against one another."""
+    check_fire_weights(weights)
+    return {name: np.asarray(weights[name], dtype=np.float64) for name in FIRE_WEIGHTS}
 
 
 def fire_bias(

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import MAX_POSITIONS, describe
-from ..core.kernel_bias import FIRE_WEIGHTS
+from ..core.kernel_bias import FIRE_WEIGHTS, check_fire_weights
 from ..core.plan import align_queries, plan_index
 from ..core.precision import round_to_format
 from ..specs import FireSpec, KerpleSpec, SandwichSpec
@@ -195,23 +195,8 @@ def kerple_bias(
 
 
 def _fire_weights(weights: Any) -> dict[str, jax.Array]:
-    if not isinstance(weights, Mapping):
-        raise TypeError(f"weights must be a mapping of FIRE's weights by name, got "
-                        f"{describe(weights)}")  # fmt: skip
-    missing = [name for name in FIRE_WEIGHTS if name not in weights]
-    if missing:
-        raise ValueError(f"weights lacks {missing}; FIRE's weights are {list(FIRE_WEIGHTS)}")
-    out = {name: jnp.asarray(weights[name]) for name in FIRE_WEIGHTS}
-    width, heads = out["mlp.0.bias"].shape[:1] or (0,), out["mlp.2.bias"].shape[:1] or (0,)
-    sizes = {"W": width[0], "H": heads[0], "1": 1}
-    for name, axes in FIRE_WEIGHTS.items():
-        shape = tuple(sizes[axis] for axis in axes)
-        if out[name].shape != shape:
-            raise ValueError(
-                f"weights[{name!r}] must have shape {shape} (mlp_width={sizes['W']}, "
-                f"num_heads={sizes['H']}), got {out[name].shape}"
-            )
-    return out
+    check_fire_weights(weights)  # the core's check of the names and shapes
+    return {name: jnp.asarray(weights[name]) for name in FIRE_WEIGHTS}
 
 
 def fire_bias(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, ClassVar
 
 import numpy as np
@@ -78,10 +78,19 @@ class RopeSpec(SchemeSpec):
         self._set("base", check_base(base))
         self._set("layout", check_choice(self.layout, "layout", ROPE_LAYOUTS))
         self._set("scaling", scaling)
-        self.frequencies()  # the width-dependent checks of the scaling
+        _ = self._initial  # the construction frequencies, once: the scaling's width checks
+
+    @cached_property
+    def _initial(self) -> tuple[np.ndarray, float]:
+        assert self.rotary_dim is not None  # stored resolved by __post_init__
+        return self.scaling.frequencies(self.rotary_dim, self.base)
 
     def frequencies(self, seq_len: int | None = None) -> tuple[np.ndarray, float]:
-        """``(inv_freq, attention_factor)`` of the scaling at sequence length ``seq_len``."""
+        """``(inv_freq, attention_factor)`` of the scaling at sequence length ``seq_len``
+        (``None``: those of construction, computed once; a copy)."""
+        if seq_len is None:
+            inv_freq, attention = self._initial
+            return inv_freq.copy(), attention
         assert self.rotary_dim is not None  # stored resolved by __post_init__
         return self.scaling.frequencies(self.rotary_dim, self.base, seq_len=seq_len)
 
