@@ -111,6 +111,12 @@ def test_flax_initial_params_are_drawn_in_range():
     assert a.max() <= 1.0
 
 
+def _flax_init(**options):
+    from posenc.jax import linen
+
+    return linen.FIREBias(2, mlp_width=4, **options).init(jax.random.key(0), 2)
+
+
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
@@ -128,6 +134,13 @@ def test_flax_initial_params_are_drawn_in_range():
         (lambda: jax.jit(lambda o: pj.sandwich_bias(2, num_heads=2, dim=8, offset=o))(
             jnp.int32(1)), ValueError, "key_length must be given"),
         (lambda: pj.sandwich_bias(2, 2, num_heads=2, dim=8, offset=-1), ValueError, "offset"),
+        # L = L_multiplier·init_L formed in float32: infinite, the bias a constant
+        (lambda: pj.fire_bias(_fire_weights(), 2, init_L=1e300), ValueError,
+         "init_L must be at most 3.40282e"),
+        # c would start infinite, every bias NaN
+        (lambda: _flax_init(init_c=1e39), ValueError, "init_c must be at most 3.40282e"),
+        (lambda: _flax_init(init_L=7e4, param_dtype=jnp.float16), ValueError,
+         "init_L must be at most 65504, the largest float16"),
     ],
 )  # fmt: skip
 def test_bad_input_is_named(call, error, match):

@@ -134,6 +134,9 @@ def test_sandwich_grows_past_its_table_and_decodes_like_the_full_call():
         (lambda: pk.KERPLEBias(2, kernel="power", eps=3.0), ValueError, "eps"),
         (lambda: pk.FIREBias(2, mlp_width=0), ValueError, "mlp_width"),
         (lambda: pk.FIREBias(2, init_L=-1.0), ValueError, "init_L"),
+        # c and L = L_multiplier·init_L are float32: infinite, NaN or constant biases
+        (lambda: pk.FIREBias(2, init_c=1e39), ValueError, "init_c must be at most 3.40282e"),
+        (lambda: pk.FIREBias(2, init_L=1e300), ValueError, "init_L must be at most 3.40282e"),
         (lambda: pk.SandwichBias(2, dim=7), ValueError, "dim must be even"),
         (lambda: pk.SandwichBias(2, dim=8, mode="both"), ValueError, "mode"),
         (lambda: pk.SandwichBias(2, dim=8, max_length=0), ValueError, "max_length"),
