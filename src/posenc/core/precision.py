@@ -96,6 +96,20 @@ def unit_phasors(
     return np.sin(theta), np.cos(theta)
 
 
+def largest_finite(fmt: str) -> float:
+    """The largest finite number of the format ``fmt`` (a key of :data:`FORMATS`).
+
+    Example:
+        >>> largest_finite("float16"), largest_finite("bfloat16")
+        (65504.0, 3.3895313892515355e+38)
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; valid: {list(FORMATS)}")
+    if fmt == "bfloat16":  # no NumPy dtype: 8 bits of significand, float32's exponents
+        return float(np.ldexp(2.0 - 2.0**-7, 127))
+    return float(np.finfo(CONTAINERS[fmt]).max)
+
+
 def round_to_format(values: np.ndarray, fmt: str) -> np.ndarray:
     """Correctly round float64 ``values`` (round to nearest, ties to even) to ``fmt``.
 

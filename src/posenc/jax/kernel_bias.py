@@ -240,6 +240,8 @@ def fire_bias(
     w = _fire_weights(weights)
     spec = FireSpec(num_heads=w["mlp.2.bias"].shape[0], mlp_width=w["mlp.0.bias"].shape[0],
                     init_L=init_L, eps=eps)  # fmt: skip
+    if jnp.issubdtype(w["L_multiplier"].dtype, jnp.floating):  # L formed in its dtype
+        spec.check_parameter_format(format_of(w["L_multiplier"].dtype), "fire_bias")
     queries, keys = _positions(query_length, key_length, offset, positions, key_positions)
     c = w["c"]
     distance = _relative(queries, keys).astype(c.dtype)  # (..., q, k), m - n

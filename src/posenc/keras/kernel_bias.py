@@ -32,7 +32,7 @@ from ..core.kernel_bias import FIRE_WEIGHTS
 from ..core.plan import plan_rows
 from ..core.precision import CONTAINERS, round_to_format
 from ..specs import FireSpec, FromSpec, KerpleSpec, SandwichSpec
-from ._backend import index_range, to_tensor
+from ._backend import format_of, index_range, to_tensor
 from ._tables import start_plan
 from .bias import _nan_where_invalid, _query_rows, _relative_positions, _ScoreBias
 
@@ -224,6 +224,7 @@ class FIREBias(_ScoreBias, FromSpec):
         self.spec = FireSpec(
             num_heads=num_heads, mlp_width=mlp_width, init_c=init_c, init_L=init_L, eps=eps
         )
+        self.spec.check_parameter_format(format_of(self.variable_dtype), type(self).__name__)
         self.num_heads = self.spec.num_heads
 
     def build(self, input_shape: Any = None) -> None:

@@ -23,6 +23,7 @@ from .._checks import (
     check_width,
 )
 from ..core.alibi import MODES, check_heads
+from ..core.precision import largest_finite
 from ..core.sandwich import check_sandwich_options, sandwich_bias, sandwich_distance_bias
 from .base import SchemeSpec
 
@@ -94,6 +95,27 @@ class FireSpec(SchemeSpec):
         self._set("init_c", check_real(self.init_c, "init_c", minimum=0.0, strict=True))
         self._set("init_L", check_real(self.init_L, "init_L", minimum=0.0, strict=True))
         self._set("eps", check_real(self.eps, "eps", minimum=0.0, strict=True))
+
+    def check_parameter_format(self, fmt: str, owner: str) -> None:
+        """That ``init_c`` and ``init_L`` are finite in ``fmt``, the format a module keeps
+        its parameters in (``c`` starts at ``init_c``; ``L`` is ``L_multiplier · init_L``
+        formed in it): a ``ValueError`` naming the option, not an infinite ``c`` or ``L``
+        and NaN or constant biases.
+
+        Example:
+            >>> FireSpec(num_heads=2, init_L=1e6).check_parameter_format("float16", "FIREBias")
+            Traceback (most recent call last):
+            ...
+            ValueError: init_L must be at most 65504, the largest float16 (FIREBias keeps its parameters in float16), got 1000000.0
+        """  # noqa: E501
+        largest = largest_finite(fmt)
+        for name in ("init_c", "init_L"):
+            value = getattr(self, name)
+            if value > largest:
+                raise ValueError(
+                    f"{name} must be at most {largest:.6g}, the largest {fmt} ({owner} keeps "
+                    f"its parameters in {fmt}), got {value!r}"
+                )
 
 
 @dataclass(frozen=True, kw_only=True)

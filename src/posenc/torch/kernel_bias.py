@@ -244,14 +244,8 @@ class FIREBias(BiasesScores, FromSpec):
             num_heads=num_heads, mlp_width=mlp_width, init_c=init_c, init_L=init_L, eps=eps
         )
         self.num_heads, self.eps = self.spec.num_heads, self.spec.eps
-        largest = torch.finfo(torch.get_default_dtype()).max  # c and L become parameters
-        for name in ("init_c", "init_L"):
-            if getattr(self.spec, name) > largest:
-                raise ValueError(
-                    f"{name} must be at most {largest:.6g}, the largest "
-                    f"{torch.get_default_dtype()} (FIREBias keeps it as a parameter of that "
-                    f"dtype), got {getattr(self.spec, name)!r}"
-                )
+        # c and L become parameters of the default dtype
+        self.spec.check_parameter_format(format_of(torch.get_default_dtype()), "FIREBias")
         width = self.spec.mlp_width
         check_width(width, "mlp_width")
         check_width(self.num_heads, "num_heads")

@@ -35,7 +35,15 @@ from ..phasors import (
     phasor_factors,
     phasor_rows,
 )
-from ..precision import CONTAINERS, FORMATS, check_out, resolve_dtype, turns_of, unit_phasors
+from ..precision import (
+    CONTAINERS,
+    FORMATS,
+    check_out,
+    largest_finite,
+    resolve_dtype,
+    turns_of,
+    unit_phasors,
+)
 from ..rounding import round_pairs_into
 
 __all__ = [
@@ -157,7 +165,7 @@ def rope_table_values(
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
     layout = check_choice(layout, "layout", ROPE_LAYOUTS)
     scale = check_real(scale, "scale")
-    largest = float(np.finfo(CONTAINERS[fmt]).max) if fmt != "bfloat16" else 3.3895313892515355e38
+    largest = largest_finite(fmt)
     if abs(scale) > largest:
         raise ValueError(
             f"scale must be at most {largest:.4g} in magnitude in {fmt} (the tables are "

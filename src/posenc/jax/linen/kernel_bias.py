@@ -141,8 +141,9 @@ class FIREBias(nn.Module, FromSpec):
     param_dtype: Any = jnp.float32
 
     def __post_init__(self) -> None:
-        FireSpec(num_heads=self.num_heads, mlp_width=self.mlp_width, init_c=self.init_c,
-                 init_L=self.init_L, eps=self.eps)  # fmt: skip
+        spec = FireSpec(num_heads=self.num_heads, mlp_width=self.mlp_width, init_c=self.init_c,
+                        init_L=self.init_L, eps=self.eps)  # fmt: skip
+        spec.check_parameter_format(format_of(self.param_dtype), type(self).__name__)
         super().__post_init__()
 
     @nn.compact
