@@ -149,8 +149,9 @@ def test_linen_frequencies_train_and_torch_weights_load_by_name(linen):
         loss.backward()
         optimizer.step()
     flax_module = linen.LearnedRotaryEmbedding(
-        64, layout="interleaved", scaling="linear", scaling_params={"factor": 2.0}
-    )
+        64, layout="interleaved", scaling="linear", scaling_params={"factor": 2.0},
+        qk_layout="bhsd",
+    )  # fmt: skip
     params = {"params": {name: jnp.asarray(v.numpy()) for name, v in module.state_dict().items()}}
     got = flax_module.apply(params, Q, K, start_index=40)
     expected = module(torch.from_numpy(Q), torch.from_numpy(K), offset=40)
@@ -175,7 +176,7 @@ def test_linen_refuses_what_pytorch_refuses(linen):
             linen.LearnedRotaryEmbedding(8, **kwargs)
         with pytest.raises(error, match=match):
             pt.LearnedRotaryEmbedding(8, **kwargs)
-    module = linen.LearnedRotaryEmbedding(64)
+    module = linen.LearnedRotaryEmbedding(64, qk_layout="bhsd")
     variables = module.init(jax.random.key(0), Q, K)
     for args, kwargs, error, match in (
         ((Q[0], K[0]), {}, ValueError, "must have shape"),
@@ -193,9 +194,21 @@ def test_linen_refuses_what_pytorch_refuses(linen):
 
 def test_apply_rope_of_the_tables_is_the_module(linen):
     """The pure function and the module are one computation."""
-    module = linen.LearnedRotaryEmbedding(64)
+    module = linen.LearnedRotaryEmbedding(64, qk_layout="bhsd")
     variables = {"params": {"inv_freq": jnp.asarray(THETA)}}
     cos, sin = learned_rope_tables(np.arange(5, 15), THETA)
     np.testing.assert_array_equal(
         module.apply(variables, Q, K, start_index=5)[0], apply_rope(Q, cos, sin)
     )
+
+
+def test_linen_default_order_is_that_of_the_flax_rope(linen):
+    # (batch, seq, heads, head_dim), as linen.RotaryEmbedding: swapping one module for the
+    # other keeps the positions (a (b, h, s, d) default read such input along the heads)
+    q = Q.transpose(0, 2, 1, 3)  # (b, s, h, d)
+    learned = linen.LearnedRotaryEmbedding(64)
+    variables = learned.init(jax.random.key(0), q, q)
+    got, _ = learned.apply(variables, q, q, start_index=7)
+    fixed = linen.RotaryEmbedding()
+    expected = fixed.apply(fixed.init(jax.random.key(0), q), q, start_index=7)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=0, atol=2e-6)

@@ -71,7 +71,9 @@ def trained(layer, seed=0):
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_starts_as_the_fixed_rope(layout):
-    layer = LearnedRotaryEmbedding(64, layout=layout, scaling="yarn", scaling_params=YARN)
+    layer = LearnedRotaryEmbedding(
+        64, qk_layout="bhsd", layout=layout, scaling="yarn", scaling_params=YARN
+    )
     q_rot, k_rot = layer(Q, K, start_index=3000)
     scaling, _, _ = rope_options("yarn", YARN)
     start, factor = learned_rope_frequencies(scaling, 64, 10000.0, owner="test")
@@ -121,7 +123,7 @@ def test_rotates_by_its_trained_frequencies_at_positions(layout, qk_layout):
 def test_angles_are_exact_in_float32_arithmetic_at_far_positions():
     """The angle ``p·θ`` in float32 would be ``p·θ·2^-24`` off (about 0.06 at 10^6 with
     θ = 1): the layer's tables are the core's at positions up to 2^24 and beyond."""
-    layer = LearnedRotaryEmbedding(64)
+    layer = LearnedRotaryEmbedding(64, qk_layout="bhsd")
     layer.build()
     inv_freq = trained(layer, seed=3)
     for start in (10**6, 2**24 - 6, 2**31 - 12):
@@ -135,7 +137,7 @@ def test_angles_are_exact_in_float32_arithmetic_at_far_positions():
 
 
 def test_decoding_one_token_at_a_time_equals_the_full_call():
-    layer = LearnedRotaryEmbedding(64, layout="interleaved")
+    layer = LearnedRotaryEmbedding(64, qk_layout="bhsd", layout="interleaved")
     layer.build()
     trained(layer)
     full_q, full_k = (to_numpy(t) for t in layer(Q, K, start_index=9))
@@ -148,7 +150,7 @@ def test_decoding_one_token_at_a_time_equals_the_full_call():
 
 
 def test_traced_start_and_positions():
-    layer = LearnedRotaryEmbedding(64)
+    layer = LearnedRotaryEmbedding(64, qk_layout="bhsd")
     layer.build()
     trained(layer)
     eager = to_numpy(layer(Q, K, start_index=77)[0])
@@ -166,7 +168,7 @@ def test_traced_start_and_positions():
 
 def test_symbolic_call_in_a_functional_model():
     q_in, k_in = keras.Input((8, None, 64)), keras.Input((2, None, 64))
-    layer = LearnedRotaryEmbedding(64)
+    layer = LearnedRotaryEmbedding(64, qk_layout="bhsd")
     q_rot, k_rot = layer(q_in, k_in)
     assert tuple(q_rot.shape) == (None, 8, None, 64)
     assert tuple(k_rot.shape) == (None, 2, None, 64)
@@ -190,7 +192,9 @@ def tiny_model(layer):
 
 
 def test_fit_step_trains_the_frequencies():
-    layer = LearnedRotaryEmbedding(16, scaling="linear", scaling_params={"factor": 2.0})
+    layer = LearnedRotaryEmbedding(
+        16, qk_layout="bhsd", scaling="linear", scaling_params={"factor": 2.0}
+    )
     model = tiny_model(layer)
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     before = to_numpy(layer.inv_freq).copy()
@@ -229,7 +233,7 @@ def test_config_round_trip_and_keras_file(tmp_path):
         assert clone.get_config() == config
         np.testing.assert_array_equal(to_numpy(clone(q, k, start_index=5)[1]), expected)
     # A saved model keeps the trained frequencies.
-    model = tiny_model(LearnedRotaryEmbedding(16, layout="interleaved"))
+    model = tiny_model(LearnedRotaryEmbedding(16, qk_layout="bhsd", layout="interleaved"))
     rope = next(lay for lay in model.layers if isinstance(lay, LearnedRotaryEmbedding))
     inv_freq = trained(rope)
     x = RNG.standard_normal((3, 12, 8)).astype(np.float32)
@@ -245,7 +249,7 @@ def test_config_round_trip_and_keras_file(tmp_path):
                                                   ("mixed_bfloat16", "bfloat16")])  # fmt: skip
 def test_mixed_precision_keeps_float32_frequencies_and_rotates_in_float32(policy, policy_name, fmt):
     policy(policy_name)
-    layer = LearnedRotaryEmbedding(64)
+    layer = LearnedRotaryEmbedding(64, qk_layout="bhsd")
     q_rot, _ = layer(Q, K, start_index=2000)
     assert keras.backend.standardize_dtype(q_rot.dtype) == fmt
     assert keras.backend.standardize_dtype(layer.inv_freq.dtype) == "float32"
@@ -270,7 +274,9 @@ def test_frequencies_trained_in_pytorch_load_by_name():
         loss.backward()
         optimizer.step()
     state = module.state_dict()
-    layer = LearnedRotaryEmbedding(64, layout="interleaved", scaling="yarn", scaling_params=YARN)
+    layer = LearnedRotaryEmbedding(
+        64, qk_layout="bhsd", layout="interleaved", scaling="yarn", scaling_params=YARN
+    )
     layer.build()
     weights = {w.name: w for w in layer.weights}
     for name, value in state.items():  # by name
@@ -308,7 +314,7 @@ def test_bad_options_are_refused_as_in_pytorch(kwargs, error, match):
 
 
 def test_bad_calls():
-    layer = LearnedRotaryEmbedding(64)
+    layer = LearnedRotaryEmbedding(64, qk_layout="bhsd")
     cases = [
         ((Q[0], K[0]), {}, ValueError, "must have shape \\(batch, heads, seq, head_dim\\)"),
         ((Q[..., :32], K), {}, ValueError, "head_dim=64"),

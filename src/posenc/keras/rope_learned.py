@@ -64,8 +64,10 @@ class LearnedRotaryEmbedding(ChecksPlainArguments, keras.layers.Layer):
             factor are that layer's. A scaling whose frequencies follow the sequence
             length (``"dynamic_ntk"``, ``"longrope"``) has none to start from: a
             ``ValueError``.
-        qk_layout: ``"bhsd"`` (``(batch, heads, seq, head_dim)``, the default, as the
-            PyTorch module's) or ``"bshd"`` (``(batch, seq, heads, head_dim)``).
+        qk_layout: ``"bshd"`` (``(batch, seq, heads, head_dim)``, the default: the order
+            of :class:`posenc.keras.RotaryEmbedding`, the xPos and axial layers and Keras'
+            ``MultiHeadAttention``) or ``"bhsd"`` (``(batch, heads, seq, head_dim)``, the
+            PyTorch module's default).
         **kwargs: Standard layer arguments (``name``, ``dtype``, ...).
 
     Call arguments:
@@ -86,7 +88,7 @@ class LearnedRotaryEmbedding(ChecksPlainArguments, keras.layers.Layer):
 
     Example:
         >>> import numpy as np
-        >>> rope = LearnedRotaryEmbedding(8, qk_layout="bshd")
+        >>> rope = LearnedRotaryEmbedding(8)  # (batch, seq, heads, head_dim)
         >>> q = np.random.default_rng(0).standard_normal((2, 5, 4, 8)).astype("float32")
         >>> q_rot, k_rot = rope(q, q[:, :, :2])  # 4 query heads, 2 key heads
         >>> tuple(q_rot.shape), tuple(k_rot.shape), tuple(rope.inv_freq.shape)
@@ -111,7 +113,7 @@ class LearnedRotaryEmbedding(ChecksPlainArguments, keras.layers.Layer):
         layout: str = "half",
         scaling: Any = None,
         scaling_params: Mapping[str, Any] | None = None,
-        qk_layout: str = "bhsd",
+        qk_layout: str = "bshd",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

@@ -41,8 +41,9 @@ class LearnedRotaryEmbedding(nn.Module):
             :class:`posenc.jax.linen.RotaryEmbedding`: the initial frequencies and
             attention factor are that module's. A scaling whose frequencies follow the
             sequence length (``"dynamic_ntk"``, ``"longrope"``) is a ``ValueError``.
-        qk_layout: ``"bhsd"`` (``(batch, heads, seq, head_dim)``, the default, as the
-            PyTorch module's) or ``"bshd"``.
+        qk_layout: ``"bshd"`` (``(batch, seq, heads, head_dim)``, the default: the order
+            of :class:`posenc.jax.linen.RotaryEmbedding` and the xPos and axial modules)
+            or ``"bhsd"`` (``(batch, heads, seq, head_dim)``, the PyTorch module's default).
 
     Call arguments:
         q, k: Floating arrays of rank 4 in ``qk_layout``, with the same batch and
@@ -57,7 +58,7 @@ class LearnedRotaryEmbedding(nn.Module):
 
     Example:
         >>> import jax, jax.numpy as jnp
-        >>> rope = LearnedRotaryEmbedding(8)
+        >>> rope = LearnedRotaryEmbedding(8, qk_layout="bhsd")
         >>> q = jnp.cos(jnp.arange(2 * 4 * 6 * 8.0)).reshape(2, 4, 6, 8)  # (b, h, s, d)
         >>> variables = rope.init(jax.random.key(0), q, q)
         >>> variables["params"]["inv_freq"].shape
@@ -77,7 +78,7 @@ class LearnedRotaryEmbedding(nn.Module):
     layout: str = "half"
     scaling: str | RopeScaling | Mapping[str, Any] | None = None
     scaling_params: Mapping[str, Any] | None = None
-    qk_layout: str = "bhsd"
+    qk_layout: str = "bshd"
 
     def __post_init__(self) -> None:
         self._start()  # every option checked when the module is made
