@@ -225,6 +225,35 @@ def test_a_new_layer_reads_its_own_max_length_of_longer_shared_tables():
     np.testing.assert_array_equal(out, encoded(E[:, :4], 6, base=2000.0))
 
 
+@pytest.mark.parametrize("kind", ["rope", "sinusoidal", "alibi"])
+@pytest.mark.parametrize("order", ["too-long-first", "too-long-second"])
+def test_a_max_length_the_memory_limit_refuses_is_that_layers_error_alone(kind, order):
+    # Tables are built on first use; a layer's max_length too long for the memory limit
+    # became the shared tables' length, and every layer of the spec was then refused
+    good_options = {"base": 3000.0} if kind != "alibi" else {"num_heads": 3}
+    layers = {"rope": RotaryEmbedding, "sinusoidal": SinusoidalPositionalEncoding}
+    if order == "too-long-first":  # built on its first call, which it does not make
+        huge = layers.get(kind, ALiBiBias)(max_length=2**53, **good_options)
+        good = MAKERS[kind](**good_options)
+    else:
+        good = MAKERS[kind](**good_options)
+        huge = layers.get(kind, ALiBiBias)(max_length=2**53, **good_options)
+    inputs = {"rope": X, "sinusoidal": E}.get(kind, SCORES[:, :3])
+    out = to_numpy(good(inputs))
+    if kind == "rope":
+        np.testing.assert_allclose(
+            out, rotated(X, 0, base=3000.0), rtol=0, atol=4e-7 * np.abs(X).max()
+        )
+    elif kind == "sinusoidal":
+        np.testing.assert_array_equal(out, encoded(E, 0, base=3000.0))
+    else:
+        expected = SCORES[:, :3] + posenc.alibi_bias(6, 6, num_heads=3).astype(np.float32)
+        np.testing.assert_array_equal(out, expected)
+    with pytest.raises(posenc.MemoryLimitError, match="max_length"):
+        huge(inputs)
+    np.testing.assert_array_equal(to_numpy(good(inputs)), out)  # still right after that
+
+
 def test_tables_no_layer_uses_are_freed():
     gc.collect()
     a, b = rope(base=1234.5), rope(base=1234.5)

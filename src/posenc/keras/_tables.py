@@ -33,6 +33,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from .._checks import MemoryLimitError
 from ..core.plan import IndexPlan, RowsPlan, plan_index, plan_rows
 from ..core.positions import grow
 from ..core.sharing import GROWTH_LOCK, Registry, share_key
@@ -186,10 +187,11 @@ class _Store:
     def extend(self, rows: int, formats: Iterable[str]) -> None:
         """At least ``rows`` rows in every format in use (and ``formats``), all built
         before any is replaced: a size the memory limit refuses (``MemoryLimitError``)
-        leaves the old ones."""
-        if rows <= self.rows:
-            return
+        leaves the old ones. With no format in use or asked for, nothing: ``rows`` counts
+        the rows of tables built, never a length no table has been built at."""
         wanted = list(dict.fromkeys([*self.tables, *formats]))
+        if rows <= self.rows or not wanted:
+            return
         built = {fmt: self.build(rows, fmt) for fmt in wanted}
         self.tables = {
             fmt: tables for fmt, tables in built.items() if all(cacheable(t) for t in tables)
@@ -233,17 +235,30 @@ class PositionTables:
         length: int,
         store: _Store | None = None,
     ) -> None:
-        self._store = _Store(derive, length) if store is None else store
+        self._store = _Store(derive, 0) if store is None else store
         self.length = length
         """Rows the layer reads: its ``max_length``, grown with every layer sharing them."""
         with GROWTH_LOCK:
             self._store.views.add(self)
-            if length > self._store.rows:  # a longer max_length than the shared tables
-                self._store.extend(length, ())
 
     def get(self, fmt: str) -> tuple[Any, ...]:
         """The tables in ``fmt`` (:attr:`length` rows at least), built on first use
-        (cached unless on torch's meta)."""
+        (cached unless on torch's meta).
+
+        A layer longer than the tables built so far makes them longer for all; a length
+        the memory limit refuses is this layer's error alone (naming its ``max_length``),
+        and the tables the other layers read stay as they were.
+        """
+        if self.length > self._store.rows:
+            with GROWTH_LOCK:
+                try:
+                    self._store.extend(self.length, (fmt,))
+                except MemoryLimitError as error:
+                    raise error.naming(
+                        f"max_length={self.length}",
+                        "give a smaller max_length: the tables grow as calls need them, and "
+                        "past the limit only the rows asked for are computed",
+                    ) from None
         return self._store.get(fmt)
 
     def extend(self, length: int, formats: Iterable[str] = ()) -> None:
@@ -313,7 +328,7 @@ def shared_tables(
     device = device_now()
     key = share_key(key, device)
     with GROWTH_LOCK:  # found, then made longer if it must be, before any other growth
-        store = _SHARED.entry(key, lambda: _Store(derive, length, device, key))
+        store = _SHARED.entry(key, lambda: _Store(derive, 0, device, key))  # built on use
         return PositionTables(derive, length, store)
 
 
