@@ -17,7 +17,7 @@ import numpy as np
 from keras import ops
 
 from .._checks import check_choice
-from ..core.rope import QK_AXES, learned_rope_frequencies, rope_options
+from ..core.rope import QK_AXES, check_qk_shapes, learned_rope_frequencies, rope_options
 from ..specs import RopeSpec
 from ._arguments import (
     INT32_END,
@@ -197,35 +197,18 @@ class LearnedRotaryEmbedding(ChecksPlainArguments, keras.layers.Layer):
         return ops.concatenate([out, x[..., r:]], axis=-1)
 
     def _check_qk(self, query: Any, key: Any) -> tuple[Any, Any]:
-        """``(batch, seq)`` of ``query`` and ``key``, checked as the PyTorch module does."""
-        name, axes = type(self).__name__, QK_AXES[self.qk_layout]
-        shapes = {}
+        """``(batch, seq)`` of floating ``query`` and ``key``, their shapes checked by the
+        core (:func:`~posenc.core.rope.check_qk_shapes`); seq as a tensor where unknown."""
+        name = type(self).__name__
+        batch, _ = check_qk_shapes(
+            tuple(query.shape), tuple(key.shape), self.spec.head_dim, self.qk_layout, name,
+            ("query", "key"),
+        )  # fmt: skip
         for label, x in (("query", query), ("key", key)):
-            shape = tuple(x.shape)
-            if len(shape) != 4:
-                raise ValueError(
-                    f"{name}: {label} must have shape ({', '.join(axes)}) "
-                    f"(qk_layout={self.qk_layout!r}), got shape {shape}"
-                )
-            if shape[-1] != self.spec.head_dim:
-                raise ValueError(
-                    f"{name} was built for head_dim={self.spec.head_dim}, but {label} has "
-                    f"last dimension {shape[-1]} (shape {shape}, qk_layout={self.qk_layout!r})"
-                )
             dtype = keras.backend.standardize_dtype(x.dtype)
             if not keras.backend.is_float_dtype(dtype):
                 raise TypeError(f"{name}: {label} must be a floating tensor, got dtype {dtype}")
-            shapes[label] = shape
-        seq = axes.index("seq")
-        for axis in (0, seq):
-            sizes = (shapes["query"][axis], shapes["key"][axis])
-            if None not in sizes and sizes[0] != sizes[1]:
-                raise ValueError(
-                    f"{name}: query and key must have the same batch and seq sizes, got "
-                    f"shapes {shapes['query']} and {shapes['key']} "
-                    f"(qk_layout={self.qk_layout!r}: {', '.join(axes)})"
-                )
-        return shapes["query"][0], ops.shape(query)[seq]
+        return batch, ops.shape(query)[QK_AXES[self.qk_layout].index("seq")]
 
     def compute_output_spec(
         self, query: Any, key: Any, start_index: Any = 0, positions: Any = None

@@ -20,7 +20,7 @@ from keras import ops
 
 from .._checks import check_choice, check_int, check_max_length, describe
 from ..core.plan import plan_index, plan_rows, table_format
-from ..core.rope import RopeLayout
+from ..core.rope import QK_AXES, RopeLayout, check_qk_shapes
 from ..core.rope_nd import AxialMode
 from ..specs import AxialRopeSpec, XPosSpec
 from ._arguments import (
@@ -35,34 +35,20 @@ from ._tables import SharesTables, outside_traces, span_rows
 
 __all__ = ["AxialRotaryEmbedding", "XPosRotaryEmbedding"]
 
-QK_LAYOUTS = ("bshd", "bhsd")
-_AXES = {"bshd": "batch, seq, heads, head_dim", "bhsd": "batch, heads, seq, head_dim"}
-
 
 def _check_qk(
     query: Any, key: Any, head_dim: int, qk_layout: str, name: str
 ) -> tuple[Any, Any, str]:
-    """``(batch, seq, dtype)`` of 4-D floating queries and keys of ``head_dim`` features
-    in ``qk_layout`` with the same batch and seq sizes (``None`` where unknown)."""
-    seq_axis = 1 if qk_layout == "bshd" else 2
+    """``(batch, seq, dtype)`` of floating queries and keys: their shapes checked by the
+    core (:func:`~posenc.core.rope.check_qk_shapes`; ``None`` where unknown)."""
+    batch, seq = check_qk_shapes(
+        tuple(query.shape), tuple(key.shape), head_dim, qk_layout, name, ("query", "key")
+    )
     for label, x in (("query", query), ("key", key)):
-        shape = tuple(x.shape)
-        if len(shape) != 4 or shape[-1] not in (None, head_dim):
-            raise ValueError(
-                f"{name}: {label} must have shape ({_AXES[qk_layout]}) with head_dim="
-                f"{head_dim} (qk_layout={qk_layout!r}), got shape {shape}"
-            )
         dtype = keras.backend.standardize_dtype(x.dtype)
         if not keras.backend.is_float_dtype(dtype):
             raise TypeError(f"{name}: {label} must be a floating tensor, got dtype {dtype}")
-    q, k = tuple(query.shape), tuple(key.shape)
-    for axis in (0, seq_axis):
-        if None not in (q[axis], k[axis]) and q[axis] != k[axis]:
-            raise ValueError(
-                f"{name}: query and key must have the same batch and seq sizes; qk_layout="
-                f"{qk_layout!r} reads query {q} and key {k} as ({_AXES[qk_layout]})"
-            )
-    return q[0], q[seq_axis], keras.backend.standardize_dtype(query.dtype)
+    return batch, seq, keras.backend.standardize_dtype(query.dtype)
 
 
 def _place(table: Any, qk_layout: str) -> Any:
@@ -187,7 +173,7 @@ class XPosRotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer
             layout=layout,
         )
         self.max_length = check_max_length(max_length)
-        self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
+        self.qk_layout = check_choice(qk_layout, "qk_layout", tuple(QK_AXES))
         derive = functools.partial(_xpos_tables, self.spec)
         self._share_tables((type(self), self.spec), derive, self.max_length)
 
@@ -328,7 +314,7 @@ class AxialRotaryEmbedding(SharesTables, keras.layers.Layer):
             head_dim=head_dim, n_axes=n_axes, base=base, sections=sections, mode=mode, layout=layout
         )
         self.max_length = check_max_length(max_length)
-        self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
+        self.qk_layout = check_choice(qk_layout, "qk_layout", tuple(QK_AXES))
         self._column_axes = self.spec.column_axes  # (head_dim,): each column's axis
         derive = functools.partial(_axis_tables, self.spec)
         self._share_tables((type(self), self.spec), derive, self.max_length)

@@ -92,7 +92,7 @@ from .registry import (
     unregister_rope_scaling,
 )
 from .rerotation import rerotation_table_values, rerotation_tables
-from .rotation import QK_AXES, apply_rope, check_rope_shapes, rope_permutation
+from .rotation import QK_AXES, apply_rope, check_qk_shapes, check_rope_shapes, rope_permutation
 from .scaling import RopeScaling
 from .tables import (
     ROPE_LAYOUTS,
@@ -122,6 +122,7 @@ __all__ = [
     "apply_rope",
     "as_rope_scaling",
     "check_inv_freq",
+    "check_qk_shapes",
     "check_rope_shapes",
     "check_rotary_dim",
     "learned_rope_frequencies",

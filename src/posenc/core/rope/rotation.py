@@ -16,7 +16,7 @@ from ..precision import FORMATS, round_to_format
 from .frequencies import check_rotary_dim
 from .tables import ROPE_LAYOUTS, RopeLayout
 
-__all__ = ["QK_AXES", "apply_rope", "check_rope_shapes", "rope_permutation"]
+__all__ = ["QK_AXES", "apply_rope", "check_qk_shapes", "check_rope_shapes", "rope_permutation"]
 
 #: What each axis of a 4-D query or key tensor is, in each ``qk_layout`` of the modules
 #: that take queries and keys together (every front end reads it from here).
@@ -24,6 +24,42 @@ QK_AXES: dict[str, tuple[str, str, str, str]] = {
     "bhsd": ("batch", "heads", "seq", "head_dim"),  # Hugging Face, scaled_dot_product_attention
     "bshd": ("batch", "seq", "heads", "head_dim"),  # Meta's Llama, flash-attn
 }
+
+
+def check_qk_shapes(
+    q_shape: tuple[Any, ...],
+    k_shape: tuple[Any, ...],
+    head_dim: int,
+    qk_layout: str,
+    name: str,
+    labels: tuple[str, str] = ("q", "k"),
+) -> tuple[Any, Any]:
+    """``(batch, seq)`` of 4-D queries and keys of ``head_dim`` features read in
+    ``qk_layout`` (:data:`QK_AXES`), with the same batch and seq sizes (head counts may
+    differ); a ValueError naming the shapes. Sizes unknown while a graph is built
+    (``None``) are not compared. Shared by the front ends that take queries and keys
+    together.
+
+    Example:
+        >>> check_qk_shapes((2, 8, 5, 64), (2, 2, 5, 64), 64, "bhsd", "rope")
+        (2, 5)
+    """
+    axes = ", ".join(QK_AXES[qk_layout])
+    for label, shape in zip(labels, (q_shape, k_shape), strict=True):
+        if len(shape) != 4 or shape[-1] not in (None, head_dim):
+            raise ValueError(
+                f"{name}: {label} must have shape ({axes}) with head_dim={head_dim} "
+                f"(qk_layout={qk_layout!r}), got shape {tuple(shape)}"
+            )
+    seq = QK_AXES[qk_layout].index("seq")
+    for axis in (0, seq):
+        if None not in (q_shape[axis], k_shape[axis]) and q_shape[axis] != k_shape[axis]:
+            raise ValueError(
+                f"{name}: {labels[0]} and {labels[1]} must have the same batch and seq sizes; "
+                f"qk_layout={qk_layout!r} reads {labels[0]} {tuple(q_shape)} and {labels[1]} "
+                f"{tuple(k_shape)} as ({axes})"
+            )
+    return q_shape[0], q_shape[seq]
 
 
 def _float_format(array: np.ndarray, name: str) -> str:

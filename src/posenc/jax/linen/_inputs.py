@@ -1,4 +1,4 @@
-"""The checks of the Flax modules' inputs, and the dropout they share."""
+"""The checks of the Flax modules' inputs, and the dropout and row placement they share."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from ..._checks import describe
 
-__all__ = ["apply_dropout", "float_input", "sequence_input"]
+__all__ = ["apply_dropout", "float_input", "place_rows", "sequence_input"]
 
 
 def float_input(x: Any, name: str, what: str) -> jax.Array:
@@ -47,3 +47,11 @@ def apply_dropout(rate: float, y: jax.Array, deterministic: bool) -> jax.Array:
         return y
     dropped: jax.Array = nn.Dropout(rate=rate, name="dropout")(y, deterministic=False)
     return dropped
+
+
+def place_rows(table: jax.Array, qk_layout: str) -> jax.Array:
+    """``(seq, d)`` or ``(batch, seq, d)`` rows → broadcastable over 4-D queries and keys
+    in ``qk_layout``."""
+    if qk_layout == "bshd":
+        return table[..., None, :]  # a heads axis before the features
+    return table if table.ndim == 2 else table[:, None]  # (batch, 1, seq, d)

@@ -12,13 +12,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._checks import check_choice
-from ...core.rope import QK_AXES, RopeScaling, learned_rope_frequencies, rope_options
+from ...core.rope import (
+    QK_AXES,
+    RopeScaling,
+    check_qk_shapes,
+    learned_rope_frequencies,
+    rope_options,
+)
 from ...specs import RopeSpec
 from .._arguments import check_offset
 from .._backend import is_traced
 from ..rope import apply_rope
 from ..rope_learned import learned_rope_tables
-from ._inputs import float_input
+from ._inputs import float_input, place_rows
 
 __all__ = ["LearnedRotaryEmbedding"]
 
@@ -111,7 +117,7 @@ class LearnedRotaryEmbedding(nn.Module):
         spec, initial, factor = self._start()
         inv_freq = self.param("inv_freq", lambda _: jnp.asarray(initial))  # (r/2,) float32
         q, k = float_input(q, name, "queries"), float_input(k, name, "keys")
-        batch, seq = _check_qk(q, k, spec.head_dim, self.qk_layout, name)
+        batch, seq = check_qk_shapes(q.shape, k.shape, spec.head_dim, self.qk_layout, name)
         if positions is None:
             start = check_offset(start_index, f"{name}: start_index", seq)
             # concrete: NumPy int64, checked by the tables; traced: widened, a wrap is negative
@@ -123,34 +129,11 @@ class LearnedRotaryEmbedding(nn.Module):
         cos, sin = learned_rope_tables(
             where, inv_freq, layout=spec.layout, attention_factor=factor
         )  # (seq, r) or (batch, seq, r)
-        cos, sin = _place(cos, self.qk_layout), _place(sin, self.qk_layout)
+        cos, sin = place_rows(cos, self.qk_layout), place_rows(sin, self.qk_layout)
         return (
             apply_rope(q, cos, sin, layout=spec.layout),
             apply_rope(k, cos, sin, layout=spec.layout),
         )
-
-
-def _check_qk(q: jax.Array, k: jax.Array, head_dim: int, qk_layout: str, name: str) -> Any:
-    """``(batch, seq)`` of ``q`` and ``k``, checked as the PyTorch module does."""
-    axes = QK_AXES[qk_layout]
-    for label, x in (("q", q), ("k", k)):
-        if x.ndim != 4:
-            raise ValueError(
-                f"{name}: {label} must have shape ({', '.join(axes)}) (qk_layout="
-                f"{qk_layout!r}), got shape {x.shape}"
-            )
-        if x.shape[-1] != head_dim:
-            raise ValueError(
-                f"{name} was made for head_dim={head_dim}, but {label} has last dimension "
-                f"{x.shape[-1]} (shape {x.shape}, qk_layout={qk_layout!r})"
-            )
-    seq = axes.index("seq")
-    if (q.shape[0], q.shape[seq]) != (k.shape[0], k.shape[seq]):
-        raise ValueError(
-            f"{name}: q and k must have the same batch and seq sizes, got shapes {q.shape} "
-            f"and {k.shape} (qk_layout={qk_layout!r}: {', '.join(axes)})"
-        )
-    return q.shape[0], q.shape[seq]
 
 
 def _positions(positions: Any, batch: int, seq: int, name: str) -> Any:
@@ -164,10 +147,3 @@ def _positions(positions: Any, batch: int, seq: int, name: str) -> Any:
     if len(shape) == 2 and shape[0] not in (1, batch):
         raise ValueError(f"{name}: positions has batch size {shape[0]} but q and k have {batch}")
     return positions  # its values and dtype: checked by learned_rope_tables
-
-
-def _place(table: jax.Array, qk_layout: str) -> jax.Array:
-    """``(seq, r)`` or ``(batch, seq, r)`` rows → broadcastable over 4-D q in the layout."""
-    if qk_layout == "bshd":
-        return table[..., None, :]  # a heads axis after seq
-    return table if table.ndim == 2 else table[:, None]  # (batch, 1, seq, r)

@@ -11,48 +11,27 @@ import numpy as np
 
 from ..._checks import check_choice, check_max_length, describe
 from ...core.plan import table_format
-from ...core.rope import RopeLayout
+from ...core.rope import QK_AXES, RopeLayout, check_qk_shapes
 from ...core.rope_nd import AxialMode
 from ...specs import AxialRopeSpec, XPosSpec
 from .._arguments import check_offset
 from .._backend import format_of, is_traced
 from ..rope import apply_rope
 from ..rope_nd import apply_xpos, axial_rows, xpos_rows
-from ._inputs import float_input
+from ._inputs import float_input, place_rows
 from .rope import _rope_positions
 
 __all__ = ["AxialRotaryEmbedding", "XPosRotaryEmbedding"]
-
-QK_LAYOUTS = ("bshd", "bhsd")
-_AXES = {"bshd": "batch, seq, heads, head_dim", "bhsd": "batch, heads, seq, head_dim"}
 
 
 def _queries_keys(
     q: Any, k: Any, head_dim: int, qk_layout: str, name: str
 ) -> tuple[jax.Array, jax.Array, int, int]:
-    """``(q, k, batch, seq)``: floating 4-D queries and keys of ``head_dim`` features,
-    read in ``qk_layout``, with the same batch and seq sizes."""
+    """``(q, k, batch, seq)``: floating queries and keys, their shapes checked by the core
+    (:func:`~posenc.core.rope.check_qk_shapes`)."""
     q, k = float_input(q, name, "queries"), float_input(k, name, "keys")
-    seq_axis = 1 if qk_layout == "bshd" else 2
-    for label, x in (("q", q), ("k", k)):
-        if x.ndim != 4 or x.shape[-1] != head_dim:
-            raise ValueError(
-                f"{name}: {label} must have shape ({_AXES[qk_layout]}) with "
-                f"head_dim={head_dim} (qk_layout={qk_layout!r}), got shape {x.shape}"
-            )
-    if (q.shape[0], q.shape[seq_axis]) != (k.shape[0], k.shape[seq_axis]):
-        raise ValueError(
-            f"{name}: q and k must have the same batch and seq sizes; qk_layout="
-            f"{qk_layout!r} reads q {q.shape} and k {k.shape} as ({_AXES[qk_layout]})"
-        )
-    return q, k, q.shape[0], q.shape[seq_axis]
-
-
-def _place(table: jax.Array, qk_layout: str) -> jax.Array:
-    """``(seq, d)`` or ``(batch, seq, d)`` rows → broadcastable over the queries/keys."""
-    if qk_layout == "bshd":
-        return table[..., None, :]  # a heads axis before the features
-    return table if table.ndim == 2 else table[:, None]  # a heads axis after the batch
+    batch, seq = check_qk_shapes(q.shape, k.shape, head_dim, qk_layout, name)
+    return q, k, batch, seq
 
 
 class XPosRotaryEmbedding(nn.Module):
@@ -121,7 +100,7 @@ class XPosRotaryEmbedding(nn.Module):
         )
 
     def __post_init__(self) -> None:
-        check_choice(self.qk_layout, "qk_layout", QK_LAYOUTS)
+        check_choice(self.qk_layout, "qk_layout", tuple(QK_AXES))
         check_max_length(self.max_length)
         self.spec  # noqa: B018  (the spec validates the options)
         super().__post_init__()
@@ -144,7 +123,7 @@ class XPosRotaryEmbedding(nn.Module):
             tables = xpos_rows(
                 spec, fmt, positions=positions, max_length=self.max_length, name=name
             )  # (seq, d) or (batch, seq, d) each
-        cos, sin, q_scale, k_scale = (_place(t, self.qk_layout) for t in tables)
+        cos, sin, q_scale, k_scale = (place_rows(t, self.qk_layout) for t in tables)
         return apply_xpos(q, k, cos, sin, q_scale, k_scale, layout=spec.layout)
 
 
@@ -216,7 +195,7 @@ class AxialRotaryEmbedding(nn.Module):
         )
 
     def __post_init__(self) -> None:
-        check_choice(self.qk_layout, "qk_layout", QK_LAYOUTS)
+        check_choice(self.qk_layout, "qk_layout", tuple(QK_AXES))
         check_max_length(self.max_length)
         self.spec  # noqa: B018  (the spec validates the options)
         super().__post_init__()
@@ -227,7 +206,7 @@ class AxialRotaryEmbedding(nn.Module):
         coords = _coords(coords, spec.n_axes, batch, seq, name)
         fmt = table_format(format_of(q.dtype, "q.dtype"), "rotation")
         cos, sin = axial_rows(spec, fmt, coords, max_length=self.max_length, name=name)
-        cos, sin = _place(cos, self.qk_layout), _place(sin, self.qk_layout)
+        cos, sin = place_rows(cos, self.qk_layout), place_rows(sin, self.qk_layout)
         layout = spec.layout
         return apply_rope(q, cos, sin, layout=layout), apply_rope(k, cos, sin, layout=layout)
 
