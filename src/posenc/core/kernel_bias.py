@@ -34,7 +34,15 @@ import numpy as np
 from .._checks import DEFAULT_MAX_BYTES, check_choice, check_memory, check_real, describe
 from .plan import align_queries
 
-__all__ = ["FIRE_WEIGHTS", "check_fire_weights", "fire_bias", "kerple_bias", "query_key_positions"]
+__all__ = [
+    "FIRE_WEIGHTS",
+    "check_fire_weights",
+    "check_position_batches",
+    "check_position_shape",
+    "fire_bias",
+    "kerple_bias",
+    "query_key_positions",
+]
 
 KERNELS = ("log", "power")
 
@@ -78,24 +86,35 @@ def query_key_positions(
         keys = np.arange(key_length, dtype=np.int64)
     else:
         keys = _integer_positions(key_positions, "key_positions", key_length, "key_length")
-    batches = {a.shape[0] for a in (queries, keys) if a.ndim == 2} - {1}
+    check_position_batches(queries.shape, keys.shape)
+    return queries, keys
+
+
+def check_position_shape(shape: tuple[int, ...], name: str, size: Any, size_name: str) -> None:
+    """That positions of ``shape`` are ``(size,)`` or ``(batch, size)``; a ValueError
+    naming ``name`` and ``size_name`` otherwise (every front end's check)."""
+    if len(shape) not in (1, 2) or shape[-1] != size:
+        raise ValueError(
+            f"{name} must have shape ({size},) or (batch, {size}) for {size_name}={size}, got "
+            f"{tuple(shape)}"
+        )
+
+
+def check_position_batches(query_shape: tuple[int, ...], key_shape: tuple[int, ...]) -> None:
+    """That batched query and key positions have one batch size (or 1, broadcast)."""
+    batches = {shape[0] for shape in (query_shape, key_shape) if len(shape) == 2} - {1}
     if len(batches) > 1:
         raise ValueError(
-            f"positions and key_positions have different batch sizes {queries.shape} and "
-            f"{keys.shape}"
+            f"positions and key_positions have different batch sizes {tuple(query_shape)} "
+            f"and {tuple(key_shape)}"
         )
-    return queries, keys
 
 
 def _integer_positions(value: Any, name: str, size: Any, size_name: str) -> np.ndarray:
     array = np.asarray(value)
     if array.dtype.kind not in "iu":
         raise TypeError(f"{name} must be an array of integers, got {describe(value)}")
-    if array.ndim not in (1, 2) or array.shape[-1] != size:
-        raise ValueError(
-            f"{name} must have shape ({size},) or (batch, {size}) for {size_name}={size}, got "
-            f"{array.shape}"
-        )
+    check_position_shape(array.shape, name, size, size_name)
     return array.astype(np.int64)
 
 

@@ -26,7 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import MAX_POSITIONS, describe
-from ..core.kernel_bias import FIRE_WEIGHTS, check_fire_weights
+from ..core.kernel_bias import (
+    FIRE_WEIGHTS,
+    check_fire_weights,
+    check_position_batches,
+    check_position_shape,
+)
 from ..core.plan import align_queries, plan_index
 from ..core.precision import round_to_format
 from ..specs import FireSpec, KerpleSpec, SandwichSpec
@@ -77,12 +82,7 @@ def _positions(
         keys = jnp.arange(key_length, dtype=wide_index())
     else:
         keys = _given(key_positions, "key_positions", key_length, "key_length")
-    batches = {a.shape[0] for a in (queries, keys) if a.ndim == 2} - {1}
-    if len(batches) > 1:
-        raise ValueError(
-            f"positions and key_positions have different batch sizes {queries.shape} and "
-            f"{keys.shape}"
-        )
+    check_position_batches(queries.shape, keys.shape)
     return queries, keys
 
 
@@ -90,11 +90,7 @@ def _given(value: Any, name: str, size: int, size_name: str) -> jax.Array:
     """Integer positions ``(size,)`` or ``(batch, size)`` in JAX's index dtype."""
     array = value if isinstance(value, jax.Array) else jnp.asarray(np.asarray(value))
     check_traced_index(array, name)
-    if array.ndim not in (1, 2) or array.shape[-1] != size:
-        raise ValueError(
-            f"{name} must have shape ({size},) or (batch, {size}) for {size_name}={size}, got "
-            f"{array.shape}"
-        )
+    check_position_shape(array.shape, name, size, size_name)
     return widen(array)
 
 
