@@ -258,7 +258,7 @@ def test_tables_no_layer_uses_are_freed():
     gc.collect()
     a, b = rope(base=1234.5), rope(base=1234.5)
     before = shared_count()
-    store = weakref.ref(a._tables._store)
+    store = weakref.ref(a._tables.entry)
     table = weakref.ref(tensors(a)[0]) if BACKEND != "tensorflow" else None
     del a
     gc.collect()  # Keras layers are reference cycles
@@ -421,7 +421,7 @@ def test_threads_building_and_growing_one_spec_share_one_set():
     for thread in threads:
         thread.join()
     assert not errors, errors
-    assert len({id(layer._tables._store) for layer in layers}) == 1
+    assert len({id(layer._tables.entry) for layer in layers}) == 1
     assert {layer.table_length for layer in layers} == {56}
     (table,) = tensors(layers[0])
     base = SinusoidalSpec(d_model=HEAD_DIM, base=6543.5).table(56, fmt="float32")
@@ -480,7 +480,7 @@ def test_tables_made_while_tracing_are_concrete_and_shared():
 def test_a_symbolic_call_leaves_no_meta_tensor_in_the_shared_tables():
     layer = RotaryEmbedding(base=2222.5, max_length=8)
     layer(keras.Input(shape=X.shape[1:]))  # torch: shapes inferred on the meta device
-    for tables in layer._tables._store.tables.values():
+    for tables in layer._tables.entry.formats.values():
         assert not any(getattr(t, "is_meta", False) for t in tables)
     np.testing.assert_allclose(to_numpy(rope(base=2222.5)(X)), rotated(X, 0, 2222.5), atol=4e-6)
 

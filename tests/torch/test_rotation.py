@@ -179,10 +179,11 @@ def test_the_signed_table_is_kept_once_for_the_spec_and_never_pickled():
     rope = RotaryEmbedding(16, base=321.5, max_length=32)
     q, k = _randn(1, 4, 1, 16), _randn(1, 2, 1, 16, seed=1)
     before = rope(q, k, offset=7)
-    signed = rope._holder.extras["sin"][1]  # made by the step, with the shared tables
+    fmt = (torch.float32, torch.device("cpu"))
+    signed = rope._holder.entry.extras["sin", fmt][1]  # made by the step, with the shared tables
     other = RotaryEmbedding(16, base=321.5, max_length=32)
     other(q, k, offset=3)
-    assert other._holder.extras["sin"][1] is signed  # one for both modules
+    assert other._holder.entry.extras["sin", fmt][1] is signed  # one for both modules
     data = pickle.dumps(rope)
     assert len(data) < 10_000  # neither the tables nor the signed one
     copy = pickle.loads(data)

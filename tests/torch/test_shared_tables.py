@@ -161,7 +161,7 @@ def test_a_grown_sandwich_table_stays_whole_through_unshare_and_copies():
     ):
         assert same.table.shape[0] == rows
         torch.testing.assert_close(same(40), expected, rtol=0, atol=0)
-    assert module._holder.tensors["table"] is module.table
+    assert module._holder.entry.formats[module._fmt][0] is module.table
 
 
 @pytest.mark.parametrize("kind", ["rope", "sinusoidal"])

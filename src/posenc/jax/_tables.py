@@ -14,7 +14,6 @@ Positions past a table follow the one out-of-range policy of :mod:`posenc.core.p
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 
 from .._checks import MemoryLimitError
 from ..core.plan import plan_index, plan_rows
+from ..core.tables import CACHE, share_key
 from ._arguments import check_traced_index, need_max_length
 from ._backend import (
     dtype_name,
@@ -37,7 +37,7 @@ from ._backend import (
 
 __all__ = ["PositionTables"]
 
-_CACHE = 32  # tables kept, for every scheme together (traced calls, the Flax modules)
+_CACHE = 32  # schemes whose tables are kept (traced calls, the Flax modules)
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,15 @@ class PositionTables:
         raise NotImplementedError
 
     def table(self, length: int) -> tuple[np.ndarray, ...]:
-        """Rows ``0 .. length-1`` of every table: read-only NumPy arrays, cached."""
-        try:
-            hash(self)
-        except TypeError:  # a spec with unhashable fields (a user's scaling): not cached
-            return _read_only(self._derive(length, 0))
-        return _cached_table(self, length)
+        """Rows ``0 .. length-1`` of every table: read-only NumPy arrays, kept in the core
+        cache (:mod:`posenc.core.tables`) for the most recently used schemes (a spec with
+        unhashable fields, such as a user's scaling, is not kept)."""
+        holder = CACHE.hold(share_key(self), self._build, length, keep=_CACHE)
+        tables = holder.get(self.fmt)
+        return tables if len(tables[0]) == length else tuple(t[:length] for t in tables)
+
+    def _build(self, rows: int, fmt: str) -> tuple[np.ndarray, ...]:
+        return _read_only(self._derive(rows, 0))
 
     def gather(self, index: jax.Array, length: int) -> tuple[jax.Array, ...]:
         """Rows at traced ``index`` from the ``length``-row tables, NaN rows outside them."""
@@ -132,8 +135,3 @@ def _read_only(tables: Iterable[np.ndarray]) -> tuple[np.ndarray, ...]:
     for t in out:
         t.flags.writeable = False
     return out
-
-
-@functools.lru_cache(maxsize=_CACHE)
-def _cached_table(tables: PositionTables, length: int) -> tuple[np.ndarray, ...]:
-    return _read_only(tables._derive(length, 0))

@@ -4,9 +4,10 @@ shared by the layers of one kind and spec, grown as the planner says
 
 Layers of one kind whose tables come from equal specs share one set of tensors per
 format and device (a 32-layer model with a RoPE layer per block keeps one cos and one
-sin table per format, not 32): :func:`shared_tables` finds them in a registry that holds
-them weakly, so that tables no layer uses any more are freed (Keras layers are reference
-cycles: when the garbage collector frees them). Growing the tables for one layer (a call
+sin table per format, not 32): :func:`shared_tables` finds them in the core's one table
+cache (:mod:`posenc.core.tables`), which holds them weakly, so that tables no layer uses
+any more are freed (Keras layers are reference cycles: when the garbage collector frees
+them). Growing the tables for one layer (a call
 past their end, or ``extend``) grows them for all, on the device they were made on.
 Each layer reads its own number of rows (:attr:`PositionTables.length`): its
 ``max_length`` at first, even when the shared tensors hold more, so that a new layer
@@ -25,18 +26,15 @@ the first layer alive.
 from __future__ import annotations
 
 import contextlib
-import weakref
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 import keras
 import numpy as np
 from keras import ops
 
-from .._checks import MemoryLimitError
-from ..core.plan import IndexPlan, RowsPlan, plan_index, plan_rows
-from ..core.positions import grow
-from ..core.sharing import GROWTH_LOCK, Registry, share_key
+from ..core.plan import IndexPlan, plan_index, plan_rows
+from ..core.tables import CACHE, GROWTH_LOCK, Holder, share_key
 from ._backend import dtype_name, gather_rows, index_range, to_tensor, wide_index
 
 __all__ = [
@@ -143,193 +141,54 @@ def device_now() -> str | None:
     return None if probe.is_meta else str(probe.device)
 
 
-class _Store:
-    """The tables of every layer of one kind, spec and device, per format, ``rows`` rows
-    each, and ``derive``, a function of the spec; held by the layers' :class:`PositionTables`
-    (strongly) and the registry (weakly); it holds them weakly, to grow them all.
-
-    Built on ``device`` (a Keras device name) whatever device scope a call that grows
-    them runs in; ``None``: in the scope of the call that builds them.
-    """
-
-    __slots__ = ("__weakref__", "derive", "device", "key", "rows", "tables", "views")
-
-    def __init__(
-        self,
-        derive: Callable[[int, str], tuple[np.ndarray, ...]],
-        rows: int,
-        device: str | None = None,
-        key: Hashable | None = None,
-    ) -> None:
-        self.derive = derive
-        self.rows = rows
-        self.device = device
-        self.key = key  # in the registry under this key; None: one layer's own
-        self.tables: dict[str, tuple[Any, ...]] = {}
-        self.views: weakref.WeakSet[PositionTables] = weakref.WeakSet()
-
-    def build(self, rows: int, fmt: str) -> tuple[Any, ...]:
-        values = self.derive(rows, fmt)
-        with outside_traces():
-            return tuple(to_tensor(v, fmt, self.device) for v in values)
-
-    def get(self, fmt: str) -> tuple[Any, ...]:
-        tables = self.tables.get(fmt)
-        if tables is None:
-            with GROWTH_LOCK:  # not a shorter table cached beside a longer length
-                tables = self.tables.get(fmt)
-                if tables is None:
-                    tables = self.build(self.rows, fmt)
-                    if all(cacheable(t) for t in tables):
-                        self.tables = {**self.tables, fmt: tables}
-        return tables
-
-    def extend(self, rows: int, formats: Iterable[str]) -> None:
-        """At least ``rows`` rows in every format in use (and ``formats``), all built
-        before any is replaced: a size the memory limit refuses (``MemoryLimitError``)
-        leaves the old ones. With no format in use or asked for, nothing: ``rows`` counts
-        the rows of tables built, never a length no table has been built at."""
-        wanted = list(dict.fromkeys([*self.tables, *formats]))
-        if rows <= self.rows or not wanted:
-            return
-        built = {fmt: self.build(rows, fmt) for fmt in wanted}
-        self.tables = {
-            fmt: tables for fmt, tables in built.items() if all(cacheable(t) for t in tables)
-        }
-        self.rows = rows
-
-
-class PositionTables:
-    """A Keras layer's tables: the one owner of their lifecycle, shared by the layers of
-    one kind and spec.
-
-    ``derive(length, fmt)`` returns the tables as NumPy arrays (from the core, one row per
-    position, ``length`` rows) in the container of ``fmt``. This helper builds them as
-    concrete backend constants outside any trace (``tf.function``, ``jax.jit``), keeps
-    them per format (never a torch ``meta`` tensor), and grows all of them together
-    when positions known while a call runs pass their end (:meth:`holds`), following
-    :mod:`posenc.core.positions`: at least doubling, and when the memory limit (a
-    ``MemoryLimitError`` of ``derive``) refuses, leaving them as they are so that the
-    layer computes the call's rows directly.
-
-    Layers of one key hold one ``PositionTables`` each over one set of tensors
-    (:func:`shared_tables`): :meth:`get` gives the very same tensors to all of them, and
-    growth for one (:meth:`extend`, :meth:`holds`) grows them for all. The tensors may
-    hold more rows than :attr:`length` (a layer made with a smaller ``max_length`` than
-    the tables already shared): the layer reads its first ``length`` only, so that what
-    it gives never depends on the layers it shares with until they grow together.
-
-    Args:
-        derive: ``(length, fmt) -> tuple of NumPy arrays``, each with ``length`` rows; a
-            function of the spec only (shared tables outlive the layer that made them).
-        length: The number of rows at least (the layer's ``max_length``).
-        store: The shared tensors to read (made longer if they hold fewer rows);
-            ``None``: new ones, built in the device scope of their first use.
-    """
-
-    __slots__ = ("__weakref__", "_store", "length")
-
-    def __init__(
-        self,
-        derive: Callable[[int, str], tuple[np.ndarray, ...]],
-        length: int,
-        store: _Store | None = None,
-    ) -> None:
-        self._store = _Store(derive, 0) if store is None else store
-        self.length = length
-        """Rows the layer reads: its ``max_length``, grown with every layer sharing them."""
-        with GROWTH_LOCK:
-            self._store.views.add(self)
-
-    def get(self, fmt: str) -> tuple[Any, ...]:
-        """The tables in ``fmt`` (:attr:`length` rows at least), built on first use
-        (cached unless on torch's meta).
-
-        A layer longer than the tables built so far makes them longer for all; a length
-        the memory limit refuses is this layer's error alone (naming its ``max_length``),
-        and the tables the other layers read stay as they were.
-        """
-        if self.length > self._store.rows:
-            with GROWTH_LOCK:
-                try:
-                    self._store.extend(self.length, (fmt,))
-                except MemoryLimitError as error:
-                    raise error.naming(
-                        f"max_length={self.length}",
-                        "give a smaller max_length: the tables grow as calls need them, and "
-                        "past the limit only the rows asked for are computed",
-                    ) from None
-        return self._store.get(fmt)
-
-    def extend(self, length: int, formats: Iterable[str] = ()) -> None:
-        """Hold at least ``length`` rows in every format in use (and ``formats``), for
-        every layer sharing the tables.
-
-        All new tables are built before any is replaced: a size the memory limit refuses
-        (``MemoryLimitError``) leaves the old ones.
-        """
-        with GROWTH_LOCK:  # threads calling one layer: the longest tables win
-            if length <= self.length:
-                return
-            self._store.extend(length, formats)  # the tensors first: never fewer rows
-            for view in list(self._store.views):  # than a length says
-                view.length = max(view.length, length)
-
-    def holds(self, plan: RowsPlan, fmt: str) -> bool:
-        """Carry out a known call's ``plan`` (:func:`posenc.core.plan.plan_rows`): grow
-        if it says so (:func:`posenc.core.positions.grow`); whether the tables hold the
-        call's rows now (``False``: compute them directly, far past the tables or refused
-        by the memory limit)."""
-        if plan.action == "grow":
-            grow(lambda length: self.extend(length, (fmt,)), plan.end, self.length)
-        return plan.action != "direct" and plan.start >= 0 and plan.end <= self.length
-
-    def shares_with(self, other: PositionTables) -> bool:
-        """Whether ``other`` reads the same tensors (and grows with these)."""
-        return self._store is other._store
-
-    @property
-    def shared(self) -> bool:
-        """Whether layers made from now on with the same key and device read these."""
-        return _SHARED.holds(self._store.key, self._store)
-
-    def copy(self) -> PositionTables:
-        """Tables of the same rows in new memory, which no holder of these sees or grows."""
-        with GROWTH_LOCK:
-            old = self._store
-            store = _Store(old.derive, old.rows, old.device)
-            with outside_traces():
-                store.tables = {
-                    fmt: tuple(ops.copy(t) for t in tables) for fmt, tables in old.tables.items()
-                }
-            return PositionTables(old.derive, self.length, store)
-
-
-_SHARED: Registry[_Store] = Registry()
-"""The shared tables in use, by ``((layer kind, spec), device)``; freed when no layer
-holds them."""
+PositionTables = Holder
+"""A layer's hold on its tables (:class:`posenc.core.tables.Holder`): ``get(fmt)``, the
+tables in a format; ``length``, the rows the layer reads; ``extend`` and ``holds``, growth
+for every layer sharing them."""
 
 
 def shared_count() -> int:
-    """How many sets of shared tables are alive (for tests and benchmarks)."""
-    return len(_SHARED)
+    """How many sets of shared tables are alive, for every front end together (for tests
+    and benchmarks)."""
+    return len(CACHE)
+
+
+def _kept(tables: tuple[Any, ...]) -> bool:
+    return all(cacheable(t) for t in tables)
+
+
+def _builder(
+    derive: Callable[[int, str], tuple[np.ndarray, ...]], device: str | None
+) -> Callable[[int, str], tuple[Any, ...]]:
+    """The core cache's ``build``: ``derive``'s arrays as constants made outside any trace,
+    on ``device`` (a Keras device name) whatever device scope a call that grows them runs
+    in; ``None``: in the scope of the call that builds them."""
+
+    def build(rows: int, fmt: str) -> tuple[Any, ...]:
+        values = derive(rows, fmt)
+        with outside_traces():
+            return tuple(to_tensor(v, fmt, device) for v in values)
+
+    return build
 
 
 def shared_tables(
     key: Hashable | None, derive: Callable[[int, str], tuple[np.ndarray, ...]], length: int
 ) -> PositionTables:
     """A layer's tables of ``key`` (its kind and spec), ``length`` rows at least, on the
-    device of the current device scope.
+    device of the current device scope, from the core cache (:mod:`posenc.core.tables`).
 
     Over the tensors of the layers of ``key`` on that device (made longer if they hold
     fewer rows), or over new ones made from ``derive`` and shared from then on. ``key``
     ``None`` or unhashable: over tensors of the caller's own.
     """
     device = device_now()
-    key = share_key(key, device)
-    with GROWTH_LOCK:  # found, then made longer if it must be, before any other growth
-        store = _SHARED.entry(key, lambda: _Store(derive, 0, device, key))  # built on use
-        return PositionTables(derive, length, store)
+    return CACHE.hold(share_key(key, device), _builder(derive, device), length, kept=_kept)
+
+
+def _copy(tensor: Any) -> Any:
+    with outside_traces():
+        return ops.copy(tensor)
 
 
 Layer = TypeVar("Layer", bound="SharesTables")
@@ -373,7 +232,7 @@ class SharesTables:
         with GROWTH_LOCK:
             self._private_tables = True
             if self._tables is not None:
-                self._tables = self._tables.copy()
+                self._tables = self._tables.private_copy(_copy)
         return self
 
     @property

@@ -2,12 +2,13 @@
 
 :class:`DerivedBuffers` is the base of the PyTorch modules whose buffers the core derives
 (tables, slopes, buckets): non-persistent buffers, rebuilt exactly (never cast) when the
-module is cast or moved, and shared by the modules of one kind and spec, one
-:class:`SharedTables` per dtype and device (a 32-layer model with a RoPE module per layer
-holds one cos and one sin table, not 32). The registry holds them weakly, so that tables
-no module uses are freed; growing them for one module grows them for all;
-``unshare_tables()`` gives a module tables of its own. Per-position tables and their
-growth are :class:`posenc.torch._tables.PositionTables`.
+module is cast or moved, and shared by the modules of one kind and spec through the
+core's one table cache (:mod:`posenc.core.tables`): one entry per device, its tables per
+dtype (a 32-layer model with a RoPE module per layer holds one cos and one sin table,
+not 32). A module's buffers are views of the entry's tables, its own number of rows; the
+cache frees tables no module uses, grows them for every module at once and tells each
+module to read them again; ``unshare_tables()`` gives a module tables of its own.
+Per-position tables and their growth are :class:`posenc.torch._tables.PositionTables`.
 """
 
 from __future__ import annotations
@@ -15,17 +16,16 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-import weakref
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..core.sharing import GROWTH_LOCK, Registry, share_key
+from ..core.tables import CACHE, GROWTH_LOCK, Entry, Holder, share_key
 
-__all__ = ["GROWTH_LOCK", "DerivedBuffers", "SharedTables", "shared_count"]
+__all__ = ["GROWTH_LOCK", "DerivedBuffers", "shared_count"]
 
 
 def _caller_level() -> int:
@@ -38,66 +38,25 @@ def _caller_level() -> int:
     return level
 
 
-class SharedTables:
-    """One set of derived buffers, for every module of one scheme, dtype and device.
-
-    The modules of one spec hold these very tensors as their buffers (read-only: a module
-    never writes into them), or their first rows: a module reads its own number of rows
-    (``_read_rows``, its ``max_length`` at first) of longer shared tables, so that what it gives
-    never depends on the modules it shares with until the tables grow for all of them, as
-    the Keras layers do. :meth:`replace` gives every user the new tensors at once; the
-    registry holds the object weakly, so that it and its tensors are freed as soon as no
-    module uses them.
-
-    Attributes:
-        tensors: The buffers by name.
-        users: The modules whose buffers are these ``tensors`` (weakly held).
-        extras: What the users derive from the tensors, kept once for all of them;
-            cleared when they are replaced.
-    """
-
-    __slots__ = ("__weakref__", "extras", "tensors", "users")
-
-    def __init__(self, tensors: dict[str, Tensor]) -> None:
-        self.tensors = tensors
-        self.users: weakref.WeakSet[DerivedBuffers] = weakref.WeakSet()
-        # Tables the users derive from these (RoPE's signed sin): made once for all.
-        self.extras: dict[str, Any] = {}
-
-    @property
-    def rows(self) -> int:
-        """Rows of the first tensor (positions, for a module's per-position tables)."""
-        first = next(iter(self.tensors.values()), None)
-        return 0 if first is None or first.dim() == 0 else int(first.shape[0])
-
-    def view(self, rows: int | None) -> dict[str, Tensor]:
-        """The tensors, or their first ``rows`` rows (views: no copy) when they hold more."""
-        if rows is None or rows >= self.rows:
-            return self.tensors
-        return {key: tensor[:rows] for key, tensor in self.tensors.items()}
-
-    def replace(self, tensors: dict[str, Tensor], grow_to: int | None = None) -> None:
-        """Put ``tensors`` (longer) in place of the old ones, in every user's buffers: each
-        user reads its own rows of them, or (growth for one grows all) at least
-        ``grow_to``."""
-        self.tensors = tensors
-        self.extras = {}
-        for module in list(self.users):
-            if grow_to is not None and module._read_rows is not None:
-                module._read_rows = max(module._read_rows, grow_to)
-            module._buffers.update(self.view(module._read_rows))
-            module._forget()
-
-
 Module = TypeVar("Module", bound="DerivedBuffers")
-
-_SHARED: Registry[SharedTables] = Registry()
-"""The shared tables in use, by ``(module kind and spec, dtype, device)``."""
+Format = tuple[torch.dtype, torch.device]
+"""How a module's tables are kept: their dtype and device (the core cache's format)."""
 
 
 def shared_count() -> int:
-    """How many sets of shared tables are alive (for tests and benchmarks)."""
-    return len(_SHARED)
+    """How many sets of shared tables are alive, for every front end together (for tests
+    and benchmarks)."""
+    return len(CACHE)
+
+
+def _device_key(device: torch.device | str) -> torch.device:
+    """One name per device: ``"cpu:0"`` is ``"cpu"``, ``"cuda"`` the current ``cuda:N``."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.index is None and device.type != "meta":
+        return torch.empty(0, device=device).device
+    return device
 
 
 def _drop_derived_keys(
@@ -118,11 +77,13 @@ class DerivedBuffers(nn.Module):
     ``to_empty``) rebuilds them from the core in the dtype :meth:`_table_dtype` chooses,
     instead of casting rounded values again.
 
-    Modules of one kind and spec (:meth:`_share_key`) share their buffers: one
-    :class:`SharedTables` per dtype and device, in a registry that holds it weakly. Moving
-    or casting one module moves it to the shared tables of its new dtype and device;
-    pickling (``torch.save`` of a whole module, ``copy.deepcopy``) keeps no values, only
-    their dtype, device and rows, and the copy finds or rebuilds the shared tables.
+    Modules of one kind and spec (:meth:`_share_key`) share their buffers: one entry of
+    the core's table cache per device, which the module holds (:attr:`_holder`) and reads
+    its rows of; when the entry changes (grown for another module, made longer for a new
+    one) the cache tells the module (:meth:`_tables_changed`), which reads it again. Moving
+    or casting a module moves it to the tables of its new dtype and device; pickling
+    (``torch.save`` of a whole module, ``copy.deepcopy``) keeps no values, only their
+    dtype, device and rows, and the copy finds or rebuilds the shared tables.
     :meth:`unshare_tables` gives a module tables of its own.
 
     A subclass implements :meth:`_derive_buffers` (and :meth:`_share_key` to share) and
@@ -130,7 +91,8 @@ class DerivedBuffers(nn.Module):
     """
 
     _private = False
-    _read_rows: int | None = None  # rows of its tables the module reads; None: all of them
+    _holder: Holder | None = None
+    _fmt: Format | None = None  # the dtype and device of the buffers
 
     def _register_derived(
         self,
@@ -141,19 +103,15 @@ class DerivedBuffers(nn.Module):
     ) -> None:
         """Register the derived buffers ``names`` (non-persistent) in ``dtype`` on the
         default device (``torch.device(...)`` as a context manager picks it, ``meta``
-        included), from the tables shared by the modules of this kind and spec, and
-        the state-dict keys to drop on load (``names`` and ``drop``)."""
+        included), from the tables shared by the modules of this kind and spec (``rows``
+        rows of them; ``None``: tables not by position), and the state-dict keys to drop
+        on load (``names`` and ``drop``)."""
         self._derived_names: tuple[str, ...] = names
         self._dropped_keys: tuple[str, ...] = (*names, *drop)
-        self._holder: SharedTables | None = None
         if names:
-            device = torch.get_default_device()
-            holder = self._shared(
-                dtype, device, lambda: self._derive_buffers(dtype, device, rows), rows
-            )
-            for key, tensor in holder.tensors.items():
-                self.register_buffer(key, tensor, persistent=False)
-            self._attach(holder, rows)
+            self._hold(dtype, torch.get_default_device(), rows or 0)
+            for key in names:
+                self.register_buffer(key, self._buffer(key), persistent=False)
         self.register_load_state_dict_pre_hook(_drop_derived_keys)  # type: ignore[no-untyped-call]  # unannotated in PyTorch
 
     # -- sharing ---------------------------------------------------------------------------
@@ -165,41 +123,42 @@ class DerivedBuffers(nn.Module):
         spec: Hashable = self.spec  # every subclass has a spec
         return (type(self), spec)
 
-    def _full_key(self, dtype: torch.dtype, device: torch.device) -> Hashable | None:
+    def _cache_key(self, device: torch.device) -> Hashable | None:
+        """The key of this module's tables on ``device`` in the core cache; ``None``: its
+        own (after :meth:`unshare_tables`, on the ``meta`` device, an unhashable spec)."""
         if self._private or device.type == "meta":  # meta tensors hold nothing to share
             return None
-        if device.type == "cpu":  # "cpu:0" is "cpu"
-            device = torch.device("cpu")
-        elif device.index is None:  # "cuda" is "cuda:0" (or the current one)
-            device = torch.empty(0, device=device).device
-        return share_key(self._share_key(), dtype, device)
+        return share_key(self._share_key(), device)
 
-    def _shared(
-        self,
-        dtype: torch.dtype,
-        device: torch.device,
-        build: Callable[[], dict[str, Tensor]],
-        rows: int | None = None,
-    ) -> SharedTables:
-        """The tables of this module's kind and spec in ``dtype`` on ``device``, with at
-        least ``rows`` rows: the shared ones (grown if shorter), or ``build()`` (then
-        shared, unless the module's are its own)."""
-        key = self._full_key(dtype, torch.device(device))
+    def _hold(self, dtype: torch.dtype, device: torch.device | str, rows: int) -> None:
+        """Read the tables of this module's kind and spec in ``dtype`` on ``device``,
+        ``rows`` rows of them (0: all, for tables not by position): the shared ones, made
+        longer if they hold fewer, or new ones (then shared, unless they are its own)."""
+        device = _device_key(device)
         with GROWTH_LOCK:
-            holder = _SHARED.entry(key, lambda: SharedTables(build()))
-            if rows is not None and holder.rows < rows:  # shared, and shorter
-                holder.replace(build())
-            return holder
+            self._attach(CACHE.hold(self._cache_key(device), None, rows, self), (dtype, device))
 
-    def _attach(self, holder: SharedTables, rows: int | None = None) -> None:
-        """Make ``holder``'s tensors (their first ``rows`` rows) this module's buffers."""
+    def _attach(self, holder: Holder, fmt: Format) -> None:
+        """Make ``holder``'s tables, in ``fmt``, this module's buffers."""
         with GROWTH_LOCK:
-            if self._holder is not None:
-                self._holder.users.discard(self)
-            self._holder = holder
-            self._read_rows = rows
-            holder.users.add(self)
-            self._buffers.update(holder.view(rows))
+            self._holder, self._fmt = holder, fmt
+            self._tables_changed()
+
+    def _build_tables(self, rows: int, fmt: Format) -> tuple[Tensor, ...]:
+        """The tables in ``fmt``, ``rows`` rows (the core cache calls this of any live
+        module holding an entry: equal keys derive equal tables)."""
+        built = self._derive_buffers(fmt[0], fmt[1], rows)
+        return tuple(built[key] for key in self._derived_names)
+
+    def _tables_changed(self) -> None:
+        """Read the held tables again (the core cache calls this when they change)."""
+        holder, fmt = self._holder, self._fmt
+        assert holder is not None  # a module with tables holds some, in a format
+        assert fmt is not None
+        tables, rows = holder.get(fmt), holder.length
+        for key, table in zip(self._derived_names, tables, strict=True):
+            whole = rows == 0 or table.dim() == 0 or rows >= table.shape[0]
+            self._buffers[key] = table if whole else table[:rows]
         self._forget()
 
     def unshare_tables(self: Module) -> Module:
@@ -220,9 +179,10 @@ class DerivedBuffers(nn.Module):
         """
         with GROWTH_LOCK:
             self._private = True
-            if self._derived_names:  # a copy of the buffers as they are now
-                own = {key: self._buffer(key).clone() for key in self._derived_names}
-                self._attach(SharedTables(own), self._read_rows)
+            if self._holder is not None and self._fmt is not None:  # a copy, as they are now
+                own = Entry(None, None, self._holder.entry.rows)
+                own.formats = {self._fmt: tuple(t.clone() for t in self._holder.get(self._fmt))}
+                self._attach(Holder(own, self._holder.length, self), self._fmt)
         return self
 
     @property
@@ -230,8 +190,7 @@ class DerivedBuffers(nn.Module):
         """Whether other modules of this kind and spec may share this module's tables
         (False after :meth:`unshare_tables`, for a spec that cannot be hashed, or on
         the ``meta`` device)."""
-        first = self._derived_first()
-        return first is not None and self._full_key(first.dtype, first.device) is not None
+        return self._holder is not None and self._holder.shared
 
     def _derived_first(self) -> Tensor | None:
         return self._buffer(self._derived_names[0]) if self._derived_names else None
@@ -308,21 +267,17 @@ class DerivedBuffers(nn.Module):
         """Clear the caches derived from the buffers (after a rebuild)."""
         self.__dict__.update(self._empty_caches())
 
-    def _move_to(self, dtype: torch.dtype, device: torch.device, rows: int | None) -> None:
+    def _move_to(self, dtype: torch.dtype, device: torch.device, rows: int) -> None:
         """Buffers in ``dtype`` on ``device``: the shared ones, or (``meta``) tensors of
         the present shapes without values."""
-        if device.type == "meta":
-            holder = SharedTables(
-                {
-                    key: torch.empty(self._buffer(key).shape, dtype=dtype, device=device)
-                    for key in self._derived_names
-                }
-            )
-        else:
-            holder = self._shared(
-                dtype, device, lambda: self._derive_buffers(dtype, device, rows), rows
-            )
-        self._attach(holder, rows)
+        if device.type != "meta":
+            self._hold(dtype, device, rows)
+            return
+        shapes = {key: self._buffer(key).shape for key in self._derived_names}
+        entry = Entry(None, None, rows)
+        empty = tuple(torch.empty(shape, dtype=dtype, device=device) for shape in shapes.values())
+        entry.formats = {(dtype, device): empty}
+        self._attach(Holder(entry, rows, self), (dtype, device))
 
     def _apply(self, fn: Any, recurse: bool = True) -> DerivedBuffers:
         # The derived buffers are left out of fn: converting them would round rounded
@@ -346,8 +301,8 @@ class DerivedBuffers(nn.Module):
                 probe = fn(torch.empty(0, dtype=first.dtype, device=first.device))
                 dtype, device = self._table_dtype(probe.dtype), probe.device
                 if (dtype, device) != (first.dtype, first.device):
-                    rows = None if first.dim() == 0 else int(first.shape[0])
-                    self._move_to(dtype, device, rows)
+                    holder = self._holder
+                    self._move_to(dtype, device, 0 if holder is None else holder.length)
                     return self  # _move_to forgot the caches
         self._forget()
         return self
@@ -366,11 +321,13 @@ class DerivedBuffers(nn.Module):
             buffers[key] = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
         state["_buffers"] = buffers
         state["_holder"] = None  # shared tables are found again, never copied
+        state["_derived_rows"] = 0 if self._holder is None else self._holder.length
         state.update(self._empty_caches())  # nor what is derived from them
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         shapes = state.pop("_derived_shapes", {})
+        rows = state.pop("_derived_rows", 0)
         super().__setstate__(state)  # type: ignore[no-untyped-call]  # unannotated in PyTorch
         if not shapes:
             return
@@ -378,5 +335,4 @@ class DerivedBuffers(nn.Module):
         dtype, device = marker.dtype, marker.device
         for key, shape in shapes.items():  # shapes without values, until rebuilt
             self._buffers[key] = torch.empty(shape, dtype=self._buffer(key).dtype, device="meta")
-        first = shapes[self._derived_names[0]]
-        self._move_to(dtype, device, first[0] if first else None)
+        self._move_to(dtype, device, rows)

@@ -21,15 +21,15 @@ from torch import Tensor
 from .._checks import DEFAULT_MAX_BYTES, check_int, check_memory
 from ..core.plan import Past, RowsPlan, TableKind, plan_index, plan_rows, table_format
 from ..core.positions import MemoryLimitError, grow
+from ..core.tables import CACHE, Entry, Holder
 from ._arguments import positions_range
 from ._backend import DTYPES, dtype_name, format_of, gather_rows, is_traced, wide_index
-from ._shared import GROWTH_LOCK, DerivedBuffers, SharedTables, shared_count
+from ._shared import GROWTH_LOCK, DerivedBuffers, _device_key, shared_count
 
 __all__ = [
     "GROWTH_LOCK",
     "DerivedBuffers",
     "PositionTables",
-    "SharedTables",
     "core_filled",
     "eager_only",
     "shared_count",
@@ -117,9 +117,9 @@ class PositionTables(DerivedBuffers):
     def _init_tables(
         self, names: tuple[str, ...], length: int, dtype: torch.dtype, drop: Iterable[str] = ()
     ) -> None:
-        # Tables for inputs whose dtype or device differs from the buffers', by
-        # (dtype, device): shared as the buffers are.
-        self._other_tables: dict[tuple[torch.dtype, torch.device], SharedTables] = {}
+        # The tables on devices other than the buffers', for inputs there: shared as the
+        # buffers are (other dtypes on the buffers' device are the same entry's).
+        self._other_tables: dict[torch.device, Holder] = {}
         # Tables derived from buffers set by hand (else kept with the shared tables).
         self._derived: dict[str, tuple[Tensor, Tensor]] = {}
         with _named_limit("max_length", length):
@@ -144,14 +144,16 @@ class PositionTables(DerivedBuffers):
         shared tables (whatever rows of them each reads: index it within this module's
         rows), again when they are new (grown, moved); on the module for buffers set by
         hand."""
-        holder = self._holder
-        assert holder is not None  # every module with tables has one
+        holder, fmt = self._holder, self._fmt
+        assert holder is not None  # every module with tables has one, in a format
+        assert fmt is not None
         shared = self._reads(holder)
-        cache: dict[str, Any] = holder.extras if shared else self._derived
-        source = holder.tensors[name] if shared else self._buffer(name)
-        cached = cache.get(name)
+        cache: dict[Any, Any] = holder.entry.extras if shared else self._derived
+        index = self._derived_names.index(name)
+        source = holder.get(fmt)[index] if shared else self._buffer(name)
+        cached = cache.get((name, fmt))
         if cached is None or cached[0] is not source:
-            cached = cache[name] = (source, make(source))
+            cached = cache[name, fmt] = (source, make(source))
         return cast(Tensor, cached[1])
 
     @property
@@ -179,24 +181,26 @@ class PositionTables(DerivedBuffers):
         with GROWTH_LOCK:  # threads calling one module: the longest tables win, never shrink
             if length <= self.table_length:
                 return
-            first, holder = self._buffers_now()[0], self._holder
-            dtype, device = first.dtype, first.device
-            if holder is not None and holder.rows >= length and self._reads(holder):
-                holder.replace(holder.tensors, grow_to=length)  # they hold the rows already
-                return
+            holder, fmt = self._holder, self._fmt
+            assert holder is not None  # every module with tables has one, in a format
+            assert fmt is not None
             with _named_limit("length", length):
-                tables = self._derive_buffers(dtype, device, length)
-            if holder is None or not self._reads(holder):
-                self._private = True  # buffers set by hand: its own from now on
-                self._attach(SharedTables(tables), length)
-            else:
-                holder.replace(tables, grow_to=length)
+                if self._reads(holder):
+                    holder.extend(length, (fmt,))  # for every module of the entry
+                    return
+                tables = self._build_tables(length, fmt)  # buffers set by hand: from now on
+            self._private = True  # its own tables
+            own = Entry(None, None, length)
+            own.formats = {fmt: tables}
+            self._attach(Holder(own, length, self), fmt)
 
-    def _reads(self, holder: SharedTables) -> bool:
-        """Whether this module's buffers are ``holder``'s tensors or their first rows (not
+    def _reads(self, holder: Holder) -> bool:
+        """Whether this module's buffers are ``holder``'s tables or their first rows (not
         buffers set by hand)."""
-        name = self._derived_names[0]
-        return self._buffer(name).data_ptr() == holder.tensors[name].data_ptr()
+        assert self._fmt is not None  # every module with tables has a format
+        tables = holder.entry.formats.get(self._fmt)
+        first = self._buffer(self._derived_names[0])
+        return tables is not None and first.data_ptr() == tables[0].data_ptr()
 
     def _tables_in(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
         """This module's rows of the tables in ``dtype`` on ``device`` (the buffers, or as
@@ -204,16 +208,20 @@ class PositionTables(DerivedBuffers):
         tables = self._buffers_now()
         if tables[0].dtype == dtype and tables[0].device == device:
             return tables
-        key = (dtype, device)
-        rows = tables[0].shape[0]
-        holder = self._other_tables.get(key)
-        if holder is None or holder.rows < rows:
-            holder = self._shared(
-                dtype, device, lambda: self._derive_buffers(dtype, device, rows), rows
-            )
-            self._other_tables[key] = holder
-        view = holder.view(int(rows))  # this module's rows, as its buffers
-        return tuple(view[name] for name in self._derived_names)
+        rows = int(tables[0].shape[0])
+        device = _device_key(device)
+        with GROWTH_LOCK:
+            holder = self._holder
+            assert holder is not None  # every module with tables has one
+            if self._fmt is None or device != self._fmt[1]:  # another device's entry
+                other = self._other_tables.get(device)
+                if other is None:
+                    other = CACHE.hold(self._cache_key(device), None, rows, self)
+                    self._other_tables[device] = other
+                holder = other
+            holder.length = max(rows, holder.length)  # this module's rows, at least
+            whole = holder.get((dtype, device))
+        return tuple(t if t.shape[0] == rows else t[:rows] for t in whole)
 
     def _covering(
         self, end: int, dtype: torch.dtype, device: torch.device, name: str

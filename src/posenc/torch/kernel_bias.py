@@ -41,7 +41,7 @@ from ..specs import FireSpec, FromSpec, KerpleSpec, SandwichSpec
 from ._arguments import check_device
 from ._backend import dtype_name, format_of, gather_rows, is_traced, to_tensor, wide_index
 from ._relative import call_positions, relative_positions
-from ._tables import DerivedBuffers, SharedTables
+from ._tables import DerivedBuffers
 from .protocols import BiasesScores
 from .score_mods import BiasesDistances, read_positions
 
@@ -446,7 +446,10 @@ class SandwichBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
         """The table of ``length`` distances, made this module's (a ``MemoryLimitError``,
         and the table kept, when the limit refuses it)."""
         table = self._rows(_distances(length), device)  # may be refused
-        self._attach(SharedTables({"table": table}))  # the module's own, as before
+        holder, fmt = self._holder, self._fmt
+        assert holder is not None  # registered in __init__, in a format
+        assert fmt is not None
+        holder.entry.replace({fmt: (table,)}, length)  # the module's own entry
         self._length = length
         return table
 

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ..core.precision import TWO_PI
 from ..core.rope.lengths import length_turns
-from ..core.sharing import GROWTH_LOCK, Registry, share_key
+from ..core.tables import GROWTH_LOCK, TableCache, share_key
 from ._tables import eager_only
 
 __all__ = ["ByLengthFrequencies", "LengthFrequencies"]
@@ -70,7 +70,7 @@ class LengthFrequencies:
                 return
 
 
-_REGISTRY: Registry[LengthFrequencies] = Registry()
+_REGISTRY = TableCache()
 
 
 class ByLengthFrequencies:
