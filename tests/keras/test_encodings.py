@@ -398,7 +398,7 @@ def test_threads_growing_one_layers_tables_leave_the_longest():
     tables end at the longer length with the core's rows."""
     import threading
 
-    from posenc.keras._tables import PositionTables
+    from posenc.keras._tables import shared_tables
 
     inside, go = threading.Event(), threading.Event()
 
@@ -408,7 +408,7 @@ def test_threads_growing_one_layers_tables_leave_the_longest():
             go.wait(timeout=5)
         return (posenc.sinusoidal(length, 4, dtype=fmt),)
 
-    tables = PositionTables(derive, 16)
+    tables = shared_tables(None, derive, 16)  # a layer's own tables
     tables.get("float32")
     shorter = threading.Thread(target=tables.extend, args=(240,))
     shorter.start()
