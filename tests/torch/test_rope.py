@@ -30,13 +30,19 @@ def _core_rotation(x, positions, module):
         np.asarray(positions),
         module.inv_freq,
         dtype="float64",
-        layout=module.layout,
+        layout=module.spec.layout,
         scale=module.attention_factor,
     )
     if cos.ndim == 3:  # (batch, seq, r) -> (batch, 1, seq, r)
         cos, sin = cos[:, None], sin[:, None]
     return torch.from_numpy(
-        apply_rope(x.double().numpy(), cos, sin, layout=module.layout, rotary_dim=module.rotary_dim)
+        apply_rope(
+            x.double().numpy(),
+            cos,
+            sin,
+            layout=module.spec.layout,
+            rotary_dim=module.spec.rotary_dim,
+        )
     )
 
 

@@ -18,7 +18,7 @@ from keras import ops
 from .._checks import check_base, check_choice, check_int, check_max_length, check_width
 from ..core.plan import plan_index, plan_rows, plan_scaling, table_format
 from ..core.rope import ROPE_LAYOUTS, rope_options
-from ..specs import FromHFConfig, RopeSpec
+from ..specs import FromSpec, RopeSpec
 from ._arguments import (
     ChecksPlainArguments,
     OutputLikeInput,
@@ -38,7 +38,7 @@ __all__ = ["RotaryEmbedding"]
 
 @keras.saving.register_keras_serializable(package="posenc")
 class RotaryEmbedding(
-    SharesTables, ChecksPlainArguments, OutputLikeInput, keras.layers.Layer, FromHFConfig
+    SharesTables, ChecksPlainArguments, OutputLikeInput, keras.layers.Layer, FromSpec
 ):
     """Rotary position embedding: turns each feature pair of its input by ``position × θ_i``.
 
@@ -226,6 +226,16 @@ class RotaryEmbedding(
         self._tables = None  # (cos, sign·sin) per variant, shared by the layers of one spec
         self._turn: Any = None  # partner index of each rotated feature, int32 tensor
         self._sign: np.ndarray | None = None  # the partner's sign: turn(x) = sign·x[turn]
+
+    @classmethod
+    def from_hf_config(
+        cls, config: Any, *, layer_type: str | None = None, **options: Any
+    ) -> RotaryEmbedding:
+        """The layer of a Hugging Face config's RoPE (:meth:`posenc.RopeSpec.from_hf_config`,
+        ``layer_type`` as there) with ``options`` of its own (``max_length``, ...)."""
+        spec = RopeSpec.from_hf_config(config, layer_type=layer_type)
+        layer: RotaryEmbedding = cls.from_spec(spec, **options)
+        return layer
 
     # -- build and tables ------------------------------------------------------------------
 
