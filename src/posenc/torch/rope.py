@@ -347,13 +347,13 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys):
         compiling = is_traced()
         if length is not None and compiling:
             raise ValueError(f"{name}: length= (a KV cache's) is for eager calls only")
-        batch, seq = check_qk(q, k, self.head_dim, self.qk_layout, name, positions)
+        batch, seq = check_qk(q, k, self.spec.head_dim, self.qk_layout, name, positions)
         offset = check_offset_or_positions(offset, positions, name, seq)
         if positions is not None:
             check_rope_positions(positions, batch, seq, name)
         fmt = format_of(self._table("cos").dtype)
         plan = self._plan(seq, offset, positions, fmt, "rotation", length, name, compiling)
-        if plan.in_table and not compiling and self._small_step(q, k, inplace):
+        if not compiling and self._small_step(q, k, inplace) and plan.in_table:
             # a decoding step: the plan's slice or gather of the tables, q and k together
             assert plan.rows is not None  # a plan in the table has its rows
             if positions is None or positions.numel() == 1:  # one position: a slice
