@@ -493,10 +493,11 @@ def plan_call(
         if (start is not None or low is not None) and count is None:
             raise TypeError("plan_call: a call with positions gives count, its length")
         own = start + (count or 0) if start is not None else (0 if high is None else high + 1)
-    seen = check_scaling_length(own, length, name=name)
-    plan = (
-        _FIXED if scaling is None else plan_scaling(scaling, seen, name=name, by_length=by_length)
-    )
+    # (the common calls, a decoding step included, skip the two checks they do not need)
+    seen = own if length is None else check_scaling_length(own, length, name=name)
+    plan = _FIXED
+    if scaling is not None and scaling.length_dependent:
+        plan = plan_scaling(scaling, seen, name=name, by_length=by_length)
     table = table_format(fmt, kind)
     if plan.by_length:
         return CallPlan(table, seen, plan, "by_length", None)
