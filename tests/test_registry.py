@@ -92,8 +92,8 @@ def test_pytorch():
     x = torch.from_numpy(X)
     q, _ = module(x, x, offset=START)
     np.testing.assert_allclose(q.numpy(), band.reference(), rtol=0, atol=2e-6)
-    assert module.scaling == NAME
-    assert module.scaling_params == PARAMS
+    assert module.spec.scaling.name == NAME
+    assert module.spec.scaling.params() == PARAMS
 
 
 def test_pytorch_length_dependent():

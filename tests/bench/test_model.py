@@ -697,8 +697,8 @@ def test_the_research_schemes_are_configured_as_docs_bench_says():
         for scheme in ("p_rope", "rope_learned", "kerple", "kerple_power", "fire", "sandwich",
                        "cope")
     }  # fmt: skip
-    assert first["p_rope"].scaling == "proportional"
-    assert first["p_rope"].scaling_params == {"partial_rotary_factor": 0.75}
+    assert first["p_rope"].spec.scaling.name == "proportional"
+    assert first["p_rope"].spec.scaling.params() == {"partial_rotary_factor": 0.75}
     assert first["p_rope"].inv_freq[3:].tolist() == [0.0]  # 3 of 4 frequencies rotate
     assert type(first["rope_learned"]).__name__ == "LearnedRotaryEmbedding"
     assert (first["kerple"].kernel, first["kerple_power"].kernel) == ("log", "power")

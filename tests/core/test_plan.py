@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 import posenc
 from posenc.core.plan import (
     INDEX_RANGES,
+    CallPlan,
     RowsPlan,
     ScalingPlan,
     align_queries,
+    plan_call,
     plan_index,
     plan_rows,
     plan_scaling,
@@ -137,6 +139,130 @@ def test_growth_is_bounded_by_the_table_and_the_calls_length(rows, positions):
     if run[0] <= rows < run[-1] + 1:  # a run past the table from inside it
         planned = plan_rows(rows, low=run[0], high=run[-1], count=len(run))
         assert planned.action == "grow"
+
+
+# --- one call: every decision together ---------------------------------------------------
+
+FIXED = ScalingPlan()
+
+
+def test_a_call_with_a_fixed_scaling_reads_the_rows_the_policy_says():
+    linear = posenc.LinearScaling(factor=2.0)
+    # a prompt inside the table; a decoding step; past it (grow); far past it (direct)
+    assert plan_call(8, start=0, count=5, scaling=linear) == CallPlan(
+        "float32", 5, FIXED, "tables", RowsPlan("slice", 0, 5)
+    )
+    assert plan_call(8, start=7, count=1) == CallPlan(
+        "float32", 8, FIXED, "tables", RowsPlan("slice", 7, 8)
+    )
+    assert plan_call(8, start=6, count=4).rows == RowsPlan("grow", 6, 10)
+    assert plan_call(8, start=17, count=1).rows == RowsPlan("direct", 17, 18)
+    assert plan_call(8, start=6, count=4, past="compute").rows == RowsPlan("direct", 6, 10)
+    assert plan_call(8, start=6, count=4, past="refuse").rows == RowsPlan("refuse", 6, 10)
+    # gathered positions: their largest + 1 is the call's length; none: length 0
+    assert plan_call(8, low=3, high=6, count=2) == CallPlan(
+        "float32", 7, FIXED, "tables", RowsPlan("gather", 3, 7)
+    )
+    assert plan_call(8, low=0, high=-1, count=0) == CallPlan(
+        "float32", 0, FIXED, "tables", RowsPlan("gather", 0, 0)
+    )
+    assert plan_call(8, count=0).rows == RowsPlan("gather", 0, 0)
+    # traced positions: no rows to plan (gathered with NaN outside), no length
+    assert plan_call(8, traced=True) == CallPlan("float32", None, FIXED, "tables", None)
+    with pytest.raises(TypeError, match="a call with positions gives count"):
+        plan_call(8, start=0)
+
+
+def test_a_call_reads_its_rows_in_the_tables_format():
+    for fmt in ("float16", "bfloat16", "float32", "float64"):
+        rotation = plan_call(8, start=0, count=1, fmt=fmt).fmt
+        assert rotation == ("float64" if fmt == "float64" else "float32")
+        assert plan_call(8, start=0, count=1, fmt=fmt, kind="input").fmt == fmt
+
+
+def test_a_given_length_is_what_a_scaling_sees_and_must_count_the_calls_own():
+    # a KV cache's length: the largest position of every key attended + 1
+    assert plan_call(64, start=2, count=1, length=32, scaling=DYNAMIC) == CallPlan(
+        "float32", 32, ScalingPlan(seq_len=32), "core", None
+    )
+    assert plan_call(64, start=2, count=1, length=32).length == 32  # fixed: checked only
+    with pytest.raises(ValueError, match=r"X: length=3 is shorter .* \(5: its largest"):
+        plan_call(64, start=2, count=3, length=3, name="X: ")
+    with pytest.raises(ValueError, match=r"length=9 is for calls whose positions are known"):
+        plan_call(64, traced=True, length=9)
+
+
+def test_a_length_dependent_scaling_with_a_known_length():
+    # dynamic NTK: the construction frequencies up to its original length (8), else the
+    # call's own rows from the core at L, never a table of L's frequencies
+    assert plan_call(64, start=0, count=8, scaling=DYNAMIC) == CallPlan(
+        "float32", 8, FIXED, "tables", RowsPlan("slice", 0, 8)
+    )
+    assert plan_call(64, low=0, high=19, count=3, scaling=DYNAMIC) == CallPlan(
+        "float32", 20, ScalingPlan(seq_len=20), "core", None
+    )
+    # LongRoPE: past its switch, the table of the second set (seq_len = switch + 1)
+    assert plan_call(64, start=5, count=10, scaling=LONGROPE) == CallPlan(
+        "float32", 15, ScalingPlan(seq_len=9), "tables", RowsPlan("slice", 5, 15)
+    )
+    assert plan_call(64, start=0, count=8, scaling=LONGROPE).scaling == FIXED
+    # code that cannot run the core (compiled PyTorch): L's frequencies from those kept
+    # per length where the front end keeps them, else an error naming the scaling
+    assert plan_call(64, start=0, count=20, scaling=DYNAMIC, past="refuse", by_length=True) == (
+        CallPlan("float32", 20, ScalingPlan(seq_len=20), "by_length", None)
+    )
+    with pytest.raises(ValueError, match=r"'dynamic_ntk' needs the frequencies of length 20"):
+        plan_call(64, start=0, count=20, scaling=DYNAMIC, past="refuse")
+
+
+def test_a_traced_length_is_selected_in_the_graph_or_refused_by_the_front_ends_choice():
+    # by_length: the one difference between the front ends' plans (PyTorch keeps the
+    # frequencies of every length; Keras and JAX refuse dynamic NTK for a traced length)
+    assert plan_call(64, traced=True, scaling=DYNAMIC, by_length=True) == CallPlan(
+        "float32", None, ScalingPlan(by_length=True), "by_length", None
+    )
+    with pytest.raises(ValueError, match=r"'dynamic_ntk'.*known only inside a trace.*'ntk'"):
+        plan_call(64, traced=True, scaling=DYNAMIC)
+    for by_length in (False, True):  # two sets: both tables, selected in the graph
+        assert plan_call(64, traced=True, scaling=LONGROPE, by_length=by_length) == CallPlan(
+            "float32", None, ScalingPlan(switch=8), "tables", None
+        )
+
+
+def test_only_a_plain_read_of_the_first_table_is_in_table():
+    assert plan_call(8, start=7, count=1).in_table
+    assert plan_call(8, low=0, high=7, count=3, scaling=LONGROPE).in_table  # short set
+    assert not plan_call(8, start=7, count=2).in_table  # grow
+    assert not plan_call(8, traced=True).in_table
+    assert not plan_call(64, start=0, count=9, scaling=LONGROPE).in_table  # the long table
+    assert not plan_call(64, start=0, count=9, scaling=DYNAMIC).in_table  # the core's rows
+
+
+@given(
+    rows=st.integers(1, 64),
+    start=st.integers(0, 200),
+    count=st.integers(0, 40),
+    length=st.one_of(st.none(), st.integers(240, 300)),
+    past=st.sampled_from(["grow", "compute", "refuse"]),
+    scaling=st.sampled_from([None, DYNAMIC, LONGROPE]),
+)
+def test_a_call_plan_is_its_building_blocks_answers(rows, start, count, length, past, scaling):
+    # Property: plan_call decides nothing of its own beyond choosing among the building
+    # blocks' answers (check_scaling_length, plan_scaling, plan_rows, table_format).
+    # (A given length is drawn at least the call's own: 240 >= 200 + 40.)
+    plan = plan_call(
+        rows, start=start, count=count, length=length, scaling=scaling, past=past, by_length=True
+    )
+    seen = start + count if length is None else length
+    assert plan.length == seen
+    assert plan.scaling == (FIXED if scaling is None else plan_scaling(scaling, seen))
+    if plan.source == "tables":
+        assert plan.rows == plan_rows(rows, start=start, count=count, past=past)
+    else:
+        assert scaling is DYNAMIC
+        assert seen > 8
+        assert plan.rows is None
+        assert plan.source == ("by_length" if past == "refuse" else "core")
 
 
 # --- traced indices ----------------------------------------------------------------------

@@ -151,7 +151,7 @@ def test_grouped_query_attention_and_partial_rotary_decode_exactly_too():
                                 (transformers.Phi3ForCausalLM, partial)):  # fmt: skip
         model = patch(model_class(config).eval())
         assert decoded_against_full(model, ids, prompt=4).max() < 2e-6
-    assert model.model.rotary_emb.ropes["all"].rotary_dim == 32  # half of head_dim 64
+    assert model.model.rotary_emb.ropes["all"].spec.rotary_dim == 32  # half of head_dim 64
 
 
 def test_in_a_deeper_model_the_first_layers_keys_equal_the_full_pass():

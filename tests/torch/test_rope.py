@@ -30,13 +30,19 @@ def _core_rotation(x, positions, module):
         np.asarray(positions),
         module.inv_freq,
         dtype="float64",
-        layout=module.layout,
+        layout=module.spec.layout,
         scale=module.attention_factor,
     )
     if cos.ndim == 3:  # (batch, seq, r) -> (batch, 1, seq, r)
         cos, sin = cos[:, None], sin[:, None]
     return torch.from_numpy(
-        apply_rope(x.double().numpy(), cos, sin, layout=module.layout, rotary_dim=module.rotary_dim)
+        apply_rope(
+            x.double().numpy(),
+            cos,
+            sin,
+            layout=module.spec.layout,
+            rotary_dim=module.spec.rotary_dim,
+        )
     )
 
 
@@ -804,3 +810,41 @@ def test_cos_sin_follows_a_length_dependent_attention_factor():
     assert cos[0, 0].tolist() == [1.5] * 8
     expected = rope.spec.tables(np.array([16]), fmt="float64", seq_len=17)[0][0]
     np.testing.assert_array_equal(cos[0, 1].numpy(), expected)
+
+
+def test_the_module_keeps_its_spec_and_has_two_posenc_bases():
+    # One place per option: the spec. The module's own options (max_length, qk_layout,
+    # fused) stay; the spec's fields are read from it, head_dim (the QueryKeyRotation
+    # role's attribute) as a read-only property.
+    from posenc.torch._tables import PositionTables
+    from posenc.torch.protocols import RotatesQueriesKeys
+
+    assert RotaryEmbedding.__bases__ == (PositionTables, RotatesQueriesKeys)
+    rope = RotaryEmbedding(
+        64, base=5e5, rotary_dim=32, layout="interleaved", scaling="linear",
+        scaling_params={"factor": 2.0}, max_length=16, qk_layout="bshd",
+    )  # fmt: skip
+    for copied in ("rotary_dim", "base", "layout", "scaling", "scaling_params"):
+        assert not hasattr(rope, copied), copied
+    assert (rope.head_dim, rope.max_length, rope.qk_layout) == (64, 16, "bshd")
+    with pytest.raises(AttributeError):
+        rope.head_dim = 32
+    assert repr(rope) == (
+        "RotaryEmbedding(head_dim=64, rotary_dim=32, base=500000, layout='interleaved', "
+        "qk_layout='bshd', max_length=16, scaling='linear', scaling_params={'factor': 2.0})"
+    )
+
+
+def test_a_build_parses_the_scaling_options_once(monkeypatch):
+    # by the module, which names itself (a seq_len parameter is refused); the spec takes
+    # the parsed scaling as it is
+    from posenc.core.rope import registry
+
+    parsed = []
+    parse = registry.as_rope_scaling
+    monkeypatch.setattr(
+        registry, "as_rope_scaling", lambda *args, **kw: parsed.append(args) or parse(*args, **kw)
+    )
+    rope = RotaryEmbedding(8, scaling="linear", scaling_params={"factor": 2.0}, max_length=4)
+    assert parsed == [("linear", {"factor": 2.0})]
+    assert rope.spec.scaling == registry.LinearScaling(factor=2.0)

@@ -346,9 +346,9 @@ class GPT(nn.Module):
         >>> model(torch.randint(0, 12, (3, 7))).shape
         torch.Size([3, 7, 12])
         >>> with model.rope_scaling("ntk", factor=2.0, original=8):
-        ...     model.blocks[0].attn.position.scaling
+        ...     model.blocks[0].attn.position.spec.scaling.name
         'ntk'
-        >>> model.blocks[0].attn.position.scaling  # restored on leaving the block
+        >>> model.blocks[0].attn.position.spec.scaling.name  # restored on leaving the block
         'default'
     """
 

@@ -17,7 +17,10 @@ names in every front end) and decides nothing itself:
   out-of-range policy of :mod:`posenc.core.positions`);
 * :func:`plan_index`: how traced integer positions of any dtype (``int8`` to
   ``uint64``) are widened and bounded, so that a position outside the table is a NaN
-  row and never another row.
+  row and never another row;
+* :func:`plan_call`: all of these that one call of a table-backed module needs, together
+  (the length a scaling sees, its frequencies, the rows, the tables' format), as one
+  :class:`CallPlan` on which the front end branches.
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ from .._checks import MAX_POSITION, check_int, position_error
 
 __all__ = [
     "INDEX_RANGES",
+    "CallPlan",
     "IndexPlan",
     "Past",
     "RowsPlan",
     "ScalingPlan",
     "align_queries",
     "check_scaling_length",
+    "plan_call",
     "plan_index",
     "plan_rows",
     "plan_scaling",
@@ -354,6 +359,162 @@ def plan_rows(
     if past == "compute" or first < 0 or end - count > 2 * rows:
         return RowsPlan("direct", first, end)
     return RowsPlan("grow", first, end)
+
+
+# ---------------------------------------------------------------------------------------
+# One call
+
+Source = Literal["tables", "core", "by_length"]
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """Everything one call of a module with position tables needs (:func:`plan_call`).
+
+    Attributes:
+        fmt: The format of the call's rows (:func:`table_format` of the input's).
+        length: The length ``L`` a length-dependent scaling sees: the call's own (its
+            largest position + 1) or the ``length=`` given (a KV cache's), checked;
+            ``None`` where the positions are known only inside a trace.
+        scaling: The frequencies the call uses (:func:`plan_scaling`).
+        source: Where the rows come from. ``"tables"``: the tables, at :attr:`rows`
+            (with a scaling of two sets of frequencies: the second set's table past its
+            switch, ``scaling.seq_len``; both, selected in the graph, for a traced length,
+            ``scaling.switch``). ``"core"``: the core computes the call's rows with the
+            frequencies of ``scaling.seq_len`` (a scaling whose frequencies change with
+            every length, past its original length); no table is read. ``"by_length"``:
+            the frequencies of the call's length, selected in the graph from those the
+            front end keeps per length (``by_length=True``: PyTorch).
+        rows: With ``source="tables"`` and known positions, the rows to read
+            (:func:`plan_rows`: slice, gather, grow, direct or refuse). ``None``
+            otherwise: traced positions are gathered as :func:`plan_index` says, a
+            position outside the table giving a NaN row.
+    """
+
+    fmt: str
+    length: int | None
+    scaling: ScalingPlan
+    source: Source
+    rows: RowsPlan | None
+
+    @property
+    def in_table(self) -> bool:
+        """Whether the rows are in the (first) table as it is: a slice or a gather with
+        the construction frequencies, nothing to grow, compute or select; a decoding
+        step's fast path needs nothing else."""
+        return (
+            self.source == "tables"
+            and self.scaling == _FIXED
+            and self.rows is not None
+            and self.rows.action in ("slice", "gather")
+        )
+
+
+def plan_call(
+    rows: int,
+    *,
+    start: int | None = None,
+    count: int | None = None,
+    low: int | None = None,
+    high: int | None = None,
+    traced: bool = False,
+    length: Any = None,
+    scaling: Any = None,
+    by_length: bool = False,
+    past: Past = "grow",
+    fmt: str = "float32",
+    kind: TableKind = "rotation",
+    name: str = "",
+) -> CallPlan:
+    """Everything one call needs, decided once: the front end branches on the answer.
+
+    The call's positions are a run (``start``, ``count``: :func:`plan_rows`), known
+    gathered positions (their ``low``-est and ``high``-est, ``None`` for none, and
+    ``count``, one sequence's length), or values known only inside a trace
+    (``traced=True``: a traced start or traced positions, a symbolic length). From them
+    and the table's ``rows``, this function decides:
+
+    * the length a length-dependent ``scaling`` sees: the call's own largest position
+      + 1, or ``length`` (a KV cache's: :func:`check_scaling_length` checks it);
+    * the frequencies (:func:`plan_scaling`): those of construction; a second set past a
+      switch (LongRoPE), both for a traced length, selected in the graph; or, for a
+      scaling whose frequencies change with every length (dynamic NTK) past its
+      original length, the call's rows from the core (``source="core"``);
+    * for a traced length of such a scaling, what the front end can do:
+      ``by_length=True`` says it keeps the frequencies of every length and selects the
+      traced length's in the graph (PyTorch, :mod:`posenc.core.rope.lengths`); with
+      ``by_length=False`` (Keras, JAX: their graphs hold only tables) it is a
+      ``ValueError`` that names the scaling and what to use instead. This parameter is
+      the only difference between the front ends' plans;
+    * the rows of the tables (:func:`plan_rows`, the out-of-range policy) for known
+      positions, with ``past`` what the table can do past its end: ``"grow"`` (a
+      module's table), ``"compute"`` (a table that never grows: the core computes the
+      call's rows), ``"refuse"`` (compiled PyTorch code, which cannot run the core: then
+      a length's own frequencies come from those kept per length, ``by_length``);
+    * the format of the rows: :func:`table_format` of the input's ``fmt`` for a table of
+      ``kind``.
+
+    Args:
+        rows: The rows the table holds now (positions ``0 .. rows-1``).
+        start, count, low, high: The call's positions, as :func:`plan_rows` takes them.
+        traced: Whether the positions are known only inside a trace.
+        length: ``None`` (the call's own) or the length given for the call (``length=``).
+        scaling: The spec's :class:`~posenc.core.rope.RopeScaling`; ``None`` for a
+            table without one (sinusoidal).
+        by_length: Whether the front end keeps the frequencies of every length (above).
+        past: What the table can do about rows past it (above).
+        fmt: The input's format (``"bfloat16"``, ...).
+        kind: ``"rotation"`` or ``"input"`` (:func:`table_format`).
+        name: Who asks, for the error messages (``"RotaryEmbedding: "``).
+
+    Example:
+        >>> from posenc.core.rope import DynamicNTKScaling, LongRopeScaling
+        >>> plan = plan_call(8, start=6, count=4, fmt="bfloat16")  # past the table: grow
+        >>> plan.fmt, plan.length, plan.source, plan.rows
+        ('float32', 10, 'tables', RowsPlan(action='grow', start=6, end=10))
+        >>> plan_call(8, start=7, count=1).in_table  # a decoding step inside the table
+        True
+        >>> dynamic = DynamicNTKScaling(factor=2.0, original_max_position_embeddings=8)
+        >>> plan = plan_call(64, low=0, high=19, count=20, scaling=dynamic)
+        >>> plan.source, plan.scaling.seq_len, plan.rows  # L = 20: its own frequencies
+        ('core', 20, None)
+        >>> plan_call(64, start=0, count=4, length=32, scaling=dynamic).scaling.seq_len
+        32
+        >>> plan_call(64, traced=True, scaling=dynamic, by_length=True).source
+        'by_length'
+        >>> long = LongRopeScaling(short_factor=[1.0], long_factor=[4.0],
+        ...                        original_max_position_embeddings=8, attention_factor=1.0)
+        >>> plan_call(64, traced=True, scaling=long).scaling.switch  # selected in the graph
+        8
+    """
+    if traced:
+        own = None
+    else:
+        if (start is not None or low is not None) and count is None:
+            raise TypeError("plan_call: a call with positions gives count, its length")
+        own = start + (count or 0) if start is not None else (0 if high is None else high + 1)
+    # (the common calls, a decoding step included, skip the two checks they do not need)
+    seen = own if length is None else check_scaling_length(own, length, name=name)
+    plan = _FIXED
+    if scaling is not None and scaling.length_dependent:
+        plan = plan_scaling(scaling, seen, name=name, by_length=by_length)
+    table = table_format(fmt, kind)
+    if plan.by_length:
+        return CallPlan(table, seen, plan, "by_length", None)
+    if plan.seq_len is not None and scaling.switch_length is None:  # this length's own
+        if past != "refuse":
+            return CallPlan(table, seen, plan, "core", None)
+        if not by_length:
+            raise ValueError(
+                f"{name}scaling={scaling.name!r} needs the frequencies of length "
+                f"{plan.seq_len} for this call, which the core cannot compute here; give a "
+                "fixed scaling, or call outside compiled code"
+            )
+        return CallPlan(table, seen, plan, "by_length", None)
+    if traced:
+        return CallPlan(table, seen, plan, "tables", None)
+    rows_plan = plan_rows(rows, start=start, count=count, low=low, high=high, past=past)
+    return CallPlan(table, seen, plan, "tables", rows_plan)
 
 
 # ---------------------------------------------------------------------------------------

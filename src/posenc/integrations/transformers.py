@@ -39,7 +39,7 @@ import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
 from .._checks import check_choice, describe  # noqa: E402
-from ..core.plan import plan_rows  # noqa: E402
+from ..core.plan import plan_call  # noqa: E402
 from ..core.precision import CONTAINERS  # noqa: E402
 from ..core.rope import ROPE_SCALING_SPECS  # noqa: E402
 from ..specs import AxialRopeSpec, RopeSpec  # noqa: E402
@@ -175,18 +175,18 @@ class ExactRotaryEmbedding(nn.Module):
             and position_ids.device == tables[0].device
             and not torch.compiler.is_compiling()
         ):
-            # The decoding case: the planner says whether the rows are in the tables
-            # built, and then they are two row gathers (the tables need no autograd);
-            # anything else (rows to grow or compute) takes the full path.
+            # The decoding case: the call's plan says whether the rows are in the tables
+            # built (of a fixed scaling), and then they are two row gathers (the tables
+            # need no autograd); anything else (rows to grow or compute) takes the full path.
             span = positions_range(position_ids, self.original_class)
             if span is not None:
-                plan = plan_rows(
+                plan = plan_call(
                     int(tables[0].shape[0]),
                     low=span[0],
                     high=span[1],
                     count=position_ids.shape[-1],
                 )
-                if plan.action == "gather":
+                if plan.in_table:
                     cos, sin = tables
                     rows = gather_rows(cos, position_ids), gather_rows(sin, position_ids)
                     return self._shaped(*rows)

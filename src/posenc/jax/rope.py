@@ -20,12 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import MAX_POSITIONS, check_choice, check_positions, describe
-from ..core.plan import plan_scaling
+from ..core.plan import TableKind, plan_call
 from ..core.precision import FORMATS
 from ..core.rope import ROPE_LAYOUTS, RopeScaling, check_rope_shapes, rope_options
 from ..specs import RopeSpec
 from ._arguments import static_int, widen
-from ._backend import format_of, is_traced
+from ._backend import format_of, is_traced, to_tensor
 from ._tables import PositionTables
 
 __all__ = ["RopeTables", "apply_rope", "rope_rows", "rope_tables"]
@@ -46,16 +46,20 @@ class RopeTables(PositionTables):
         return self.spec.tables(positions, fmt=self.fmt, start=start, seq_len=self.seq_len)
 
 
-def _call_length(positions: Any, start: Any, count: int) -> int | None:
-    """One past a call's largest position (``None``: known only inside a trace)."""
+def _call_positions(positions: Any, start: Any, count: int) -> dict[str, Any]:
+    """A call's positions as :func:`posenc.core.plan.plan_call` takes them: a run, the
+    lowest and highest of known positions (fractional ones: their floors), or traced."""
     if positions is None:
-        return None if is_traced(start) else int(start) + count
+        return {"traced": True} if is_traced(start) else {"start": int(start), "count": count}
     if is_traced(positions):
-        return None
+        return {"traced": True}
     if isinstance(positions, int):
-        return positions
+        return {"start": 0, "count": positions}
     values = check_positions(positions)  # finite numbers within ±2**53, or a clear error
-    return int(np.floor(values.max())) + 1 if values.size else 0
+    if not values.size:
+        return {"count": 0}
+    low, high = (int(np.floor(v)) for v in (values.min(), values.max()))
+    return {"low": low, "high": high, "count": values.shape[-1] if values.ndim else 1}
 
 
 def rope_rows(
@@ -67,27 +71,41 @@ def rope_rows(
     count: int = 0,
     max_length: int | None,
     name: str,
+    kind: TableKind = "rotation",
 ) -> tuple[jax.Array, jax.Array]:
     """``(cos, sin)`` of one call: at ``positions`` (any shape), or for the run
-    ``start .. start+count-1``, with the frequencies :func:`posenc.core.plan.plan_scaling`
-    chooses for the call's length (LongRoPE's two tables selected in the graph when the
-    length is traced)."""
-    plan = plan_scaling(spec.scaling, _call_length(positions, start, count), name=f"{name}: ")
+    ``start .. start+count-1``, for an input of format ``fmt``, as the call's plan says
+    (:func:`posenc.core.plan.plan_call`): the frequencies of the call's length (LongRoPE's
+    two tables selected in the graph when the length is traced; a length-dependent
+    scaling's own rows from the core), the tables' format of ``kind``."""
+    plan = plan_call(
+        max_length or 0,
+        **_call_positions(positions, start, count),
+        scaling=spec.scaling,
+        by_length=False,  # JAX keeps tables only: a traced dynamic-NTK length is refused
+        past="compute",  # a JAX table never grows
+        fmt=fmt,
+        kind=kind,
+        name=f"{name}: ",
+    )
 
     def read(seq_len: int | None) -> tuple[jax.Array, ...]:
-        tables = RopeTables(spec, fmt, seq_len)
+        tables = RopeTables(spec, plan.fmt, seq_len)
+        if positions is None and plan.source == "core":  # only this call's rows
+            return tuple(to_tensor(t, plan.fmt) for t in tables._derive(count, start))
         if positions is None:
             assert max_length is not None  # a run always has its table's length
             return tables.span(start, count, max_length=max_length)
         return tables.at(positions, max_length=max_length, name=f"{name}: positions")
 
-    if plan.switch is None:
-        cos, sin = read(plan.seq_len)
+    switch = plan.scaling.switch
+    if switch is None:
+        cos, sin = read(plan.scaling.seq_len)
         return cos, sin
-    short, long = read(None), read(plan.switch + 1)
+    short, long = read(None), read(switch + 1)
     # the largest position, widened (by check_offset for a start): it cannot wrap
     last = start + (count - 1) if positions is None else jnp.max(widen(positions))
-    pick = last >= plan.switch  # L = last + 1 > switch
+    pick = last >= switch  # L = last + 1 > switch
     return jnp.where(pick, long[0], short[0]), jnp.where(pick, long[1], short[1])
 
 
@@ -166,7 +184,9 @@ def rope_tables(
         max_length = static_int(max_length, "max_length", minimum=1, maximum=MAX_POSITIONS)
     if positions is None:  # None means a run to rope_rows: refuse it as the core does
         check_positions(positions)
-    cos, sin = rope_rows(spec, fmt, positions=positions, max_length=max_length, name="rope_tables")
+    cos, sin = rope_rows(
+        spec, fmt, positions=positions, max_length=max_length, name="rope_tables", kind="input"
+    )
     return cos, sin  # (*positions.shape, rotary_dim) each
 
 

@@ -16,9 +16,9 @@ import numpy as np
 from keras import ops
 
 from .._checks import check_base, check_choice, check_int, check_max_length, check_width
-from ..core.plan import plan_index, plan_rows, plan_scaling, table_format
+from ..core.plan import plan_call, plan_index, table_format
 from ..core.rope import ROPE_LAYOUTS, rope_options
-from ..specs import FromHFConfig, RopeSpec
+from ..specs import FromSpec, RopeSpec
 from ._arguments import (
     ChecksPlainArguments,
     OutputLikeInput,
@@ -38,7 +38,7 @@ __all__ = ["RotaryEmbedding"]
 
 @keras.saving.register_keras_serializable(package="posenc")
 class RotaryEmbedding(
-    SharesTables, ChecksPlainArguments, OutputLikeInput, keras.layers.Layer, FromHFConfig
+    SharesTables, ChecksPlainArguments, OutputLikeInput, keras.layers.Layer, FromSpec
 ):
     """Rotary position embedding: turns each feature pair of its input by ``position × θ_i``.
 
@@ -227,6 +227,16 @@ class RotaryEmbedding(
         self._turn: Any = None  # partner index of each rotated feature, int32 tensor
         self._sign: np.ndarray | None = None  # the partner's sign: turn(x) = sign·x[turn]
 
+    @classmethod
+    def from_hf_config(
+        cls, config: Any, *, layer_type: str | None = None, **options: Any
+    ) -> RotaryEmbedding:
+        """The layer of a Hugging Face config's RoPE (:meth:`posenc.RopeSpec.from_hf_config`,
+        ``layer_type`` as there) with ``options`` of its own (``max_length``, ...)."""
+        spec = RopeSpec.from_hf_config(config, layer_type=layer_type)
+        layer: RotaryEmbedding = cls.from_spec(spec, **options)
+        return layer
+
     # -- build and tables ------------------------------------------------------------------
 
     def build(self, input_shape: Any) -> None:
@@ -346,7 +356,8 @@ class RotaryEmbedding(
             x = ops.moveaxis(x, feature, -1)  # features last
             sequence -= int(sequence > feature)
         seq = ops.shape(x)[sequence]  # an int, or a scalar tensor in a graph with seq None
-        fmt = self._format(dtype if dtype == "float64" else self.compute_dtype)
+        # the input's format: float64 input, else the layer's compute dtype (mixed policies)
+        fmt = format_of(dtype if dtype == "float64" else self.compute_dtype, "the compute dtype")
         if positions is None:
             cos, sin = self._contiguous_rows(start_index, seq, fmt)  # (seq, r)
         else:
@@ -382,25 +393,36 @@ class RotaryEmbedding(
         start: Any,
         seq: Any,
     ) -> tuple[Any, Any]:
-        """The rows of one call, by the planner (:mod:`posenc.core.plan`), and which of the
-        scaling's variants. ``known``: the lowest position and one past the largest
-        (``None``: traced); ``exact``: the core's ``(positions, start)`` (an int
-        ``positions``: a run from ``start``) to compute the rows; the table rows: ``start ..
-        start+seq-1`` (``where`` None) or at ``where``."""
+        """The rows of one call, as its plan says (:func:`posenc.core.plan.plan_call`).
+        ``fmt``: the input's format; ``known``: the lowest position and one past the
+        largest (``None``: traced); ``exact``: the core's ``(positions, start)`` (an int
+        ``positions``: a run from ``start``) to compute the rows; the table rows: ``start
+        .. start+seq-1`` (``where`` None) or at ``where``."""
         assert self._tables is not None  # built
-        end = None if known is None else known[1]
-        plan = plan_scaling(self._scaling, end, name="RotaryEmbedding: ")
-        if plan.seq_len is not None and not self._two_variants:  # the call's own length
-            return self._values(exact[0], self._scaled(plan.seq_len), fmt, start=exact[1])
+        count = exact[0] if isinstance(exact[0], int) else None
+        if known is not None and count is None:  # known positions: their seq
+            count = int(exact[0].shape[-1])
+        plan = plan_call(
+            self._tables.length,
+            low=None if known is None else known[0],
+            high=None if known is None else known[1] - 1,
+            count=count,
+            traced=known is None,
+            scaling=self._scaling,
+            by_length=False,  # one table per set of frequencies: a traced dynamic NTK refused
+            fmt=fmt,
+            name="RotaryEmbedding: ",
+        )
+        fmt, scaled = plan.fmt, plan.scaling
+        if plan.source == "core":  # the frequencies of the call's own length: its rows
+            assert scaled.seq_len is not None
+            return self._values(exact[0], self._scaled(scaled.seq_len), fmt, start=exact[1])
         if not self._two_variants:
             variant = "base"
         else:  # the long factors past the switch; a traced length selects in the graph
-            variant = "" if plan.switch is not None else "long" if plan.seq_len else "short"
-        if known is not None:  # a run's length, or known positions (their seq)
-            count = exact[0] if isinstance(exact[0], int) else int(exact[0].shape[-1])
-            needed = plan_rows(self._tables.length, low=known[0], high=known[1] - 1, count=count)
-            if not self._tables.holds(needed, fmt):  # far, or refused
-                return self._values(exact[0], self._frequencies[variant], fmt, start=exact[1])
+            variant = "" if scaled.switch is not None else "long" if scaled.seq_len else "short"
+        if plan.rows is not None and not self._tables.holds(plan.rows, fmt):  # far, refused
+            return self._values(exact[0], self._frequencies[variant], fmt, start=exact[1])
         length = self._tables.length  # read before the tables: never more than they hold
         index = None  # traced positions: NaN rows outside the layer's length
         if where is not None and known is None:
@@ -414,7 +436,7 @@ class RotaryEmbedding(
 
         if variant:
             return rows(variant)
-        switch = plan.switch
+        switch = scaled.switch
         if where is None:
             long = ops.greater(start, ops.subtract(switch, seq))  # start + seq > switch
         else:
@@ -446,13 +468,13 @@ class RotaryEmbedding(
         if positions is None:
             start = start_position(start_index, "RotaryEmbedding")
             if not isinstance(start, int):  # a symbolic start: a traced length
-                plan_scaling(self._scaling, None, name="RotaryEmbedding: ")
+                plan_call(0, traced=True, scaling=self._scaling, name="RotaryEmbedding: ")
         else:
             no_start_with(start_index)
             assert self._axes is not None  # built
             positions = check_positions(positions, shape[0], shape[self._axes[0]])
             if known_value(positions) is None:  # symbolic positions: a traced length
-                plan_scaling(self._scaling, None, name="RotaryEmbedding: ")
+                plan_call(0, traced=True, scaling=self._scaling, name="RotaryEmbedding: ")
         return output_spec(self, inputs)
 
     def get_config(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from ..core.rope import (
     RopeScaling,
 )
 
-__all__ = ["FromSpec", "SchemeSpec"]
+__all__ = ["FromSpec", "SchemeSpec", "module_from_spec"]
 
 _SPEC_CLASSES: dict[str, type[SchemeSpec]] = {}
 
@@ -100,6 +100,20 @@ class SchemeSpec:
         object.__setattr__(self, name, value)
 
 
+def module_from_spec(cls: Any, spec: SchemeSpec, options: Mapping[str, Any]) -> Any:
+    """``cls(**spec.fields(), **options)``: the module or layer of ``spec`` (an instance of
+    ``cls.spec_class``) with ``options`` of its own (``max_length``, ``qk_layout``, ...);
+    :meth:`FromSpec.from_spec`, and the ``from_spec`` of modules without that mixin."""
+    if not isinstance(spec, cls.spec_class):
+        raise TypeError(
+            f"{cls.__name__}.from_spec takes a {cls.spec_class.__name__}, got {describe(spec)}"
+        )
+    overlap = sorted(set(options) & set(spec.fields()))
+    if overlap:
+        raise TypeError(f"{cls.__name__}.from_spec: {overlap} are given by the spec already")
+    return cls(**spec.fields(), **options)
+
+
 class FromSpec:
     """Mixin of the front ends' modules and layers: ``Module.from_spec(spec, **options)``.
 
@@ -119,33 +133,4 @@ class FromSpec:
     @classmethod
     def from_spec(cls, spec: SchemeSpec, **options: Any) -> Any:
         """The module of ``spec`` (a :attr:`spec_class` instance) with ``options``."""
-        if not isinstance(spec, cls.spec_class):
-            raise TypeError(
-                f"{cls.__name__}.from_spec takes a {cls.spec_class.__name__}, got {describe(spec)}"
-            )
-        overlap = sorted(set(options) & set(spec.fields()))
-        if overlap:
-            raise TypeError(f"{cls.__name__}.from_spec: {overlap} are given by the spec already")
-        return cls(**spec.fields(), **options)
-
-
-class FromHFConfig(FromSpec):
-    """Mixin of the RoPE modules and layers: ``Module.from_hf_config(config, **options)``.
-
-    The spec comes from :meth:`posenc.RopeSpec.from_hf_config` (a ``transformers`` config
-    object or its dict); ``options`` are the module's own (``max_length``, ...).
-
-    Example:
-        >>> from posenc.torch import RotaryEmbedding
-        >>> config = {"head_dim": 64, "rope_theta": 1e6, "max_position_embeddings": 32768}
-        >>> RotaryEmbedding.from_hf_config(config, max_length=128).spec.base
-        1000000.0
-    """
-
-    @classmethod
-    def from_hf_config(cls, config: Any, *, layer_type: str | None = None, **options: Any) -> Any:
-        """The module of a Hugging Face config's RoPE (``layer_type``: see the spec's)."""
-        reader = getattr(cls.spec_class, "from_hf_config", None)
-        if reader is None:  # pragma: no cover - only RoPE modules mix this in
-            raise TypeError(f"{cls.__name__} has no Hugging Face config form")
-        return cls.from_spec(reader(config, layer_type=layer_type), **options)
+        return module_from_spec(cls, spec, options)

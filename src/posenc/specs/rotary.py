@@ -74,7 +74,9 @@ class RopeSpec(SchemeSpec):
         head_dim = check_int(self.head_dim, "head_dim", minimum=1)
         self._set("rotary_dim", check_rotary_dim(head_dim, self.rotary_dim))
         self._set("head_dim", head_dim)
-        scaling, base, _ = rope_options(self.scaling, base=self.base)  # a dict's rope_theta
+        scaling, base = self.scaling, self.base
+        if not isinstance(scaling, RopeScaling):  # parsed here, once (a dict's rope_theta too)
+            scaling, base, _ = rope_options(scaling, base=base)
         self._set("base", check_base(base))
         self._set("layout", check_choice(self.layout, "layout", ROPE_LAYOUTS))
         self._set("scaling", scaling)

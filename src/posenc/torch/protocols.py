@@ -72,12 +72,14 @@ class QueryKeyRotation(Protocol):
     """Rotates queries and keys ``(batch, heads, seq, head_dim)`` inside attention.
 
     Attributes:
-        head_dim: The feature width it rotates.
+        head_dim: The feature width it rotates (read only: an attribute or a property).
         qk_layout: ``"bhsd"`` (what :class:`~posenc.torch.MultiHeadAttention` passes)
             or ``"bshd"``.
     """
 
-    head_dim: int
+    @property
+    def head_dim(self) -> int: ...
+
     qk_layout: str
 
     def rotate_queries_keys(
@@ -92,7 +94,7 @@ class CachedKeyRotation(Protocol):
     """A :class:`QueryKeyRotation` whose cached keys a :class:`~posenc.torch.KVCache` can
     move: to the frequencies of a later call (length-dependent scalings) and to new
     positions (evictions). :class:`~posenc.torch.RotaryEmbedding` is one
-    (:class:`posenc.torch.rerotation.MovesCachedKeys`).
+    (its methods call the functions of :mod:`posenc.torch.rerotation`).
 
     One whose ``frequencies_change`` also takes ``length=`` in ``rotate_queries_keys``:
     the length whose frequencies the call uses, which a KV cache gives (the largest
@@ -209,7 +211,8 @@ class EncodesInput(nn.Module):
 class RotatesQueriesKeys(nn.Module):
     """A :class:`QueryKeyRotation` whose ``rotate_queries_keys`` is the module's call.
 
-    The module sets ``head_dim`` and ``qk_layout``.
+    The module has ``head_dim`` (an attribute, or a property of its spec) and
+    ``qk_layout``.
 
     Example:
         >>> import torch
@@ -222,7 +225,6 @@ class RotatesQueriesKeys(nn.Module):
         ([[[[-1.0, -1.0]]]], True)
     """
 
-    head_dim: int
     qk_layout: str
 
     def rotate_queries_keys(

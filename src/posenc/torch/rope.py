@@ -26,9 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import check_bool, check_choice, check_max_length, describe
-from ..core.plan import check_scaling_length, plan_rows, plan_scaling
+from ..core.plan import CallPlan, plan_call
 from ..core.rope import RopeScaling, rope_options
-from ..specs import FromHFConfig, RopeSpec
+from ..specs import RopeSpec
+from ..specs.base import module_from_spec
 from ._arguments import (
     QK_AXES,
     check_offset_or_positions,
@@ -36,11 +37,17 @@ from ._arguments import (
     check_qk,
     positions_range,
 )
-from ._backend import format_of, is_traced, to_tensor
+from ._backend import DTYPES, format_of, gather_rows, is_traced, to_tensor
 from ._tables import PositionTables, core_filled, eager_only, table_dtype
 from .protocols import RotatesQueriesKeys
-from .rerotation import MovesCachedKeys
-from .rope_lengths import ByLengthFrequencies
+from .rerotation import frequency_state, rerotate_keys, rotate_keys
+from .rope_lengths import (
+    LengthFrequencies,
+    keep_lengths,
+    placed_lengths,
+    rows_by_length,
+    varies_by_length,
+)
 from .rope_weights import convert_rope_weights
 from .rotation import SMALL, broadcast_tables, rotate, rotate_small_pair, signed_sin
 
@@ -73,9 +80,7 @@ DERIVED_KEYS = (
 )
 
 
-class RotaryEmbedding(
-    PositionTables, RotatesQueriesKeys, MovesCachedKeys, ByLengthFrequencies, FromHFConfig
-):
+class RotaryEmbedding(PositionTables, RotatesQueriesKeys):
     """Rotary position embedding: rotates query and key feature pairs by position.
 
     ``forward(q, k) -> (q_rot, k_rot)``, each feature pair turned by the angle
@@ -153,6 +158,10 @@ class RotaryEmbedding(
         or ``k`` is kept for it.
 
     Attributes:
+        spec: The :class:`~posenc.RopeSpec` of the options (``head_dim``, ``rotary_dim``,
+            ``base``, ``layout``, ``scaling``): the module reads them there.
+        head_dim: ``spec.head_dim`` (the :class:`~posenc.torch.protocols.QueryKeyRotation`
+            role's attribute).
         cos, sin: The tables, ``(rows, rotary_dim)``, float32 (float64 after ``.double()``),
             in ``layout``; row ``p`` holds ``attention_factor · cos(p θ)`` (and ``sin``).
         cos_long, sin_long: LongRoPE's tables with ``long_factor`` (only for a scaling
@@ -202,37 +211,56 @@ class RotaryEmbedding(
         self.qk_layout = check_choice(qk_layout, "qk_layout", QK_LAYOUTS)
         self.fused = check_bool(fused, "fused")
         self.max_length = check_max_length(max_length)
-        # The core parses and validates the scaling and every other option.
-        spec_scaling, base, _ = rope_options(
-            scaling, scaling_params, base=base, seq_len_owner="module"
-        )
+        # The core parses the scaling (a dict's rope_theta is the base), the spec the rest.
+        parsed, base, _ = rope_options(scaling, scaling_params, base, seq_len_owner="module")
         self.spec = RopeSpec(
-            head_dim=head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=spec_scaling
+            head_dim=head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=parsed
         )
-        assert self.spec.rotary_dim is not None  # RopeSpec stores it resolved
-        self.head_dim, self.rotary_dim = self.spec.head_dim, self.spec.rotary_dim
-        self.base, self.layout = self.spec.base, self.spec.layout
-        self.scaling: str = spec_scaling.name
-        self.scaling_params = spec_scaling.params()
-        self._inv_freq, self.attention_factor = self.spec.frequencies()  # at construction
-        # A scaling with two sets of frequencies (LongRoPE) keeps a table for each; the
-        # second is that of the lengths past its switch (seq_len = switch + 1).
-        switch = spec_scaling.switch_length
-        self._variant_seq_len = None if switch is None else switch + 1
-        names = ("cos", "sin") if switch is None else ("cos", "sin", "cos_long", "sin_long")
+        # A scaling with two sets of frequencies (LongRoPE) keeps a table for each.
+        long = parsed.switch_length is not None
+        names = ("cos", "sin", "cos_long", "sin_long") if long else ("cos", "sin")
         self._init_tables(names, self.max_length, torch.float32, drop=DERIVED_KEYS)
         # A scaling whose frequencies change with every length: those of each length, for
         # compiled and exported code, built by extend() (posenc.torch.rope_lengths).
-        self._lengths = None
+        self._lengths: LengthFrequencies | None = None
 
-    # -- tables --------------------------------------------------------------------------
+    @classmethod
+    def from_spec(cls, spec: RopeSpec, **options: Any) -> RotaryEmbedding:
+        """The module of ``spec`` with options of its own (``max_length``, ``qk_layout``...)."""
+        module: RotaryEmbedding = module_from_spec(cls, spec, options)
+        return module
+
+    @classmethod
+    def from_hf_config(
+        cls, config: Any, *, layer_type: str | None = None, **options: Any
+    ) -> RotaryEmbedding:
+        """The module of a Hugging Face config's RoPE (:meth:`posenc.RopeSpec.from_hf_config`,
+        ``layer_type`` as there) with ``options`` of its own (``max_length``, ...).
+
+        Example:
+            >>> config = {"head_dim": 64, "rope_theta": 1e6, "max_position_embeddings": 32768}
+            >>> RotaryEmbedding.from_hf_config(config, max_length=128).spec.base
+            1000000.0
+        """
+        return cls.from_spec(RopeSpec.from_hf_config(config, layer_type=layer_type), **options)
+
+    @property
+    def head_dim(self) -> int:
+        """Features per head: ``spec.head_dim``."""
+        return self.spec.head_dim
 
     @property
     def inv_freq(self) -> np.ndarray:
         """The construction-time inverse frequencies (float64, ``(rotary_dim // 2,)``), a
         copy; a length-dependent scaling's at a length ``L``: ``spec.frequencies(L)``."""
-        copy: np.ndarray = self._inv_freq.copy()
-        return copy
+        return self.spec.frequencies()[0]
+
+    @property
+    def attention_factor(self) -> float:
+        """The scaling's factor on the tables (YaRN, LongRoPE; else 1)."""
+        return self.spec.frequencies()[1]
+
+    # -- tables --------------------------------------------------------------------------
 
     @eager_only  # NumPy: never traced (reached in eager code only)
     def _derive(
@@ -240,8 +268,9 @@ class RotaryEmbedding(
     ) -> tuple[Tensor, ...]:
         """Every table's rows from the core: ``(cos, sin)``, and LongRoPE's long ones."""
         tables: tuple[Tensor, ...] = self._at(positions, start, dtype, device, None)
-        if self._variant_seq_len is not None:
-            tables += self._at(positions, start, dtype, device, self._variant_seq_len)
+        switch = self.spec.scaling.switch_length
+        if switch is not None:  # the second set: that of the lengths past the switch
+            tables += self._at(positions, start, dtype, device, switch + 1)
         return tables
 
     @eager_only
@@ -255,28 +284,20 @@ class RotaryEmbedding(
     ) -> tuple[Tensor, Tensor]:
         """``(cos, sin)`` from the core: with the construction frequencies, or (``seq_len``)
         with the frequencies and attention factor a length-dependent scaling has there."""
-        fmt = format_of(dtype)
-        inv_freq = self._inv_freq if seq_len is None else None
+        fmt, spec = format_of(dtype), self.spec
         if isinstance(positions, int):  # a run of rows: written into PyTorch's memory
-            shape = (positions, self.rotary_dim)
+            shape = (positions, cast(int, spec.rotary_dim))
             cos, sin = core_filled(
                 (shape, shape),
                 fmt,
                 device,
-                lambda out: self.spec.tables(
-                    positions,
-                    fmt=fmt,
-                    start=start,
-                    seq_len=seq_len,
-                    inv_freq=inv_freq,
-                    out=(out[0], out[1]),
+                lambda out: spec.tables(
+                    positions, fmt=fmt, start=start, seq_len=seq_len, out=(out[0], out[1])
                 ),
                 "these RoPE tables",
             )
             return cos, sin
-        values = self.spec.tables(
-            positions, fmt=fmt, start=start, seq_len=seq_len, inv_freq=inv_freq
-        )
+        values = spec.tables(positions, fmt=fmt, start=start, seq_len=seq_len)
         return to_tensor(values[0], fmt, device), to_tensor(values[1], fmt, device)
 
     def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -295,11 +316,13 @@ class RotaryEmbedding(
         dynamic NTK for the longest length compiled code will see.
         """
         super().extend(length)
-        self._keep_lengths(self.table_length, self.cos.device)
+        if varies_by_length(self.spec):
+            self._lengths = keep_lengths(self.spec, self.table_length, self.cos.device)
 
     def _apply(self, fn: Any, recurse: bool = True) -> RotaryEmbedding:
         super()._apply(fn, recurse)
-        self._place_lengths(self.cos.device)  # the frequencies kept, on the new device
+        # the frequencies kept per length, on the new device
+        self._lengths = placed_lengths(self.spec, self._lengths, self.cos.device)
         return self
 
     def __getstate__(self) -> dict[str, Any]:
@@ -321,36 +344,27 @@ class RotaryEmbedding(
     ) -> tuple[Tensor, Tensor]:
         name = type(self).__name__
         inplace = check_bool(inplace, "inplace")
-        if length is not None and is_traced():
+        compiling = is_traced()
+        if length is not None and compiling:
             raise ValueError(f"{name}: length= (a KV cache's) is for eager calls only")
-        batch, seq = check_qk(q, k, self.head_dim, self.qk_layout, name, positions)
+        batch, seq = check_qk(q, k, self.spec.head_dim, self.qk_layout, name, positions)
         offset = check_offset_or_positions(offset, positions, name, seq)
         if positions is not None:
             check_rope_positions(positions, batch, seq, name)
-        span = None if positions is None else positions_range(positions, name)
-        if (
-            not self.spec.scaling.length_dependent
-            and length is None  # (else checked by _rows, whatever the scaling)
-            and not is_traced()
-            and self._small_step(q, k, inplace)
-        ):  # a decoding step: the planner's slice or gather of the tables, q and k together
-            rows = self._table("cos").shape[0]
-            if span is None or positions is None:
-                plan = plan_rows(rows, start=offset, count=seq)
-            else:
-                plan = plan_rows(rows, low=span[0], high=span[1], count=positions.shape[-1])
-            if plan.action == "slice":
-                return self._step(q, k, slice(plan.start, plan.end))
-            if plan.action == "gather":
-                assert positions is not None  # a gather plan has positions
-                if positions.numel() == 1:  # one position: a slice of the tables
-                    return self._step(q, k, slice(plan.start, plan.end))
-                return self._step(q, k, positions.long())  # int8, int32, ...: an index
-        cos, sin = self._rows(seq, offset, positions, span, name, length=length)
+        fmt = format_of(self._table("cos").dtype)
+        plan = self._plan(seq, offset, positions, fmt, "rotation", length, name, compiling)
+        if not compiling and self._small_step(q, k, inplace) and plan.in_table:
+            # a decoding step: the plan's slice or gather of the tables, q and k together
+            assert plan.rows is not None  # a plan in the table has its rows
+            if positions is None or positions.numel() == 1:  # one position: a slice
+                return self._step(q, k, slice(plan.rows.start, plan.rows.end))
+            return self._step(q, k, positions.long())  # int8, int32, ...: an index
+        cos, sin = self._rows(plan, seq, offset, positions, name)
         cos, sin = broadcast_tables((cos, sin), self.qk_layout, q.device)
+        layout, width = self.spec.layout, cast(int, self.spec.rotary_dim)
         return (
-            rotate(q, cos, sin, self.layout, self.rotary_dim, inplace=inplace, fused=self.fused),
-            rotate(k, cos, sin, self.layout, self.rotary_dim, inplace=inplace, fused=self.fused),
+            rotate(q, cos, sin, layout, width, inplace=inplace, fused=self.fused),
+            rotate(k, cos, sin, layout, width, inplace=inplace, fused=self.fused),
         )
 
     def _small_step(self, q: Tensor, k: Tensor, inplace: bool) -> bool:
@@ -377,14 +391,14 @@ class RotaryEmbedding(
         """q and k rotated together at ``rows`` (a slice of the tables, or positions to
         gather), the signed sin table kept from the last step. With one batch row (and
         for bshd one position) the rows broadcast over the heads as they are."""
-        cos = self._table("cos")
-        signed = self._derived_once("sin", lambda t: signed_sin(t, self.layout, self.rotary_dim))
+        cos, layout, width = self._table("cos"), self.spec.layout, cast(int, self.spec.rotary_dim)
+        signed = self._derived_once("sin", lambda t: signed_sin(t, layout, width))
         if isinstance(rows, slice):
             cos, signed = cos[rows], signed[rows]
         else:
             cos, signed = F.embedding(rows, cos), F.embedding(rows, signed)
         axis = 1 if self.qk_layout == "bhsd" else 2
-        return rotate_small_pair(q, k, cos, signed, self.layout, self.rotary_dim, axis)
+        return rotate_small_pair(q, k, cos, signed, layout, width, axis)
 
     def cos_sin(
         self, positions: Tensor, dtype: torch.dtype | None = None, length: int | None = None
@@ -413,83 +427,153 @@ class RotaryEmbedding(
         check_rope_positions(
             positions, positions.shape[0] if positions.dim() == 2 else 1, seq, name
         )
-        span = positions_range(positions, name)
-        if dtype is not None and dtype not in (
-            torch.float16,
-            torch.bfloat16,
-            torch.float32,
-            torch.float64,
-        ):
+        if dtype is not None and dtype not in DTYPES.values():
             raise TypeError(f"{name}: dtype must be a floating torch dtype, got {describe(dtype)}")
-        return self._rows(seq, 0, positions, span, name, dtype, length)
+        fmt = format_of(self.cos.dtype if dtype is None else dtype)
+        plan = self._plan(seq, 0, positions, fmt, "input", length, name, is_traced())
+        return self._rows(plan, seq, 0, positions, name)
 
-    def _rows(
+    def _plan(
         self,
         seq: int,
         offset: int,
         positions: Tensor | None,
-        span: tuple[int, int] | None,
+        fmt: str,
+        kind: Any,
+        length: int | None,
         name: str,
-        dtype: torch.dtype | None = None,
-        length: int | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """The tables' rows of a call: ``offset .. offset+seq-1`` or ``positions``, whose
-        lowest and highest are ``span`` (``None``: traced positions), with the frequencies
-        of ``length`` (:func:`posenc.core.plan.scaling_length`; ``None``: the call's own)
-        for a length-dependent scaling: ``(seq|batch, seq, rotary_dim)`` each."""
-        dtype = self.cos.dtype if dtype is None else dtype
-        if (
-            positions is None
-            and self.spec.scaling.length_dependent
-            and is_traced()
-            and not isinstance(seq, int)
-        ):  # a symbolic length: the positions it gives, for a choice in the graph
-            positions = torch.arange(seq, device=self.cos.device) + offset
-            offset = 0
-        if positions is None:
-            end: int | None = offset + seq
-        else:
-            end = None if span is None else span[1] + 1
-        end = check_scaling_length(end, length, name=f"{name}: ")
-        plan = plan_scaling(self.spec.scaling, end, name=f"{name}: ", by_length=True)
-        if plan.by_length:  # a traced length: its frequencies, selected in the graph
-            assert positions is not None  # a known offset and a static seq give a known end
-            return self._rows_by_length(positions, dtype)
-        if plan.seq_len is not None and self._variant_seq_len is None:
-            # frequencies of this call's own length: its rows, from the core (compiled code
-            # cannot run it: the frequencies kept for its length, in the graph)
-            if is_traced():
-                at = positions
-                if at is None:
-                    at = torch.arange(offset, offset + seq, device=self.cos.device)
-                return self._rows_by_length(at, dtype)
-            where = seq if positions is None else positions.cpu().numpy()
-            return self._at(where, offset, dtype, self.cos.device, plan.seq_len)
-        tables = self._table_rows(
-            dtype,
-            self.cos.device,
-            offset=offset,
+        compiling: bool,
+    ) -> CallPlan:
+        """The call's plan (:func:`posenc.core.plan.plan_call`): rows ``offset ..
+        offset+seq-1`` or at ``positions`` (their values read unless traced: a symbolic
+        ``seq`` or positions known only in the graph)."""
+        span = None if positions is None else positions_range(positions, name)
+        known = isinstance(seq, int) if positions is None else span is not None
+        low, high = (None, None) if span is None else span
+        return plan_call(
+            self.table_length,
+            start=offset if positions is None else None,
             count=seq,
-            positions=positions,
-            name=name,
-            span=span,
-        )  # (cos, sin) and, for LongRoPE, (cos_long, sin_long)
-        if plan.switch is not None:  # a traced length selects LongRoPE's tables in the graph
-            assert positions is not None  # a known offset and a static seq give a known end
-            long = positions.max() + 1 > plan.switch
+            low=low,
+            high=high,
+            traced=not known,
+            length=length,
+            scaling=self.spec.scaling,
+            by_length=True,  # the frequencies of every length, kept by extend()
+            past="refuse" if compiling else "grow",
+            fmt=fmt,
+            kind=kind,
+            name=f"{name}: ",
+        )
+
+    def _rows(
+        self, plan: CallPlan, seq: int, offset: int, positions: Tensor | None, name: str
+    ) -> tuple[Tensor, Tensor]:
+        """``(cos, sin)`` of a call as its ``plan`` says: rows ``offset .. offset+seq-1``
+        or at ``positions``, ``(seq|batch, seq, rotary_dim)`` each."""
+        dtype, device = DTYPES[plan.fmt], self._table("cos").device
+        if positions is None and (plan.source == "by_length" or plan.scaling.switch):
+            # a length selected in the graph: the positions of the run, as a tensor
+            positions, offset = torch.arange(offset, offset + seq, device=device), 0
+        if plan.source == "by_length":
+            assert positions is not None
+            return rows_by_length(
+                self._lengths, self.spec, self.table_length, positions, dtype, name
+            )
+        if plan.source == "core":  # frequencies of this call's own length: its rows
+            where = seq if positions is None else positions.detach().cpu().numpy()
+            return self._at(where, offset, dtype, device, plan.scaling.seq_len)
+        tables = self._read(plan, seq, offset, positions, dtype, device, name)
+        if plan.scaling.switch is not None:  # a traced length selects LongRoPE's tables
+            assert positions is not None
+            long = positions.max() + 1 > plan.scaling.switch
             return torch.where(long, tables[2], tables[0]), torch.where(long, tables[3], tables[1])
-        if plan.seq_len is not None:  # past the switch: the long tables
+        if plan.scaling.seq_len is not None:  # past the switch: the long tables
             return tables[2], tables[3]
         return tables[0], tables[1]
 
+    def _read(
+        self,
+        plan: CallPlan,
+        seq: int,
+        offset: int,
+        positions: Tensor | None,
+        dtype: torch.dtype,
+        device: torch.device,
+        name: str,
+    ) -> tuple[Tensor, ...]:
+        """Every table's rows at the plan's rows (grown first if it says so), or from the
+        core where it says ``direct``; traced positions gathered, NaN outside."""
+        if plan.rows is None:  # values known only in the graph (or a meta tensor's)
+            return self._table_rows(
+                dtype, device, offset=offset, count=seq, positions=positions, name=name
+            )
+        tables = self._planned_tables(plan.rows, dtype, device, name)
+        if tables is None:  # only this call's rows, from the core
+            where = seq if positions is None else positions.detach().cpu().numpy()
+            return self._derive(where, offset, dtype, device)
+        if positions is None:
+            return tuple(t[offset : offset + seq] for t in tables)
+        return tuple(gather_rows(t, positions) for t in tables)
+
+    # -- what a KV cache asks (the CachedKeyRotation role: posenc.torch.rerotation) ------
+
+    @property
+    def frequencies_change(self) -> bool:
+        """Whether the frequencies depend on the length of the call (dynamic NTK,
+        LongRoPE): then cached keys can hold other frequencies than a new call's."""
+        return bool(self.spec.scaling.length_dependent)
+
+    def frequency_state(self, length: int) -> int | None:
+        """The frequencies a call reaching ``length`` positions uses, named by the length
+        whose frequencies they are (``None``: those of construction):
+        :func:`posenc.torch.rerotation.frequency_state`."""
+        return frequency_state(self.spec, length)
+
+    def rotate_keys(
+        self, keys: Tensor, *, positions: Tensor | None = None, frequencies: int | None = None
+    ) -> Tensor:
+        """Keys before rotation, rotated at ``positions`` with the frequencies of the state
+        ``frequencies`` (:meth:`frequency_state`): what a call rotating them there gives."""
+        name = f"{type(self).__name__}.rotate_keys"
+        return rotate_keys(self.spec, self.qk_layout, keys, positions, frequencies, name)
+
+    def rerotate_keys(
+        self,
+        keys: Tensor,
+        *,
+        positions: Tensor | None = None,
+        new_positions: Tensor | None = None,
+        frequencies: int | None = None,
+        new_frequencies: int | None = None,
+    ) -> Tensor:
+        """Keys rotated at ``positions`` with the frequencies of the state ``frequencies``,
+        turned to ``new_positions`` (default: the same) and the state ``new_frequencies``,
+        the attention factor's change included: the same keys, within one rounding, as
+        :meth:`rotate_keys` there would give from the keys before rotation.
+
+        Example:
+            >>> rope = RotaryEmbedding(8, base=100.0, qk_layout="bhsd")
+            >>> k = torch.randn(1, 1, 3, 8, dtype=torch.float64)  # (batch, heads, seq, head_dim)
+            >>> at_5 = rope.rotate_keys(k, positions=torch.tensor([5, 6, 7]))
+            >>> moved = rope.rerotate_keys(at_5, positions=torch.tensor([5, 6, 7]),
+            ...                            new_positions=torch.tensor([0, 1, 2]))
+            >>> torch.allclose(moved, rope.rotate_keys(k), atol=1e-15)
+            True
+        """
+        name = f"{type(self).__name__}.rerotate_keys"
+        moves = positions, new_positions, frequencies, new_frequencies
+        return rerotate_keys(self.spec, self.qk_layout, keys, *moves, name)
+
     def extra_repr(self) -> str:
+        spec = self.spec
         text = (
-            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
-            f"layout={self.layout!r}, qk_layout={self.qk_layout!r}, "
+            f"head_dim={spec.head_dim}, rotary_dim={spec.rotary_dim}, base={spec.base:g}, "
+            f"layout={spec.layout!r}, qk_layout={self.qk_layout!r}, "
             f"max_length={self.max_length}"
         )
-        if self.scaling != "default":
-            text += f", scaling={self.scaling!r}, scaling_params={self.scaling_params!r}"
+        if spec.scaling.name != "default":
+            text += f", scaling={spec.scaling.name!r}, scaling_params={spec.scaling.params()!r}"
         return text + (", fused=True" if self.fused else "")
 
 

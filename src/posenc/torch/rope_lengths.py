@@ -30,7 +30,13 @@ from ..core.rope.lengths import length_turns
 from ..core.tables import GROWTH_LOCK, TableCache, share_key
 from ._tables import eager_only
 
-__all__ = ["ByLengthFrequencies", "LengthFrequencies"]
+__all__ = [
+    "LengthFrequencies",
+    "keep_lengths",
+    "placed_lengths",
+    "rows_by_length",
+    "varies_by_length",
+]
 
 
 class LengthFrequencies:
@@ -73,77 +79,78 @@ class LengthFrequencies:
 _REGISTRY = TableCache()
 
 
-class ByLengthFrequencies:
-    """The per-length frequencies of :class:`~posenc.torch.RotaryEmbedding` (a mixin)."""
+def varies_by_length(spec: Any) -> bool:
+    """Whether the spec's scaling has frequencies for every length (no two sets)."""
+    scaling = spec.scaling
+    return bool(scaling.length_dependent and scaling.switch_length is None)
 
-    spec: Any
-    rotary_dim: int
-    layout: str
-    _lengths: LengthFrequencies | None
 
-    @property
-    def _by_length(self) -> bool:
-        """Whether the scaling's frequencies change with every length (no two sets)."""
-        scaling = self.spec.scaling
-        return bool(scaling.length_dependent and scaling.switch_length is None)
+def _key(spec: Any) -> Any:
+    return share_key("rope-lengths", spec)
 
-    def _length_holder(self, make: bool) -> LengthFrequencies | None:
-        """The spec's :class:`LengthFrequencies` (made if ``make``), kept on the module."""
-        if self._lengths is None:
-            key = share_key("rope-lengths", self.spec)
-            if make:
-                self._lengths = _REGISTRY.entry(key, lambda: LengthFrequencies(self.spec))
-            else:
-                self._lengths = _REGISTRY.find(key)
-        return self._lengths
 
-    @eager_only  # NumPy: never traced
-    def _keep_lengths(self, rows: int, device: torch.device) -> None:
-        """Hold the frequencies of lengths ``1 .. rows`` on ``device`` (by :meth:`extend`)."""
-        if self._by_length:
-            holder = self._length_holder(make=True)
-            assert holder is not None
-            holder.extend(rows)
-            holder.place(device)
+@eager_only  # NumPy: never traced
+def keep_lengths(spec: Any, rows: int, device: torch.device) -> LengthFrequencies:
+    """The spec's :class:`LengthFrequencies` (one per spec), holding lengths ``1 .. rows``
+    on ``device`` (what :meth:`~posenc.torch.RotaryEmbedding.extend` asks)."""
+    holder = _REGISTRY.entry(_key(spec), lambda: LengthFrequencies(spec))
+    holder.extend(rows)
+    holder.place(device)
+    return holder
 
-    @eager_only
-    def _place_lengths(self, device: torch.device) -> None:
-        """The frequencies kept, copied to ``device`` too (after a move)."""
-        holder = self._length_holder(make=False) if self._by_length else None
-        if holder is not None:
-            holder.place(device)
 
-    def _rows_by_length(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """``(cos, sin)`` ``(*positions.shape, rotary_dim)`` in ``dtype`` at traced integer
-        ``positions``, with the frequencies of the length ``max(positions) + 1``; NaN rows
-        for positions outside this module's rows or past the lengths kept (as a traced
-        table read gives)."""
-        holder = self._lengths  # (no registry lookup here: it takes a lock, not traceable)
-        table = None if holder is None else holder.tensors.get(positions.device)
-        if table is None:
-            raise ValueError(
-                f"{type(self).__name__}: under torch.compile or torch.export, "
-                f"scaling={self.spec.scaling.name!r} reads the frequencies of each call's "
-                "length from those kept per length, which .extend(n) builds (about 1 ms per "
-                "length past the original): call .extend(n) for the longest length compiled "
-                f"code will see, on the module's device ({positions.device}), before compiling"
-            )
-        m = self.rotary_dim // 2
-        rows = min(self.table_length, table.shape[0])  # type: ignore[attr-defined]
-        end = positions.max() + 1  # the call's length, a traced scalar
-        index = (end - 1).clamp(0, table.shape[0] - 1).reshape(1)
-        row = table.index_select(0, index)[0]  # (3m + 1,), selected in the graph
-        t1, t2, t3, factor = row[:m], row[m : 2 * m], row[2 * m : 3 * m], row[3 * m]
-        p = positions.to(torch.float64).unsqueeze(-1)  # (..., seq, 1)
-        whole = p * t1  # exact: p < 2**27 and t1 of 26 bits
-        turns = (whole - torch.round(whole)) + (p * t2 + p * t3)
-        angle = (turns - torch.round(turns)) * TWO_PI  # (..., seq, m)
-        outside = (positions < 0) | (positions >= rows) | (end > rows)
-        nan = torch.tensor(float("nan"), dtype=torch.float64, device=positions.device)
-        cos = torch.where(outside.unsqueeze(-1), nan, factor * torch.cos(angle))
-        sin = torch.where(outside.unsqueeze(-1), nan, factor * torch.sin(angle))
-        if self.layout == "half":  # [v_0 .. v_{m-1}, v_0 .. v_{m-1}]
-            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
-        else:  # [v_0, v_0, v_1, v_1, ...]
-            cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
-        return cos.to(dtype), sin.to(dtype)  # one rounding from float64
+@eager_only
+def placed_lengths(
+    spec: Any, held: LengthFrequencies | None, device: torch.device
+) -> LengthFrequencies | None:
+    """The frequencies kept for the spec (``held``, else those another module of the spec
+    made), copied to ``device`` too (after a move); ``None`` where none are kept."""
+    if not varies_by_length(spec):
+        return None
+    holder = held if held is not None else _REGISTRY.find(_key(spec))
+    if holder is not None:
+        holder.place(device)
+    return holder
+
+
+def rows_by_length(
+    held: LengthFrequencies | None,
+    spec: Any,
+    rows: int,
+    positions: Tensor,
+    dtype: torch.dtype,
+    name: str,
+) -> tuple[Tensor, Tensor]:
+    """``(cos, sin)`` ``(*positions.shape, rotary_dim)`` in ``dtype`` at traced integer
+    ``positions``, with the frequencies of the length ``max(positions) + 1`` from
+    ``held`` (a module's :class:`LengthFrequencies`: no registry lookup here, it takes a
+    lock, which is not traceable); NaN rows for positions outside the module's ``rows``
+    or past the lengths kept (as a traced table read gives)."""
+    table = None if held is None else held.tensors.get(positions.device)
+    if table is None:
+        raise ValueError(
+            f"{name}: under torch.compile or torch.export, "
+            f"scaling={spec.scaling.name!r} reads the frequencies of each call's "
+            "length from those kept per length, which .extend(n) builds (about 1 ms per "
+            "length past the original): call .extend(n) for the longest length compiled "
+            f"code will see, on the module's device ({positions.device}), before compiling"
+        )
+    m = spec.rotary_dim // 2
+    rows = min(rows, table.shape[0])
+    end = positions.max() + 1  # the call's length, a traced scalar
+    index = (end - 1).clamp(0, table.shape[0] - 1).reshape(1)
+    row = table.index_select(0, index)[0]  # (3m + 1,), selected in the graph
+    t1, t2, t3, factor = row[:m], row[m : 2 * m], row[2 * m : 3 * m], row[3 * m]
+    p = positions.to(torch.float64).unsqueeze(-1)  # (..., seq, 1)
+    whole = p * t1  # exact: p < 2**27 and t1 of 26 bits
+    turns = (whole - torch.round(whole)) + (p * t2 + p * t3)
+    angle = (turns - torch.round(turns)) * TWO_PI  # (..., seq, m)
+    outside = (positions < 0) | (positions >= rows) | (end > rows)
+    nan = torch.tensor(float("nan"), dtype=torch.float64, device=positions.device)
+    cos = torch.where(outside.unsqueeze(-1), nan, factor * torch.cos(angle))
+    sin = torch.where(outside.unsqueeze(-1), nan, factor * torch.sin(angle))
+    if spec.layout == "half":  # [v_0 .. v_{m-1}, v_0 .. v_{m-1}]
+        cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+    else:  # [v_0, v_0, v_1, v_1, ...]
+        cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+    return cos.to(dtype), sin.to(dtype)  # one rounding from float64

@@ -18,7 +18,6 @@ from ..._checks import (
     check_positions,
     describe,
 )
-from ...core.plan import table_format
 from ...core.rope import ROPE_LAYOUTS, RopeScaling, rope_options
 from ...specs import RopeSpec
 from .._arguments import check_offset, check_traced_index
@@ -136,8 +135,8 @@ class RotaryEmbedding(nn.Module):
             layout=self.layout,
             scaling=method,
         )
-        # float32 tables for float16 and bfloat16 input too: apply_rope rotates in float32
-        fmt = table_format(format_of(x.dtype, "x.dtype"), "rotation")
+        # (float32 tables for float16 and bfloat16 input too: apply_rope rotates in float32)
+        fmt = format_of(x.dtype, "x.dtype")
         if positions is None:
             start = check_offset(start_index, f"{name}: start_index", seq)
             cos, sin = rope_rows(
