@@ -168,9 +168,12 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git_state() -> str:
-    """`` at commit abc1234`` (plus a note on uncommitted changes under src/), or ``""``."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def _git_state(package: str) -> str:
+    """`` at commit abc1234`` of the tree the measured posenc was imported from
+    (``package``: its ``__file__``; ``PYTHONPATH=<another tree>/src`` measures another
+    revision with these scripts), plus a note on uncommitted changes under src/, or
+    ``""`` outside a git checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(package))))
     try:
         commit = subprocess.run(
             ["git", "-C", root, "rev-parse", "--short", "HEAD"],
@@ -225,7 +228,8 @@ def machine_info(threads: Sequence[int]) -> str:
     try:
         import posenc
 
-        lines.append(f"- posenc {getattr(posenc, '__version__', '?')}{_git_state()}")
+        state = _git_state(posenc.__file__ or "")
+        lines.append(f"- posenc {getattr(posenc, '__version__', '?')}{state}")
     except ImportError:
         pass
     lines.append(
