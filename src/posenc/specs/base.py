@@ -15,7 +15,7 @@ from ..core.rope import (
     RopeScaling,
 )
 
-__all__ = ["FromSpec", "SchemeSpec", "module_from_spec"]
+__all__ = ["SchemeSpec", "module_from_spec"]
 
 Made = TypeVar("Made")
 
@@ -130,14 +130,3 @@ def module_from_spec(cls: type[Made], spec: SchemeSpec, options: Mapping[str, An
         raise TypeError(f"{cls.__name__}.from_spec: {overlap} are given by the spec already")
     made: Made = maker(**spec.fields(), **options)
     return made
-
-
-class FromSpec:
-    """Mixin of the front ends' modules and layers: ``Module.from_spec(spec, **options)``."""
-
-    spec_class: ClassVar[type[SchemeSpec]]
-
-    @classmethod
-    def from_spec(cls, spec: SchemeSpec, **options: Any) -> Any:
-        """The module of ``spec`` (a :attr:`spec_class` instance) with ``options``."""
-        return module_from_spec(cls, spec, options)
