@@ -5,14 +5,13 @@ A ``score_mod`` is called with a score and the indices ``(b, h, q, k)`` of its b
 row, head, query and key; it returns the score with the bias added. For the schemes whose
 bias depends on the head and the distance ``key position - query position`` alone (ALiBi,
 T5, KERPLE, Sandwich: their ``score_mod`` is :func:`distance_score_mod`), the module's
-own call gives the bias
-of every distance the call contains, ``(heads, distances)``, a few megabytes at any
-length, and the ``score_mod`` looks its distance up in it: the values are the
-materialised bias's, bit for bit for ALiBi, T5 and Sandwich (an exact product, lookups),
-to one float32 ulp for KERPLE (PyTorch vectorises ``pow`` and ``log1p`` differently for
-tensors of different shapes), and a learned bias keeps its gradient (through the
-table). FIRE's bias also reads the query's own position: its ``score_mod`` evaluates
-the MLP score by score (:meth:`posenc.torch.FIREBias.score_mod`).
+own call gives the bias of every distance the call contains, ``(heads, distances)``, a
+few megabytes at any length, and the ``score_mod`` looks its distance up in it: the
+values are the materialised bias's, bit for bit for ALiBi, T5 and Sandwich (an exact
+product, lookups), to one float32 ulp for KERPLE (PyTorch vectorises ``pow`` and
+``log1p`` differently for tensors of different shapes), and a learned bias keeps its
+gradient (through the table). FIRE's bias also reads the query's own position: its
+``score_mod`` evaluates the MLP score by score (:meth:`posenc.torch.FIREBias.score_mod`).
 
 Indices into tensors are clamped to their range: a kernel may evaluate the rows of a
 tile that lie past the last query or key, whose results it then drops.
