@@ -7,7 +7,10 @@
 * no module of the core imports a private name of another core module;
 * the core imports no framework, no spec and no tool;
 * every front end's ``_backend.py`` has the same primitives, with the same signatures,
-  and nothing else.
+  and nothing else;
+* every public module and layer of a front end has at most two posenc classes among its
+  bases, ancestors included (a role and the table lifecycle, say): one to read for each
+  concern, not a stack of mixins.
 """
 
 from __future__ import annotations
@@ -215,6 +218,23 @@ def test_dir_of_a_front_end_shows_its_public_api(package):
     assert set(module.__all__) <= shown
     assert shown - set(module.__all__) <= {"linen"}  # posenc.jax's lazily imported package
     assert not {"torch", "jax", "keras", "missing", "importlib"} & shown
+
+
+MAX_POSENC_BASES = 2
+
+
+@pytest.mark.parametrize("package", ["torch", "keras", "jax.linen"])
+def test_public_modules_have_at_most_two_posenc_base_classes(package):
+    front = _front_end(package)  # posenc.keras under the backend the suite runs in
+    stacked = {}
+    for name in front.__all__:
+        cls = getattr(front, name)
+        if not inspect.isclass(cls):
+            continue
+        bases = [c.__qualname__ for c in cls.__mro__[1:] if c.__module__.startswith("posenc")]
+        if len(bases) > MAX_POSENC_BASES:
+            stacked[name] = bases
+    assert stacked == {}
 
 
 # The module every front end keeps each kind of scheme in (one of these per front end,

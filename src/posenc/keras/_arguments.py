@@ -3,7 +3,9 @@ and positions (int32 everywhere in the Keras layers; whole numbers of any dtype 
 where a call's rows go in its input, and the output spec of a layer that keeps its input's
 shape and dtype.
 
-The primitives are in :mod:`._backend`, the tables' lifecycle in :mod:`._tables`.
+The primitives are in :mod:`._backend`, the tables' lifecycle in :mod:`._tables`, and the
+layers' one base, which runs these checks before Keras converts the arguments, in
+:mod:`._layer`.
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from ._backend import dtype_name, known_value, to_index, wide_index
 
 __all__ = [
     "INT32_END",
-    "ChecksPlainArguments",
-    "OutputLikeInput",
     "check_float",
     "check_known_positions",
     "check_plain_positions",
@@ -269,67 +269,3 @@ def output_spec(layer: keras.layers.Layer, inputs: Any) -> keras.KerasTensor:
     if layer.autocast and keras.backend.is_float_dtype(dtype):
         dtype = keras.backend.standardize_dtype(layer.input_dtype)
     return keras.KerasTensor(inputs.shape, dtype=dtype)
-
-
-class OutputLikeInput:
-    """A Keras layer whose output has its input's shape, in the dtype the call returns
-    (:func:`output_spec`), also when Keras asks for it symbolically."""
-
-    def compute_output_shape(self, input_shape: Any) -> Any:
-        return input_shape
-
-    def compute_output_spec(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        return output_spec(self, inputs)
-
-
-class ChecksPlainArguments:
-    """A Keras layer whose ``start_index`` (and ``positions``, if its ``call`` takes them)
-    given as Python or NumPy values are checked before Keras sees them.
-
-    A layer whose ``call`` takes ``positions`` converts its other arguments itself, as
-    ``Layer.__call__`` would, and leaves the positions as they are: Keras casts every
-    floating argument to the compute dtype, which would round floating positions before
-    the layer reads them (``2049.0`` is 2048 in float16, 257 is 256 in bfloat16).
-    """
-
-    _plain_arguments: tuple[str, ...] = ("start_index",)  # call()'s, after the inputs
-    _start_may_be_none = False  # whether start_index=None has a meaning
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if "positions" in self._plain_arguments:
-            self._convert_input_args = False  # done in __call__, positions left out
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        given = dict(zip(self._plain_arguments, args[1:], strict=False)) | kwargs
-        if "start_index" in given and (
-            given["start_index"] is not None or not self._start_may_be_none
-        ):
-            check_plain_start(given["start_index"], type(self).__name__)
-        if "positions" in self._plain_arguments:
-            if given.get("positions") is not None:
-                check_plain_positions(given["positions"])
-            args, kwargs = self._converted(args, kwargs)
-        return super().__call__(*args, **kwargs)  # type: ignore[misc]
-
-    def _converted(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """``args`` and ``kwargs`` converted as ``Layer.__call__`` converts them (floating
-        tensors and arrays cast to the input dtype when the layer autocasts), but
-        ``positions``."""
-        layer: Any = self
-        names = ("inputs", *self._plain_arguments)
-
-        def convert(value: Any) -> Any:
-            return layer.dtype_policy.convert_input(value, layer.autocast, layer.input_dtype)
-
-        args = tuple(
-            arg if names[i : i + 1] == ("positions",) else keras.tree.map_structure(convert, arg)
-            for i, arg in enumerate(args)
-        )
-        kwargs = {
-            name: value if name == "positions" else keras.tree.map_structure(convert, value)
-            for name, value in kwargs.items()
-        }
-        return args, kwargs

@@ -16,7 +16,7 @@ layers grow together. Keras layers are reference cycles, freed when the garbage
 collector runs: what a layer gives must not depend on when the layers of an earlier
 model, dead but not yet collected, grew the tables they shared.
 
-``layer.unshare_tables()`` (:class:`SharesTables`) gives a layer tables of its own, which
+``layer.unshare_tables()`` (:class:`~._layer.PositionLayer`) gives a layer tables of its own, which
 no other layer reads or grows, also after later rebuilds. A spec that cannot be hashed (a
 user's scaling with unhashable fields) is not shared. The derive function kept with
 shared tables is a function of the spec, never a layer's bound method: it must not keep
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Hashable
-from typing import Any, TypeVar
+from typing import Any
 
 import keras
 import numpy as np
@@ -40,9 +40,9 @@ from ._backend import dtype_name, gather_rows, index_range, to_tensor, wide_inde
 __all__ = [
     "GROWTH_LOCK",
     "PositionTables",
-    "SharesTables",
     "cacheable",
     "outside_traces",
+    "own_copy",
     "shared_count",
     "shared_tables",
     "span_rows",
@@ -186,58 +186,12 @@ def shared_tables(
     return CACHE.hold(share_key(key, device), _builder(derive, device), length, kept=_kept)
 
 
+def own_copy(tables: PositionTables) -> PositionTables:
+    """A copy of a layer's ``tables`` that no other layer reads or grows, also after later
+    rebuilds (``unshare_tables``)."""
+    return tables.private_copy(_copy)
+
+
 def _copy(tensor: Any) -> Any:
     with outside_traces():
         return ops.copy(tensor)
-
-
-Layer = TypeVar("Layer", bound="SharesTables")
-
-
-class SharesTables:
-    """Mixin of the layers whose tables are shared by the layers of one kind and spec.
-
-    A layer sets its tables with :meth:`_share_tables` (in ``build()``, or ``__init__``
-    when they need no input shape); :meth:`unshare_tables` makes them its own.
-    """
-
-    _tables: PositionTables | None = None
-    _private_tables = False
-
-    def _share_tables(
-        self,
-        key: Hashable,
-        derive: Callable[[int, str], tuple[np.ndarray, ...]],
-        length: int,
-    ) -> PositionTables:
-        """Hold the tables of ``key`` (the layer's kind and spec), ``length`` rows at
-        least: shared with the layers of the same key and device, unless this layer's
-        are its own."""
-        self._tables = shared_tables(None if self._private_tables else key, derive, length)
-        return self._tables
-
-    def _held_tables(self) -> PositionTables:
-        """The tables this layer reads now (once :meth:`_share_tables` has set them)."""
-        assert self._tables is not None  # built, or made in __init__
-        return self._tables
-
-    def unshare_tables(self: Layer) -> Layer:
-        """Give this layer tables of its own: a copy that no other layer reads or grows,
-        also after the layer is built again. Returns the layer.
-
-        For code that must not see the tables grow with other layers' calls (or that
-        writes into them). Other layers keep the shared ones. Before ``build()``, the
-        layer builds tables of its own when it is built.
-        """
-        with GROWTH_LOCK:
-            self._private_tables = True
-            if self._tables is not None:
-                self._tables = self._tables.private_copy(_copy)
-        return self
-
-    @property
-    def shares_tables(self) -> bool:
-        """Whether other layers of this kind and spec may share this layer's tables
-        (``False`` before they exist, after :meth:`unshare_tables`, and for a spec that
-        cannot be hashed)."""
-        return self._tables is not None and self._tables.shared

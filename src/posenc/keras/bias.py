@@ -35,21 +35,22 @@ from keras import ops
 
 from .._checks import DEFAULT_MAX_BYTES, MemoryLimitError, check_int, check_max_length, format_bytes
 from ..core.plan import align_queries, plan_rows, traced_offset
-from ..specs import AlibiSpec, FromSpec, T5Spec
+from ..specs import AlibiSpec, T5Spec
+from ..specs.base import module_from_spec
 from ._arguments import (
-    ChecksPlainArguments,
-    OutputLikeInput,
     check_float,
     get_initializer,
+    output_spec,
     start_position,
 )
 from ._backend import format_of, index_range, to_tensor
-from ._tables import SharesTables, start_plan
+from ._layer import PositionLayer
+from ._tables import start_plan
 
 __all__ = ["ALiBiBias", "T5RelativeBias"]
 
 
-class _ScoreBias(SharesTables, ChecksPlainArguments, OutputLikeInput, keras.layers.Layer):
+class _ScoreBias(PositionLayer):
     """What the two bias layers share: checks, query/key/start resolution, the addition.
 
     Subclasses set ``num_heads`` and implement ``_bias(q, k, start, fmt)`` returning the
@@ -58,6 +59,7 @@ class _ScoreBias(SharesTables, ChecksPlainArguments, OutputLikeInput, keras.laye
     """
 
     num_heads: int
+    _plain_arguments = ("start_index",)
     _start_may_be_none = True  # None: the queries are the last keys
 
     def _check_scores_shape(self, shape: tuple[Any, ...]) -> None:
@@ -95,6 +97,12 @@ class _ScoreBias(SharesTables, ChecksPlainArguments, OutputLikeInput, keras.laye
         start = self._resolve(q, k, start_index)
         bias = self._bias(q, k, start, format_of(dtype, "the scores' dtype"))  # (H, q, k)
         return ops.add(scores, ops.expand_dims(bias, 0))  # (batch, H, q, k)
+
+    def compute_output_shape(self, scores_shape: Any) -> Any:
+        return scores_shape
+
+    def compute_output_spec(self, scores: Any, *args: Any, **kwargs: Any) -> Any:
+        return output_spec(self, scores)  # the scores' shape, in the dtype the call returns
 
     def compute_bias(
         self,
@@ -172,7 +180,7 @@ _ITEMSIZE = {"float16": 2, "bfloat16": 4, "float32": 4, "float64": 8}
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class ALiBiBias(_ScoreBias, FromSpec):
+class ALiBiBias(_ScoreBias):
     """Adds ALiBi's linear bias ``-m_h · distance`` to attention scores (Press et al., 2022).
 
     For query position ``p = start_index + i`` and key position ``j``, head ``h`` adds
@@ -269,6 +277,11 @@ class ALiBiBias(_ScoreBias, FromSpec):
         derive = functools.partial(_alibi_table, self.spec, type(self).__name__)
         self._share_tables((type(self), self.spec), derive, self.max_length)
 
+    @classmethod
+    def from_spec(cls, spec: AlibiSpec, **options: Any) -> ALiBiBias:
+        """The layer of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
+
     def build(self, input_shape: Any = None) -> None:
         if input_shape is not None:
             self._check_scores_shape(tuple(input_shape))
@@ -346,7 +359,7 @@ _FAR = 2**30  # starts past this give the same (saturated) buckets, see T5Relati
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class T5RelativeBias(_ScoreBias, FromSpec):
+class T5RelativeBias(_ScoreBias):
     """Adds T5's learned relative position bias to attention scores: one weight per
     (distance bucket, head).
 
@@ -442,6 +455,11 @@ class T5RelativeBias(_ScoreBias, FromSpec):
         # The bucket of every distance -max_distance .. max_distance, in [0, num_buckets):
         # one table by distance (it never grows), shared by the layers of one spec.
         self._share_tables((type(self), self.spec), functools.partial(_t5_buckets, self.spec), 1)
+
+    @classmethod
+    def from_spec(cls, spec: T5Spec, **options: Any) -> T5RelativeBias:
+        """The layer of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     def build(self, input_shape: Any = None) -> None:
         if input_shape is not None:

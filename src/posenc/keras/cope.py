@@ -18,8 +18,10 @@ from keras import ops
 
 from .._checks import check_real, describe
 from ..core.cope import check_cope_call
-from ..specs import CopeSpec, FromSpec
+from ..specs import CopeSpec
+from ..specs.base import module_from_spec
 from ._arguments import check_float, get_initializer
+from ._layer import PositionLayer
 
 __all__ = ["ContextualPositionEncoding"]
 
@@ -27,7 +29,7 @@ _NAME = "ContextualPositionEncoding"
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class ContextualPositionEncoding(keras.layers.Layer, FromSpec):
+class ContextualPositionEncoding(PositionLayer):
     """CoPE for one attention layer: the bias of every query and key, computed from them.
 
     The layer of :class:`posenc.torch.ContextualPositionEncoding`, with its options, its
@@ -95,6 +97,11 @@ class ContextualPositionEncoding(keras.layers.Layer, FromSpec):
         self.embeddings_initializer = get_initializer(
             embeddings_initializer, "embeddings_initializer"
         )
+
+    @classmethod
+    def from_spec(cls, spec: CopeSpec, **options: Any) -> ContextualPositionEncoding:
+        """The layer of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     def build(self, q_shape: Any = None, k_shape: Any = None) -> None:
         # float32 under a mixed policy, and read so (autocast=False): the call counts in it

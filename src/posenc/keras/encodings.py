@@ -19,17 +19,18 @@ from keras import ops
 
 from .._checks import check_int, check_max_length, check_probability
 from ..core.plan import plan_index, plan_rows
-from ..specs import FromSpec, SinusoidalSpec
+from ..specs import SinusoidalSpec
+from ..specs.base import module_from_spec
 from ._arguments import (
-    ChecksPlainArguments,
-    OutputLikeInput,
     no_start_with,
+    output_spec,
     place_rows,
     read_positions,
     start_position,
 )
 from ._backend import format_of, gather_rows, to_tensor, wide_index
-from ._tables import SharesTables, span_rows
+from ._layer import PositionLayer
+from ._tables import span_rows
 
 __all__ = ["SinusoidalPositionalEncoding", "generate_positional_encoding"]
 
@@ -78,9 +79,7 @@ def generate_positional_encoding(
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class SinusoidalPositionalEncoding(
-    SharesTables, ChecksPlainArguments, OutputLikeInput, keras.layers.Layer, FromSpec
-):
+class SinusoidalPositionalEncoding(PositionLayer):
     """Adds the sinusoidal positional encoding of "Attention Is All You Need" to its input.
 
     ``output = inputs + P[start_index : start_index + seq]`` with
@@ -214,6 +213,11 @@ class SinusoidalPositionalEncoding(
         self.spec: SinusoidalSpec | None = None
         self._tables = None  # shared by the layers of one spec
 
+    @classmethod
+    def from_spec(cls, spec: SinusoidalSpec, **options: Any) -> SinusoidalPositionalEncoding:
+        """The layer of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
+
     def build(self, input_shape: Any) -> None:
         shape = tuple(input_shape)
         if len(shape) < 3:
@@ -322,6 +326,12 @@ class SinusoidalPositionalEncoding(
             return to_tensor(self.spec.table(known, fmt=fmt), fmt)
         (table,) = self._tables.get(fmt)  # (rows >= length, d)
         return gather_rows(table, index, plan)
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
+
+    def compute_output_spec(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        return output_spec(self, inputs)  # the input's shape, in the dtype the call returns
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -31,7 +31,8 @@ from .._checks import DEFAULT_MAX_BYTES, MemoryLimitError, check_max_length, for
 from ..core.kernel_bias import FIRE_WEIGHTS
 from ..core.plan import plan_rows
 from ..core.precision import CONTAINERS, round_to_format
-from ..specs import FireSpec, FromSpec, KerpleSpec, SandwichSpec
+from ..specs import FireSpec, KerpleSpec, SandwichSpec
+from ..specs.base import module_from_spec
 from ._backend import format_of, index_range, to_tensor
 from ._tables import start_plan
 from .bias import _nan_where_invalid, _query_rows, _relative_positions, _ScoreBias
@@ -91,7 +92,7 @@ class _UniformClipped(keras.initializers.Initializer):
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class KERPLEBias(_ScoreBias, FromSpec):
+class KERPLEBias(_ScoreBias):
     """Adds KERPLE's learned kernel of the distance per head (Chi et al., 2022).
 
     ``"log"``: ``-bias_p·log(1 + bias_a·|p - j|)``; ``"power"``: ``-bias_a·|p - j|^bias_p``
@@ -139,6 +140,11 @@ class KERPLEBias(_ScoreBias, FromSpec):
         self.num_heads = self.spec.num_heads
         self._top = 2.0 if self.spec.kernel == "power" else None  # the exponent's largest
 
+    @classmethod
+    def from_spec(cls, spec: KerpleSpec, **options: Any) -> KERPLEBias:
+        """The layer of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
+
     def build(self, input_shape: Any = None) -> None:
         if input_shape is not None:
             self._check_scores_shape(tuple(input_shape))
@@ -173,7 +179,7 @@ class KERPLEBias(_ScoreBias, FromSpec):
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class FIREBias(_ScoreBias, FromSpec):
+class FIREBias(_ScoreBias):
     """Adds FIRE's learned function of the progressively normalised distance (Li et al.,
     2023).
 
@@ -227,6 +233,11 @@ class FIREBias(_ScoreBias, FromSpec):
         self.spec.check_parameter_format(format_of(self.variable_dtype), type(self).__name__)
         self.num_heads = self.spec.num_heads
 
+    @classmethod
+    def from_spec(cls, spec: FireSpec, **options: Any) -> FIREBias:
+        """The layer of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
+
     def build(self, input_shape: Any = None) -> None:
         if input_shape is not None:
             self._check_scores_shape(tuple(input_shape))
@@ -275,7 +286,7 @@ class FIREBias(_ScoreBias, FromSpec):
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class SandwichBias(_ScoreBias, FromSpec):
+class SandwichBias(_ScoreBias):
     """Adds Sandwich's bias, the dot product of sinusoidal position vectors (Chi et al.,
     2023); no weights.
 
@@ -327,6 +338,11 @@ class SandwichBias(_ScoreBias, FromSpec):
         self.max_length = check_max_length(max_length)
         derive = functools.partial(_sandwich_table, self.spec, type(self).__name__)
         self._share_tables((type(self), self.spec), derive, self.max_length)
+
+    @classmethod
+    def from_spec(cls, spec: SandwichSpec, **options: Any) -> SandwichBias:
+        """The layer of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     def build(self, input_shape: Any = None) -> None:
         if input_shape is not None:

@@ -16,12 +16,12 @@ from keras import ops
 
 from .._checks import check_int, check_max_length, check_probability, check_weights
 from ._arguments import (
-    ChecksPlainArguments,
-    OutputLikeInput,
     check_float,
     get_initializer,
+    output_spec,
     start_position,
 )
+from ._layer import PositionLayer
 from ._tables import table_rows
 from .encodings import _dropout_layer
 
@@ -29,7 +29,7 @@ __all__ = ["LearnedPositionalEmbedding"]
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class LearnedPositionalEmbedding(ChecksPlainArguments, OutputLikeInput, keras.layers.Layer):
+class LearnedPositionalEmbedding(PositionLayer):
     """Adds a trained embedding per position (GPT-2, BERT), then dropout.
 
     ``output = dropout(inputs + embeddings[start_index : start_index + seq])``. The weight
@@ -85,6 +85,8 @@ class LearnedPositionalEmbedding(ChecksPlainArguments, OutputLikeInput, keras.la
         Radford et al., "Language Models are Unsupervised Multitask Learners" (GPT-2),
         2019; Devlin et al., "BERT", NAACL 2019.
     """
+
+    _plain_arguments = ("start_index",)  # checked as Python or NumPy values
 
     def __init__(
         self,
@@ -147,6 +149,12 @@ class LearnedPositionalEmbedding(ChecksPlainArguments, OutputLikeInput, keras.la
             )
 
         return message
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
+
+    def compute_output_spec(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        return output_spec(self, inputs)  # the input's shape, in the dtype the call returns
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

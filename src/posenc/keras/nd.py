@@ -15,8 +15,9 @@ from keras import ops
 from .._checks import check_probability
 from ..core.nd import check_channels, check_shape
 from ..specs import SinusoidalNDSpec
-from ._arguments import OutputLikeInput, check_float
+from ._arguments import check_float, output_spec
 from ._backend import format_of, to_tensor
+from ._layer import PositionLayer
 from ._tables import cacheable, outside_traces
 from .encodings import _dropout_layer
 
@@ -30,7 +31,7 @@ _CACHE_SIZE = 16  # N-D tables kept per layer (one per grid shape and format in 
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class SinusoidalPositionalEncodingND(OutputLikeInput, keras.layers.Layer):
+class SinusoidalPositionalEncodingND(PositionLayer):
     """Adds an N-D sinusoidal encoding to channels-last input (images, video), then dropout.
 
     ``output = dropout(inputs + table)`` with ``table`` of shape ``(*spatial, channels)``
@@ -110,7 +111,7 @@ class SinusoidalPositionalEncodingND(OutputLikeInput, keras.layers.Layer):
         self._dropout_layer = _dropout_layer(self.dropout, self.dtype_policy)
         self.channels: int | None = None
         # (grid shape, format) → (*shape, channels) backend tensor
-        self._tables: dict[tuple[tuple[int, ...], str], Any] = {}
+        self._grids: dict[tuple[tuple[int, ...], str], Any] = {}
 
     def build(self, input_shape: Any) -> None:
         shape = tuple(input_shape)
@@ -128,7 +129,7 @@ class SinusoidalPositionalEncodingND(OutputLikeInput, keras.layers.Layer):
         grid = self._grid(shape) if known else check_shape((1,) * (len(shape) - 2), self.layout)
         self.channels = check_channels(shape[-1], len(grid), self.layout)
         self.spec = SinusoidalNDSpec(channels=self.channels, base=self.base, layout=self.layout)
-        self._tables = {}
+        self._grids = {}
         if known:
             self._table(grid, format_of(self.compute_dtype, "the layer's compute dtype"))
         if self._dropout_layer is not None:
@@ -152,7 +153,7 @@ class SinusoidalPositionalEncodingND(OutputLikeInput, keras.layers.Layer):
     def _table(self, shape: tuple[int, ...], fmt: str) -> Any:
         """The ``(*shape, channels)`` table in ``fmt``, built by the core on first use."""
         key = (shape, fmt)
-        table = self._tables.get(key)
+        table = self._grids.get(key)
         if table is None:
             assert self.spec is not None  # made in build()
             values = self.spec.table(shape, fmt=fmt)  # (*shape, channels)
@@ -160,9 +161,9 @@ class SinusoidalPositionalEncodingND(OutputLikeInput, keras.layers.Layer):
                 table = to_tensor(values, fmt)
             if not cacheable(table):
                 return table
-            if len(self._tables) >= _CACHE_SIZE:
-                self._tables.pop(next(iter(self._tables)))
-            self._tables[key] = table
+            if len(self._grids) >= _CACHE_SIZE:
+                self._grids.pop(next(iter(self._grids)))
+            self._grids[key] = table
         return table
 
     def encoding(self, shape: Any, dtype: Any = None) -> Any:
@@ -202,6 +203,12 @@ class SinusoidalPositionalEncodingND(OutputLikeInput, keras.layers.Layer):
         if self._dropout_layer is not None:
             outputs = self._dropout_layer(outputs, training=training)
         return outputs
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
+
+    def compute_output_spec(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        return output_spec(self, inputs)  # the input's shape, in the dtype the call returns
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

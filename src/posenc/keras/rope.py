@@ -18,10 +18,9 @@ from keras import ops
 from .._checks import check_base, check_choice, check_int, check_max_length, check_width
 from ..core.plan import plan_call, plan_index, table_format
 from ..core.rope import ROPE_LAYOUTS, rope_options
-from ..specs import FromSpec, RopeSpec
+from ..specs import RopeSpec
+from ..specs.base import module_from_spec
 from ._arguments import (
-    ChecksPlainArguments,
-    OutputLikeInput,
     check_positions,
     no_start_with,
     output_spec,
@@ -30,16 +29,15 @@ from ._arguments import (
     start_position,
 )
 from ._backend import dtype_name, format_of, gather_rows, known_value, to_tensor, wide_index
+from ._layer import PositionLayer
 from ._rope_inputs import check_axis, check_inputs, input_axes, select, turn_index
-from ._tables import SharesTables, outside_traces, span_rows
+from ._tables import outside_traces, span_rows
 
 __all__ = ["RotaryEmbedding"]
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class RotaryEmbedding(
-    SharesTables, ChecksPlainArguments, OutputLikeInput, keras.layers.Layer, FromSpec
-):
+class RotaryEmbedding(PositionLayer):
     """Rotary position embedding: turns each feature pair of its input by ``position × θ_i``.
 
     One tensor per call, as keras-hub's ``RotaryEmbedding``: apply the layer to the
@@ -228,14 +226,18 @@ class RotaryEmbedding(
         self._sign: np.ndarray | None = None  # the partner's sign: turn(x) = sign·x[turn]
 
     @classmethod
+    def from_spec(cls, spec: RopeSpec, **options: Any) -> RotaryEmbedding:
+        """The layer of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
+
+    @classmethod
     def from_hf_config(
         cls, config: Any, *, layer_type: str | None = None, **options: Any
     ) -> RotaryEmbedding:
         """The layer of a Hugging Face config's RoPE (:meth:`posenc.RopeSpec.from_hf_config`,
         ``layer_type`` as there) with ``options`` of its own (``max_length``, ...)."""
         spec = RopeSpec.from_hf_config(config, layer_type=layer_type)
-        layer: RotaryEmbedding = cls.from_spec(spec, **options)
-        return layer
+        return cls.from_spec(spec, **options)
 
     # -- build and tables ------------------------------------------------------------------
 
@@ -459,6 +461,9 @@ class RotaryEmbedding(
         return self._select(fmt, span, (known, 0), index, None, None)
 
     # -- symbolic use and serialization ----------------------------------------------------
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return input_shape
 
     def compute_output_spec(self, inputs: Any, start_index: Any = 0, positions: Any = None) -> Any:
         """The output spec of a symbolic call, after the checks that hold symbolically: the

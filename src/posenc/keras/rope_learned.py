@@ -21,7 +21,6 @@ from ..core.rope import QK_AXES, check_qk_shapes, learned_rope_frequencies, rope
 from ..specs import RopeSpec
 from ._arguments import (
     INT32_END,
-    ChecksPlainArguments,
     check_position,
     no_start_with,
     output_spec,
@@ -29,13 +28,14 @@ from ._arguments import (
     read_positions,
     start_position,
 )
+from ._layer import PositionLayer
 from ._rope_inputs import turn_index
 
 __all__ = ["LearnedRotaryEmbedding"]
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class LearnedRotaryEmbedding(ChecksPlainArguments, keras.layers.Layer):
+class LearnedRotaryEmbedding(PositionLayer):
     """Rotary position embedding with trained frequencies, for queries and keys together.
 
     The Keras twin of :class:`posenc.torch.LearnedRotaryEmbedding`: the same options, the
@@ -151,7 +151,7 @@ class LearnedRotaryEmbedding(ChecksPlainArguments, keras.layers.Layer):
             no_start_with(start_index)
             index, known = read_positions(positions, batch, seq)  # (seq,) or (batch, seq)
             traced = known is None
-        cos, sin = self._tables(index, traced)  # (..., seq, rotary_dim) each, float32
+        cos, sin = self._cos_sin(index, traced)  # (..., seq, rotary_dim) each, float32
         cos, sin = place_rows(cos, 4, axis), place_rows(sin, 4, axis)
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
@@ -165,7 +165,7 @@ class LearnedRotaryEmbedding(ChecksPlainArguments, keras.layers.Layer):
         index = ops.add(ops.arange(seq, dtype="int32"), start)  # traced: a wrap is negative
         return index, not known
 
-    def _tables(self, index: Any, traced: bool) -> tuple[Any, Any]:
+    def _cos_sin(self, index: Any, traced: bool) -> tuple[Any, Any]:
         """``(cos, sign·sin)`` at int32 positions ``index``, in the layout, float32; NaN
         at traced positions outside ``0 .. 2**31 - 2``."""
         hi, lo = _exact_angles(index, ops.convert_to_tensor(self.inv_freq))  # (..., r/2)

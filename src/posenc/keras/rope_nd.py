@@ -24,14 +24,14 @@ from ..core.rope import QK_AXES, RopeLayout, check_qk_shapes
 from ..core.rope_nd import AxialMode
 from ..specs import AxialRopeSpec, XPosSpec
 from ._arguments import (
-    ChecksPlainArguments,
     no_start_with,
     output_spec,
     read_positions,
     start_position,
 )
 from ._backend import dtype_name, format_of, gather_rows, known_value, to_tensor, wide_index
-from ._tables import SharesTables, outside_traces, span_rows
+from ._layer import PositionLayer
+from ._tables import outside_traces, span_rows
 
 __all__ = ["AxialRotaryEmbedding", "XPosRotaryEmbedding"]
 
@@ -89,7 +89,7 @@ def _axis_tables(spec: AxialRopeSpec, length: int, fmt: str) -> tuple[np.ndarray
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class XPosRotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer):
+class XPosRotaryEmbedding(PositionLayer):
     """xPos: RoPE whose queries grow and keys shrink with position, so scores decay.
 
     The layer of :class:`posenc.torch.XPosRotaryEmbedding`, with its options and maths:
@@ -245,7 +245,7 @@ class XPosRotaryEmbedding(SharesTables, ChecksPlainArguments, keras.layers.Layer
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class AxialRotaryEmbedding(SharesTables, keras.layers.Layer):
+class AxialRotaryEmbedding(PositionLayer):
     """N-D RoPE: the feature pairs are cut into one section per coordinate axis.
 
     The layer of :class:`posenc.torch.AxialRotaryEmbedding`, with its options:

@@ -25,7 +25,7 @@ as exact float32; see :data:`posenc.core.precision.CONTAINERS`).
 
 from __future__ import annotations
 
-from .base import FromSpec, SchemeSpec
+from .base import SchemeSpec
 from .biases import AlibiSpec, T5Spec
 from .encodings import LearnedSpec, NopeSpec, NopeTemperatureSpec, SinusoidalNDSpec, SinusoidalSpec
 from .layers import LayerSpec, layer_specs_from_hf_config
@@ -37,7 +37,6 @@ __all__ = [
     "AxialRopeSpec",
     "CopeSpec",
     "FireSpec",
-    "FromSpec",
     "KerpleSpec",
     "LayerSpec",
     "LearnedSpec",

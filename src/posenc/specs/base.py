@@ -1,11 +1,12 @@
-"""The base of the scheme specs: validation on construction, the dict form, ``from_spec``."""
+"""The base of the scheme specs: validation on construction, the dict form, and
+``module_from_spec`` (every front end's ``from_spec``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from .._checks import (
     describe,
@@ -14,7 +15,9 @@ from ..core.rope import (
     RopeScaling,
 )
 
-__all__ = ["FromSpec", "SchemeSpec", "module_from_spec"]
+__all__ = ["SchemeSpec", "module_from_spec"]
+
+Made = TypeVar("Made")
 
 _SPEC_CLASSES: dict[str, type[SchemeSpec]] = {}
 
@@ -100,25 +103,12 @@ class SchemeSpec:
         object.__setattr__(self, name, value)
 
 
-def module_from_spec(cls: Any, spec: SchemeSpec, options: Mapping[str, Any]) -> Any:
+def module_from_spec(cls: type[Made], spec: SchemeSpec, options: Mapping[str, Any]) -> Made:
     """``cls(**spec.fields(), **options)``: the module or layer of ``spec`` (an instance of
-    ``cls.spec_class``) with ``options`` of its own (``max_length``, ``qk_layout``, ...);
-    :meth:`FromSpec.from_spec`, and the ``from_spec`` of modules without that mixin."""
-    if not isinstance(spec, cls.spec_class):
-        raise TypeError(
-            f"{cls.__name__}.from_spec takes a {cls.spec_class.__name__}, got {describe(spec)}"
-        )
-    overlap = sorted(set(options) & set(spec.fields()))
-    if overlap:
-        raise TypeError(f"{cls.__name__}.from_spec: {overlap} are given by the spec already")
-    return cls(**spec.fields(), **options)
+    ``cls.spec_class``) with ``options`` of its own (``max_length``, ``qk_layout``, ...).
 
-
-class FromSpec:
-    """Mixin of the front ends' modules and layers: ``Module.from_spec(spec, **options)``.
-
-    A module's arguments are its spec's fields plus options of its own (``max_length``,
-    ``dropout``, ``qk_layout``, ...), so a spec and those options make the module.
+    Every front end's ``Module.from_spec(spec, **options)`` is this: a module's arguments
+    are its spec's fields plus options of its own, so a spec and those options make it.
 
     Example:
         >>> from posenc import SinusoidalSpec
@@ -127,10 +117,16 @@ class FromSpec:
         >>> SinusoidalPositionalEncoding.from_spec(spec, max_length=64).spec == spec
         True
     """
-
-    spec_class: ClassVar[type[SchemeSpec]]
-
-    @classmethod
-    def from_spec(cls, spec: SchemeSpec, **options: Any) -> Any:
-        """The module of ``spec`` (a :attr:`spec_class` instance) with ``options``."""
-        return module_from_spec(cls, spec, options)
+    maker: Any = cls
+    spec_class = getattr(maker, "spec_class", None)
+    if spec_class is None:
+        raise TypeError(f"{cls.__name__} has no spec to be made from: give its arguments")
+    if not isinstance(spec, spec_class):
+        raise TypeError(
+            f"{cls.__name__}.from_spec takes a {spec_class.__name__}, got {describe(spec)}"
+        )
+    overlap = sorted(set(options) & set(spec.fields()))
+    if overlap:
+        raise TypeError(f"{cls.__name__}.from_spec: {overlap} are given by the spec already")
+    made: Made = maker(**spec.fields(), **options)
+    return made

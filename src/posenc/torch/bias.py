@@ -14,19 +14,22 @@ explicitly (``positions=``, ``key_positions=``) for packed sequences.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
-from ..specs import AlibiSpec, FromSpec, T5Spec
+from ..specs import AlibiSpec, T5Spec
+from ..specs.base import module_from_spec
 from ._arguments import check_device
 from ._backend import format_of, to_tensor
 from ._relative import relative_positions
-from ._tables import DerivedBuffers
+from ._tables import PositionTables
 from .protocols import BiasesScores
-from .score_mods import BiasesDistances
+from .score_mods import distance_score_mod
 
 
-class ALiBiBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
+class ALiBiBias(PositionTables, BiasesScores):
     """ALiBi (Press et al., 2022): a linear penalty ``-m_h · distance`` per head.
 
     Args:
@@ -59,6 +62,8 @@ class ALiBiBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
     """
 
     spec_class = AlibiSpec
+    # the bias as a FlexAttention score_mod: a function of the head and the distance
+    score_mod = distance_score_mod
 
     slopes: Tensor
 
@@ -67,6 +72,11 @@ class ALiBiBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
         self.spec = AlibiSpec(num_heads=num_heads, mode=mode)
         self.num_heads, self.mode = self.spec.num_heads, self.spec.mode
         self._register_derived(("slopes",), torch.float64, drop=("alibi",))
+
+    @classmethod
+    def from_spec(cls, spec: AlibiSpec, **options: Any) -> ALiBiBias:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     def _derive_buffers(
         self, dtype: torch.dtype, device: torch.device, rows: int | None = None
@@ -105,7 +115,7 @@ class ALiBiBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
         return f"num_heads={self.num_heads}, mode={self.mode!r}"
 
 
-class T5RelativeBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
+class T5RelativeBias(PositionTables, BiasesScores):
     """T5's learned relative position bias: one weight per (distance bucket, head).
 
     The bucket of a relative distance (exact up to ``num_buckets/2`` or ``/4``,
@@ -134,6 +144,8 @@ class T5RelativeBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
     """
 
     spec_class = T5Spec
+    # the bias as a FlexAttention score_mod: a function of the head and the distance
+    score_mod = distance_score_mod
 
     buckets: Tensor
 
@@ -159,6 +171,11 @@ class T5RelativeBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
         self.compat = self.spec.compat
         self.relative_attention_bias = nn.Embedding(self.num_buckets, self.num_heads)
         self._register_derived(("buckets",), torch.int64)
+
+    @classmethod
+    def from_spec(cls, spec: T5Spec, **options: Any) -> T5RelativeBias:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     def _derive_buffers(
         self, dtype: torch.dtype, device: torch.device, rows: int | None = None

@@ -23,13 +23,14 @@ from torch import Tensor, nn
 
 from .._checks import describe
 from ..core.cope import check_cope_call
-from ..specs import CopeSpec, FromSpec
+from ..specs import CopeSpec
+from ..specs.base import module_from_spec
 from .protocols import BiasesScoresInContext
 
 __all__ = ["ContextualPositionEncoding"]
 
 
-class ContextualPositionEncoding(BiasesScoresInContext, FromSpec):
+class ContextualPositionEncoding(BiasesScoresInContext):
     """CoPE for one attention layer: plays the
     :class:`~posenc.torch.protocols.ContextualScoreBias` role.
 
@@ -75,6 +76,11 @@ class ContextualPositionEncoding(BiasesScoresInContext, FromSpec):
         self.spec = CopeSpec(head_dim=head_dim, max_positions=max_positions)  # checks them
         self.head_dim, self.max_positions = self.spec.head_dim, self.spec.max_positions
         self.pos_emb = nn.Parameter(torch.zeros(1, self.head_dim, self.max_positions))
+
+    @classmethod
+    def from_spec(cls, spec: CopeSpec, **options: Any) -> ContextualPositionEncoding:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     def forward(
         self, q: Tensor, k: Tensor, *, allowed: Tensor | None = None, scale: float = 1.0

@@ -37,7 +37,8 @@ from .._checks import (
     describe,
 )
 from ..core.plan import plan_index
-from ..specs import FromSpec, LearnedSpec, NopeSpec, SinusoidalSpec
+from ..specs import LearnedSpec, NopeSpec, SinusoidalSpec
+from ..specs.base import module_from_spec
 from ._arguments import (
     apply_dropout,
     check_offset_or_positions,
@@ -122,7 +123,7 @@ def _check_positions(positions: Any, x: Tensor, name: str) -> None:
     check_position_tensor(positions, batch, x.shape[-2], name, of="x")
 
 
-class SinusoidalPositionalEncoding(PositionTables, EncodesInput, FromSpec):
+class SinusoidalPositionalEncoding(PositionTables, EncodesInput):
     """Adds the sinusoidal encoding of "Attention Is All You Need" §3.5, then dropout.
 
     ``forward(x) = dropout(x + PE[positions])``: the ``PositionalEncoding`` module of the
@@ -196,6 +197,11 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput, FromSpec):
         # The buffer "pe"; a state dict that has one (the tutorials' module's) still loads.
         self._init_tables(("pe",), self.max_length, torch.float32)
 
+    @classmethod
+    def from_spec(cls, spec: SinusoidalSpec, **options: Any) -> SinusoidalPositionalEncoding:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
+
     @eager_only  # NumPy: never traced (reached in eager code only)
     def _derive(
         self, positions: int | np.ndarray, start: int, dtype: torch.dtype, device: Any
@@ -241,7 +247,7 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput, FromSpec):
         ) + ("" if self.batch_first else ", batch_first=False")
 
 
-class LearnedPositionalEmbedding(EncodesInput, FromSpec):
+class LearnedPositionalEmbedding(EncodesInput):
     """Adds a trained embedding per position (``max_length`` of them), then dropout.
 
     Learned embeddings cannot represent a position they were not trained with: a
@@ -284,6 +290,11 @@ class LearnedPositionalEmbedding(EncodesInput, FromSpec):
         self.dropout = nn.Dropout(check_probability(dropout))
         self.reset_parameters()
 
+    @classmethod
+    def from_spec(cls, spec: LearnedSpec, **options: Any) -> LearnedPositionalEmbedding:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
+
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight, mean=0.0, std=self.init_std)
 
@@ -324,7 +335,7 @@ class LearnedPositionalEmbedding(EncodesInput, FromSpec):
         return text + ("" if self.batch_first else ", batch_first=False")
 
 
-class NoPositionalEncoding(EncodesInput, FromSpec):
+class NoPositionalEncoding(EncodesInput):
     """NoPE: the explicit choice of no positional information (``dropout(x)``).
 
     Causal attention can infer positions on its own (Kazemnejad et al., 2023, "The
@@ -347,6 +358,11 @@ class NoPositionalEncoding(EncodesInput, FromSpec):
         self.batch_first = check_bool(batch_first, "batch_first")
         self.d_model = self.spec.d_model
         self.dropout = nn.Dropout(check_probability(dropout))
+
+    @classmethod
+    def from_spec(cls, spec: NopeSpec, **options: Any) -> NoPositionalEncoding:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         name = type(self).__name__

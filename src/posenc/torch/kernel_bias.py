@@ -37,13 +37,14 @@ from .._checks import (
 )
 from ..core.plan import plan_index, plan_rows
 from ..core.positions import grow
-from ..specs import FireSpec, FromSpec, KerpleSpec, SandwichSpec
+from ..specs import FireSpec, KerpleSpec, SandwichSpec
+from ..specs.base import module_from_spec
 from ._arguments import check_device
 from ._backend import dtype_name, format_of, gather_rows, is_traced, to_tensor, wide_index
 from ._relative import call_positions, relative_positions
-from ._tables import DerivedBuffers
+from ._tables import PositionTables
 from .protocols import BiasesScores
-from .score_mods import BiasesDistances, read_positions
+from .score_mods import distance_score_mod, read_positions
 
 __all__ = ["FIREBias", "KERPLEBias", "SandwichBias"]
 
@@ -86,7 +87,7 @@ def _distances(length: int) -> np.ndarray:
     return np.arange(length)
 
 
-class KERPLEBias(BiasesScores, BiasesDistances, FromSpec):
+class KERPLEBias(BiasesScores):
     """KERPLE (Chi et al., 2022): a learned kernel of the distance per head.
 
     Two parameters per head, named and drawn as in the authors' GPT-NeoX code
@@ -131,6 +132,8 @@ class KERPLEBias(BiasesScores, BiasesDistances, FromSpec):
     """
 
     spec_class = KerpleSpec
+    # the bias as a FlexAttention score_mod: a function of the head and the distance
+    score_mod = distance_score_mod
 
     def __init__(self, num_heads: int, *, kernel: str = "log", eps: float = 0.01) -> None:
         super().__init__()
@@ -143,6 +146,11 @@ class KERPLEBias(BiasesScores, BiasesDistances, FromSpec):
         a = torch.rand(self.num_heads).clamp(min=self.eps)
         self.bias_p = nn.Parameter(p[:, None, None])
         self.bias_a = nn.Parameter(a[:, None, None])
+
+    @classmethod
+    def from_spec(cls, spec: KerpleSpec, **options: Any) -> KERPLEBias:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     @torch.no_grad()
     def _project(self) -> None:
@@ -193,7 +201,7 @@ class KERPLEBias(BiasesScores, BiasesDistances, FromSpec):
         return f"num_heads={self.num_heads}, kernel={self.kernel!r}, eps={self.eps:g}"
 
 
-class FIREBias(BiasesScores, FromSpec):
+class FIREBias(BiasesScores):
     """FIRE (Li et al., 2023): a learned function of the progressively normalised distance.
 
     ``bias[h, m, n] = f_θ(ψ(m - n) / (ψ(max(L, m)) + eps))[h]`` with ``ψ(x) = log(|c·x| +
@@ -254,6 +262,11 @@ class FIREBias(BiasesScores, FromSpec):
         self.c = nn.Parameter(torch.tensor(self.spec.init_c))
         self.register_buffer("init_L", torch.tensor(self.spec.init_L))
         self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+
+    @classmethod
+    def from_spec(cls, spec: FireSpec, **options: Any) -> FIREBias:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     def forward(
         self,
@@ -336,7 +349,7 @@ class FIREBias(BiasesScores, FromSpec):
         return f"num_heads={self.num_heads}, mlp_width={self.spec.mlp_width}"
 
 
-class SandwichBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
+class SandwichBias(PositionTables, BiasesScores):
     """Sandwich (Chi et al., 2023): the dot product of sinusoidal position vectors.
 
     No weights: the bias of every distance ``0 .. n-1`` comes from the core
@@ -369,6 +382,8 @@ class SandwichBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
     """
 
     spec_class = SandwichSpec
+    # the bias as a FlexAttention score_mod: a function of the head and the distance
+    score_mod = distance_score_mod
 
     table: Tensor
 
@@ -387,6 +402,11 @@ class SandwichBias(DerivedBuffers, BiasesScores, BiasesDistances, FromSpec):
         self.num_heads, self.dim, self.mode = self.spec.num_heads, self.spec.dim, self.spec.mode
         self._length = check_max_length(max_length)
         self._register_derived(("table",), torch.float64)
+
+    @classmethod
+    def from_spec(cls, spec: SandwichSpec, **options: Any) -> SandwichBias:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     def _share_key(self) -> None:
         return None  # not shared: the table grows by itself (_install), a module's own state

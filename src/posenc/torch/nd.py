@@ -13,15 +13,16 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_probability, describe
-from ..specs import FromSpec, SinusoidalNDSpec
+from ..specs import SinusoidalNDSpec
+from ..specs.base import module_from_spec
 from ._arguments import apply_dropout
 from ._backend import format_of, to_tensor
-from ._tables import DerivedBuffers, eager_only
+from ._tables import PositionTables, eager_only
 
 _CACHE_SIZE = 16  # tables kept per module (one per grid shape, dtype and device in use)
 
 
-class SinusoidalPositionalEncodingND(DerivedBuffers, FromSpec):
+class SinusoidalPositionalEncodingND(PositionTables):
     """Adds an N-D sinusoidal encoding to channels-last input, then dropout.
 
     ``forward(x) = dropout(x + table)`` with ``table`` of shape ``(*spatial, channels)``
@@ -91,6 +92,11 @@ class SinusoidalPositionalEncodingND(DerivedBuffers, FromSpec):
         self._tables: dict[tuple[tuple[int, ...], torch.dtype, torch.device], Tensor] = {}
         # No buffers; state dicts of the package's modules carry these derived entries.
         self._register_derived((), torch.float32, drop=("inv_freq", "cached_penc"))
+
+    @classmethod
+    def from_spec(cls, spec: SinusoidalNDSpec, **options: Any) -> SinusoidalPositionalEncodingND:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     def _empty_caches(self) -> dict[str, Any]:
         # A cast or move rebuilds exact tables on the next call; a pickle keeps none.

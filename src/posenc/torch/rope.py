@@ -227,8 +227,7 @@ class RotaryEmbedding(PositionTables, RotatesQueriesKeys):
     @classmethod
     def from_spec(cls, spec: RopeSpec, **options: Any) -> RotaryEmbedding:
         """The module of ``spec`` with options of its own (``max_length``, ``qk_layout``...)."""
-        module: RotaryEmbedding = module_from_spec(cls, spec, options)
-        return module
+        return module_from_spec(cls, spec, options)
 
     @classmethod
     def from_hf_config(

@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 from .._checks import check_choice
 from ..core.rope import RopeScaling, learned_rope_frequencies, rope_options
-from ..specs import FromSpec, RopeSpec
+from ..specs import RopeSpec
+from ..specs.base import module_from_spec
 from ._arguments import check_offset_or_positions
 from .protocols import RotatesQueriesKeys
 from .rope import QK_LAYOUTS, check_qk, check_rope_positions
@@ -27,7 +28,7 @@ from .rotation import broadcast_tables, rotate
 __all__ = ["LearnedRotaryEmbedding"]
 
 
-class LearnedRotaryEmbedding(RotatesQueriesKeys, FromSpec):
+class LearnedRotaryEmbedding(RotatesQueriesKeys):
     """Rotary position embedding with trained frequencies.
 
     Args:
@@ -87,6 +88,11 @@ class LearnedRotaryEmbedding(RotatesQueriesKeys, FromSpec):
             spec_scaling, self.rotary_dim, self.spec.base, owner=type(self).__name__
         )  # float32, from the core
         self.inv_freq = nn.Parameter(torch.tensor(initial))  # float32, the default device
+
+    @classmethod
+    def from_spec(cls, spec: RopeSpec, **options: Any) -> LearnedRotaryEmbedding:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     def _tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """``cos`` and ``sin`` ``(..., rotary_dim)`` at integer ``positions`` in this layout,

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_choice, check_max_length, describe
-from ..specs import AxialRopeSpec, FromSpec, XPosSpec
+from ..specs import AxialRopeSpec, XPosSpec
+from ..specs.base import module_from_spec
 from ._arguments import check_offset_or_positions, fits_batch, layout_reading
 from ._backend import format_of, to_tensor
 from ._tables import PositionTables, eager_only, table_dtype
@@ -43,7 +44,7 @@ _XPOS_DERIVED_KEYS = (*DERIVED_KEYS, "scale", "q_scale", "k_scale")
 # xPos
 
 
-class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
+class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys):
     """xPos: RoPE whose queries grow and keys shrink with position, so scores decay.
 
     ``q'_n = ζ^((n-c)/B) ⊙ R(n) q_n`` and ``k'_m = ζ^(-(m-c)/B) ⊙ R(m) k_m`` with
@@ -145,6 +146,11 @@ class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
         names = ("cos", "sin", "q_scale", "k_scale")
         self._init_tables(names, self.max_length, torch.float32, drop=_XPOS_DERIVED_KEYS)
 
+    @classmethod
+    def from_spec(cls, spec: XPosSpec, **options: Any) -> XPosRotaryEmbedding:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
+
     @property
     def inv_freq(self) -> np.ndarray:
         """The RoPE inverse frequencies (float64, ``(head_dim // 2,)``), a copy."""
@@ -199,7 +205,7 @@ class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys, FromSpec):
 # Axial / multimodal RoPE
 
 
-class AxialRotaryEmbedding(nn.Module, FromSpec):
+class AxialRotaryEmbedding(nn.Module):
     """N-D RoPE: the feature pairs are cut into one section per coordinate axis.
 
     Pair ``j`` of section ``a`` rotates by ``coords[..., a] · θ_j``, so every score
@@ -281,6 +287,11 @@ class AxialRotaryEmbedding(nn.Module, FromSpec):
         )
         self.head_dim, self.n_axes, self.base = self.spec.head_dim, self.spec.n_axes, self.spec.base
         self.sections, self.mode, self.layout = self.spec.sections, self.spec.mode, self.spec.layout
+
+    @classmethod
+    def from_spec(cls, spec: AxialRopeSpec, **options: Any) -> AxialRotaryEmbedding:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     def _check_coords(self, coords: Any, name: str) -> None:
         if not isinstance(coords, Tensor):

@@ -4,14 +4,14 @@ its score is, so that no ``(heads, query, key)`` tensor is ever formed.
 A ``score_mod`` is called with a score and the indices ``(b, h, q, k)`` of its batch
 row, head, query and key; it returns the score with the bias added. For the schemes whose
 bias depends on the head and the distance ``key position - query position`` alone (ALiBi,
-T5, KERPLE, Sandwich: :class:`BiasesDistances`), the module's own call gives the bias
-of every distance the call contains, ``(heads, distances)``, a few megabytes at any
-length, and the ``score_mod`` looks its distance up in it: the values are the
-materialised bias's, bit for bit for ALiBi, T5 and Sandwich (an exact product, lookups),
-to one float32 ulp for KERPLE (PyTorch vectorises ``pow`` and ``log1p`` differently for
-tensors of different shapes), and a learned bias keeps its gradient (through the
-table). FIRE's bias also reads the query's own position: its ``score_mod`` evaluates
-the MLP score by score (:meth:`posenc.torch.FIREBias.score_mod`).
+T5, KERPLE, Sandwich: their ``score_mod`` is :func:`distance_score_mod`), the module's
+own call gives the bias of every distance the call contains, ``(heads, distances)``, a
+few megabytes at any length, and the ``score_mod`` looks its distance up in it: the
+values are the materialised bias's, bit for bit for ALiBi, T5 and Sandwich (an exact
+product, lookups), to one float32 ulp for KERPLE (PyTorch vectorises ``pow`` and
+``log1p`` differently for tensors of different shapes), and a learned bias keeps its
+gradient (through the table). FIRE's bias also reads the query's own position: its
+``score_mod`` evaluates the MLP score by score (:meth:`posenc.torch.FIREBias.score_mod`).
 
 Indices into tensors are clamped to their range: a kernel may evaluate the rows of a
 tile that lie past the last query or key, whose results it then drops.
@@ -29,8 +29,9 @@ from ._arguments import check_device
 from ._backend import is_traced
 from ._flex_inputs import static_length
 from ._relative import call_positions
+from .protocols import ScoreBias
 
-__all__ = ["BiasesDistances", "PositionReader", "read_positions"]
+__all__ = ["PositionReader", "distance_score_mod", "read_positions"]
 
 
 class PositionReader(Protocol):
@@ -55,96 +56,93 @@ def read_positions(positions: Tensor | None, start: Any, length: Any, device: An
     return lambda b, index: held[b, torch.minimum(index, last)]
 
 
-class BiasesDistances:
-    """A ``score_mod`` for a score bias that depends on the head and the distance alone.
+def distance_score_mod(
+    module: ScoreBias,
+    query_length: int,
+    key_length: int | None = None,
+    *,
+    offset: int | None = None,
+    positions: Tensor | None = None,
+    key_positions: Tensor | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
+) -> Any:
+    """The bias of ``module`` as a FlexAttention ``score_mod``: ``score + bias[h, q, k]``,
+    the values (in ``dtype``) of the module's call with the same arguments.
 
-    The module's call must give ``(heads, 1, n)`` for one query at a position and ``n``
-    keys at positions around it (every :class:`~posenc.torch.protocols.ScoreBias` of
-    posenc does).
+    The ``score_mod`` method of the score biases that depend on the head and the distance
+    alone (ALiBi, T5, KERPLE, Sandwich: ``score_mod = distance_score_mod`` in the class):
+    their call gives ``(heads, 1, n)`` for one query at a position and ``n`` keys at
+    positions around it.
+
+    Args:
+        module: The bias module (the method's ``self``).
+        query_length, key_length, offset, positions, key_positions: As for the
+            module's call (queries at ``offset ..`` or the last ``query_length`` of
+            the keys; explicit positions for packed or cached tokens).
+        dtype, device: Of the bias (the module's call's defaults).
+
+    Example:
+        >>> import torch
+        >>> from posenc.torch import ALiBiBias
+        >>> alibi = ALiBiBias(2)
+        >>> mod = alibi.score_mod(3)
+        >>> zero = torch.tensor(0.0)
+        >>> index = torch.tensor
+        >>> float(mod(zero, index(0), index(0), index(2), index(0)))  # = alibi(3)[0, 2, 0]
+        -0.125
     """
+    name = type(module).__name__
+    device = check_device(device, name)
+    queries, keys, first, _ = call_positions(
+        query_length, key_length, offset, positions, key_positions, device, name
+    )
+    if queries == 0 or keys == 0:  # no score to add to: the module's own empty bias
+        return _unchanged
+    query_span = _span(positions, first, queries, name)
+    key_span = _span(key_positions, 0, keys, name)
+    low, high = key_span[0] - query_span[1], key_span[1] - query_span[0]  # key - query
+    try:
+        table = _distance_table(module, low, high, dtype, device)  # (H, n)
+    except MemoryLimitError as error:
+        raise error.naming(
+            f"{name}.score_mod (a table of the {high - low + 1} distances from the "
+            "call's first query to its last key)",
+            "give positions that span fewer distances, or attend through SDPA",
+        ) from None
+    where = table.device
+    top = torch.tensor(table.shape[1] - 1, device=where)
+    table = static_length(table)  # (H, N), N >= n: one of a few fixed lengths
+    start = torch.tensor(low, device=where)
+    query = read_positions(positions, first, queries, where)
+    key = read_positions(key_positions, 0, keys, where)
 
-    num_heads: int
+    def mod(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        column = torch.clamp(key(b, k) - query(b, q) - start, min=0)
+        return score + table[h, torch.minimum(column, top)]
 
-    def score_mod(
-        self,
-        query_length: int,
-        key_length: int | None = None,
-        *,
-        offset: int | None = None,
-        positions: Tensor | None = None,
-        key_positions: Tensor | None = None,
-        dtype: torch.dtype | None = None,
-        device: torch.device | None = None,
-    ) -> Any:
-        """The bias as a FlexAttention ``score_mod``: ``score + bias[h, q, k]``, the
-        values (in ``dtype``) of this module's call with the same arguments.
+    return mod
 
-        Args:
-            query_length, key_length, offset, positions, key_positions: As for the
-                module's call (queries at ``offset ..`` or the last ``query_length`` of
-                the keys; explicit positions for packed or cached tokens).
-            dtype, device: Of the bias (the module's call's defaults).
 
-        Example:
-            >>> import torch
-            >>> from posenc.torch import ALiBiBias
-            >>> alibi = ALiBiBias(2)
-            >>> mod = alibi.score_mod(3)
-            >>> zero = torch.tensor(0.0)
-            >>> index = torch.tensor
-            >>> float(mod(zero, index(0), index(0), index(2), index(0)))  # = alibi(3)[0, 2, 0]
-            -0.125
-        """
-        name = type(self).__name__
-        device = check_device(device, name)
-        queries, keys, first, _ = call_positions(
-            query_length, key_length, offset, positions, key_positions, device, name
-        )
-        if queries == 0 or keys == 0:  # no score to add to: the module's own empty bias
-            return _unchanged
-        query_span = _span(positions, first, queries, name)
-        key_span = _span(key_positions, 0, keys, name)
-        low, high = key_span[0] - query_span[1], key_span[1] - query_span[0]  # key - query
-        try:
-            table = self._distance_table(low, high, dtype, device)  # (H, n)
-        except MemoryLimitError as error:
-            raise error.naming(
-                f"{name}.score_mod (a table of the {high - low + 1} distances from the "
-                "call's first query to its last key)",
-                "give positions that span fewer distances, or attend through SDPA",
-            ) from None
-        where = table.device
-        top = torch.tensor(table.shape[1] - 1, device=where)
-        table = static_length(table)  # (H, N), N >= n: one of a few fixed lengths
-        start = torch.tensor(low, device=where)
-        query = read_positions(positions, first, queries, where)
-        key = read_positions(key_positions, 0, keys, where)
-
-        def mod(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
-            column = torch.clamp(key(b, k) - query(b, q) - start, min=0)
-            return score + table[h, torch.minimum(column, top)]
-
-        return mod
-
-    def _distance_table(
-        self, low: int, high: int, dtype: torch.dtype | None, device: torch.device | None
-    ) -> Tensor:
-        """The bias ``(H, n)`` of the distances ``low .. high`` (key position minus query
-        position): this module's call for one query at a position >= 0 and a key at every
-        distance from it."""
-        count = high - low + 1
-        # the key positions and the bias, with the module's intermediates (8 bytes each)
-        check_memory(8 * count * (2 + 2 * self.num_heads), f"a table of {count} distances",
-                     DEFAULT_MAX_BYTES)  # fmt: skip
-        at = max(-low, 0)
-        where = device or torch.device("cpu")
-        query = torch.tensor([at], device=where)
-        around = torch.arange(at + low, at + high + 1, device=where)
-        call: Any = self
-        extra = {} if dtype is None else {"dtype": dtype}
-        bias: Tensor = call(1, around.numel(), positions=query, key_positions=around,
-                            device=device, **extra)  # fmt: skip
-        return bias[:, 0, :]
+def _distance_table(
+    module: ScoreBias, low: int, high: int, dtype: torch.dtype | None, device: torch.device | None
+) -> Tensor:
+    """The bias ``(H, n)`` of the distances ``low .. high`` (key position minus query
+    position): the module's call for one query at a position >= 0 and a key at every
+    distance from it."""
+    count = high - low + 1
+    # the key positions and the bias, with the module's intermediates (8 bytes each)
+    check_memory(8 * count * (2 + 2 * module.num_heads), f"a table of {count} distances",
+                 DEFAULT_MAX_BYTES)  # fmt: skip
+    at = max(-low, 0)
+    where = device or torch.device("cpu")
+    query = torch.tensor([at], device=where)
+    around = torch.arange(at + low, at + high + 1, device=where)
+    call: Any = module
+    extra = {} if dtype is None else {"dtype": dtype}
+    bias: Tensor = call(1, around.numel(), positions=query, key_positions=around,
+                        device=device, **extra)  # fmt: skip
+    return bias[:, 0, :]
 
 
 def _unchanged(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:

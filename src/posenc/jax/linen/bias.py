@@ -11,14 +11,15 @@ import jax
 import jax.numpy as jnp
 
 from ..._checks import MemoryLimitError, check_max_length
-from ...specs import AlibiSpec, FromSpec, T5Spec
+from ...specs import AlibiSpec, T5Spec
+from ...specs.base import module_from_spec
 from .._backend import format_of
 from ..bias import alibi_bias, t5_bias
 
 __all__ = ["ALiBiBias", "T5RelativeBias"]
 
 
-class ALiBiBias(nn.Module, FromSpec):
+class ALiBiBias(nn.Module):
     """ALiBi: the bias ``-m_h · distance`` per head, ``(num_heads, q, k)``, no variables.
 
     The values are the core's (:func:`posenc.alibi_bias`: slope × distance in float64,
@@ -65,6 +66,11 @@ class ALiBiBias(nn.Module, FromSpec):
         format_of(self.dtype)
         super().__post_init__()
 
+    @classmethod
+    def from_spec(cls, spec: AlibiSpec, **options: Any) -> ALiBiBias:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
+
     def __call__(
         self, query_length: int, key_length: int | None = None, *, offset: Any = None
     ) -> jax.Array:
@@ -80,7 +86,7 @@ class ALiBiBias(nn.Module, FromSpec):
             )
 
 
-class T5RelativeBias(nn.Module, FromSpec):
+class T5RelativeBias(nn.Module):
     """T5's learned relative position bias, param ``"relative_attention_bias"``.
 
     The param has shape ``(num_buckets, num_heads)``, the layout of Hugging Face's
@@ -138,6 +144,11 @@ class T5RelativeBias(nn.Module, FromSpec):
             compat=self.compat,
         )  # the scheme's checks
         super().__post_init__()
+
+    @classmethod
+    def from_spec(cls, spec: T5Spec, **options: Any) -> T5RelativeBias:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     @nn.compact
     def __call__(

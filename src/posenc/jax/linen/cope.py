@@ -9,13 +9,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ...specs import CopeSpec, FromSpec
+from ...specs import CopeSpec
+from ...specs.base import module_from_spec
 from ..cope import cope_bias
 
 __all__ = ["ContextualPositionEncoding"]
 
 
-class ContextualPositionEncoding(nn.Module, FromSpec):
+class ContextualPositionEncoding(nn.Module):
     """CoPE for one attention layer, param ``"pos_emb"`` ``(1, head_dim, max_positions)``.
 
     The module of :class:`posenc.torch.ContextualPositionEncoding`: the same options,
@@ -65,6 +66,11 @@ class ContextualPositionEncoding(nn.Module, FromSpec):
     def __post_init__(self) -> None:
         CopeSpec(head_dim=self.head_dim, max_positions=self.max_positions)  # the checks
         super().__post_init__()
+
+    @classmethod
+    def from_spec(cls, spec: CopeSpec, **options: Any) -> ContextualPositionEncoding:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     @nn.compact
     def __call__(self, q: Any, k: Any, *, allowed: Any = None, scale: float = 1.0) -> jax.Array:

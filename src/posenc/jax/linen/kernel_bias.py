@@ -17,7 +17,8 @@ import jax.numpy as jnp
 
 from ..._checks import check_max_length
 from ...core.kernel_bias import FIRE_WEIGHTS
-from ...specs import FireSpec, FromSpec, KerpleSpec, SandwichSpec
+from ...specs import FireSpec, KerpleSpec, SandwichSpec
+from ...specs.base import module_from_spec
 from .._backend import format_of
 from ..kernel_bias import fire_bias, kerple_bias, sandwich_bias
 
@@ -34,7 +35,7 @@ def _uniform(low: float, high: float, clip: tuple[float, float | None] | None = 
     return init
 
 
-class KERPLEBias(nn.Module, FromSpec):
+class KERPLEBias(nn.Module):
     """KERPLE (Chi et al., 2022): a learned kernel of the distance per head.
 
     Params ``"bias_p"`` and ``"bias_a"``, ``(num_heads, 1, 1)``, drawn as PyTorch's
@@ -80,6 +81,11 @@ class KERPLEBias(nn.Module, FromSpec):
         KerpleSpec(num_heads=self.num_heads, kernel=self.kernel, eps=self.eps)  # the checks
         super().__post_init__()
 
+    @classmethod
+    def from_spec(cls, spec: KerpleSpec, **options: Any) -> KERPLEBias:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
+
     @nn.compact
     def __call__(
         self,
@@ -101,7 +107,7 @@ class KERPLEBias(nn.Module, FromSpec):
         )  # fmt: skip
 
 
-class FIREBias(nn.Module, FromSpec):
+class FIREBias(nn.Module):
     """FIRE (Li et al., 2023): a learned function of the progressively normalised distance.
 
     Params by PyTorch's :class:`posenc.torch.FIREBias` names and shapes: the MLP
@@ -146,6 +152,11 @@ class FIREBias(nn.Module, FromSpec):
         spec.check_parameter_format(format_of(self.param_dtype), type(self).__name__)
         super().__post_init__()
 
+    @classmethod
+    def from_spec(cls, spec: FireSpec, **options: Any) -> FIREBias:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
+
     @nn.compact
     def __call__(
         self,
@@ -177,7 +188,7 @@ class FIREBias(nn.Module, FromSpec):
         )  # fmt: skip
 
 
-class SandwichBias(nn.Module, FromSpec):
+class SandwichBias(nn.Module):
     """Sandwich (Chi et al., 2023): the dot product of sinusoidal position vectors, no
     variables.
 
@@ -218,6 +229,11 @@ class SandwichBias(nn.Module, FromSpec):
             check_max_length(self.max_length)
         format_of(self.dtype)
         super().__post_init__()
+
+    @classmethod
+    def from_spec(cls, spec: SandwichSpec, **options: Any) -> SandwichBias:
+        """The module of ``spec`` with options of its own."""
+        return module_from_spec(cls, spec, options)
 
     def __call__(
         self,
