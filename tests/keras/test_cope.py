@@ -55,6 +55,7 @@ PADDED = CAUSAL & (np.arange(T) >= np.array([[0], [4]]))[:, None, None, :]
 MASKS = {"causal": CAUSAL, "padded": PADDED, "none": None}
 
 
+@pytest.mark.backend_independent  # values: the conformance suite's cope cases
 @pytest.mark.parametrize("mask", MASKS)
 def test_equals_the_core_eagerly_and_traced(data, mask):
     layer = layer_with(data["pos_emb"])
@@ -212,6 +213,7 @@ def test_from_spec():
     assert ContextualPositionEncoding.from_spec(spec).spec == spec
 
 
+@pytest.mark.backend_independent  # options: validated by the specs
 @pytest.mark.parametrize(
     ("make", "error", "match"),
     [

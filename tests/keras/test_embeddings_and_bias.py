@@ -227,6 +227,7 @@ def built(case: Case, **kwargs: Any) -> tuple[Any, np.ndarray]:
 # --- values ----------------------------------------------------------------------------
 
 
+@pytest.mark.backend_independent  # values: every scheme's eager cases in tests/conformance.py
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_eager_values_equal_the_core(case):
     layer, x = built(case)
@@ -433,6 +434,7 @@ def step_input(case: Case, x: np.ndarray, t: int) -> np.ndarray:
     return x[:, t : t + 1] if case.kind == "sequence" else x[:, :, t : t + 1, :]
 
 
+@pytest.mark.backend_independent  # values: the conformance suite's decode cases
 @pytest.mark.parametrize("case", POSITIONAL, ids=[case.name for case in POSITIONAL])
 def test_decoding_one_token_at_a_time(case):
     layer, x = built(case)
@@ -470,6 +472,7 @@ def test_start_index_as_a_functional_model_input(case):
 # --- bad arguments and inputs ----------------------------------------------------------
 
 
+@pytest.mark.backend_independent  # options: validated by the specs
 @pytest.mark.parametrize(
     ("cls", "kwargs", "error", "match"),
     [
@@ -611,6 +614,7 @@ def test_learned_weight_initializer_and_dropout():
     np.testing.assert_array_equal(weights_of(custom), np.ones((4, 2)))
 
 
+@pytest.mark.backend_independent  # values: the conformance suite's nd cases
 @pytest.mark.parametrize(
     ("layout", "grid", "channels"),
     [
@@ -678,6 +682,7 @@ def test_nd_first_called_inside_a_traced_function():
     np.testing.assert_array_equal(as_f64(layer(x))[0], posenc.sinusoidal_nd((3, 4), 6))
 
 
+@pytest.mark.backend_independent  # values: the conformance suite's alibi cases
 @pytest.mark.parametrize("mode", ["causal", "symmetric"])
 def test_alibi_compute_bias_and_growth_past_max_length(mode):
     layer = ALiBiBias(12, mode=mode, max_length=4)
@@ -719,6 +724,7 @@ def test_alibi_traced_positions_past_the_table_are_nan():
     np.testing.assert_array_equal(wide, posenc.alibi_bias(1, 12, num_heads=heads, offset=10))
 
 
+@pytest.mark.backend_independent  # values: the conformance suite's t5 cases
 @pytest.mark.parametrize(
     ("bidirectional", "num_buckets", "max_distance", "compat"),
     [(True, 32, 128, "hf"), (False, 32, 128, "hf"), (False, 12, 20, "exact"), (True, 8, 5, "hf")],

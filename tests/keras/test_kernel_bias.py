@@ -101,6 +101,7 @@ def test_kerple_weights_set_out_of_range_are_used_projected():
     assert expected[0, 2, 0] == pytest.approx(-0.01 * np.log1p(1.0))
 
 
+@pytest.mark.backend_independent  # the conformance suite sets the weights by name
 def test_weights_load_from_pytorch_by_name():
     torch = pytest.importorskip("torch")
     import posenc.torch as pt
@@ -118,6 +119,7 @@ def test_weights_load_from_pytorch_by_name():
     np.testing.assert_allclose(_numpy(layer.compute_bias(3, 9)), expected, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.backend_independent  # values: the conformance suite's sandwich cases
 def test_sandwich_grows_past_its_table_and_decodes_like_the_full_call():
     layer = pk.SandwichBias(3, dim=8, max_length=2)
     full = _numpy(layer.compute_bias(6, dtype="float32"))
@@ -128,6 +130,7 @@ def test_sandwich_grows_past_its_table_and_decodes_like_the_full_call():
         np.testing.assert_array_equal(step[0, :, 0], full[:, t, : t + 1])
 
 
+@pytest.mark.backend_independent  # options: validated by the specs
 @pytest.mark.parametrize(
     ("make", "error", "match"),
     [

@@ -153,6 +153,7 @@ def nan_positions(out):
 # --- values ------------------------------------------------------------------------------
 
 
+@pytest.mark.backend_independent  # values: the conformance suite's rope cases
 @pytest.mark.parametrize("name", list(ROPE_SCALINGS))
 @pytest.mark.parametrize("rotary_dim", [None, 8])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
@@ -238,6 +239,7 @@ def test_axes_and_ranks():
 # --- positions ---------------------------------------------------------------------------
 
 
+@pytest.mark.backend_independent  # values: the conformance suite's decode cases
 @pytest.mark.parametrize("name", list(ROPE_SCALINGS))
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_decoding_one_token_at_a_time(layout, name):
@@ -633,6 +635,7 @@ def test_bfloat16_tables_would_differ(policy):
 # --- bad arguments and inputs ------------------------------------------------------------
 
 
+@pytest.mark.backend_independent  # options: validated by the specs
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
@@ -687,6 +690,7 @@ def test_bad_constructor_arguments(kwargs, error, match):
         RotaryEmbedding(**kwargs)
 
 
+@pytest.mark.backend_independent  # shapes: checked in Python at build
 @pytest.mark.parametrize(
     ("kwargs", "shape", "match"),
     [

@@ -69,6 +69,7 @@ def trained(layer, seed=0):
     return values.astype(np.float32)
 
 
+@pytest.mark.backend_independent  # values: the conformance suite's rope_learned cases
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_starts_as_the_fixed_rope(layout):
     layer = LearnedRotaryEmbedding(
@@ -90,8 +91,20 @@ def test_starts_as_the_fixed_rope(layout):
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("qk_layout", ["bhsd", "bshd"])
-@pytest.mark.parametrize("layout", ["half", "interleaved"])
+# positions= on every backend once; the other layouts' values: the conformance suite's
+# rope_learned cases (interleaved bhsd, half bshd)
+_ONE_BACKEND = pytest.mark.backend_independent
+
+
+@pytest.mark.parametrize(
+    ("layout", "qk_layout"),
+    [
+        ("half", "bshd"),
+        pytest.param("half", "bhsd", marks=_ONE_BACKEND),
+        pytest.param("interleaved", "bhsd", marks=_ONE_BACKEND),
+        pytest.param("interleaved", "bshd", marks=_ONE_BACKEND),
+    ],
+)
 def test_rotates_by_its_trained_frequencies_at_positions(layout, qk_layout):
     layer = LearnedRotaryEmbedding(64, rotary_dim=48, layout=layout, qk_layout=qk_layout)
     layer.build()
@@ -136,6 +149,7 @@ def test_angles_are_exact_in_float32_arithmetic_at_far_positions():
     assert np.abs(naive - np.cos(10**6 * inv_freq.astype(np.float64))).max() > 1e-3
 
 
+@pytest.mark.backend_independent  # values: the conformance suite's decode cases
 def test_decoding_one_token_at_a_time_equals_the_full_call():
     layer = LearnedRotaryEmbedding(64, qk_layout="bhsd", layout="interleaved")
     layer.build()
@@ -261,6 +275,7 @@ def test_mixed_precision_keeps_float32_frequencies_and_rotates_in_float32(policy
                                atol=ulp * np.abs(exact).max())  # fmt: skip
 
 
+@pytest.mark.backend_independent  # the conformance suite sets inv_freq by name
 def test_frequencies_trained_in_pytorch_load_by_name():
     torch = pytest.importorskip("torch")
     from posenc.torch import LearnedRotaryEmbedding as TorchLearned
@@ -291,6 +306,7 @@ def test_frequencies_trained_in_pytorch_load_by_name():
     assert torch.equal(back.inv_freq, module.inv_freq)
 
 
+@pytest.mark.backend_independent  # options: validated by the specs
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

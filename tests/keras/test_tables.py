@@ -1,10 +1,10 @@
 """The Keras layers' tables: kept once for the layers of one kind and spec, in memory the
 backend allocated, on whichever backend KERAS_BACKEND selects.
 
-Backend-agnostic; :func:`test_this_file_on_the_other_backends` runs it again on the Keras
-backends this process does not use. Expected values come from the NumPy core (the specs'
-tables, ``posenc.alibi_bias``, ``posenc.t5_bias``, ``apply_rope``), or from a layer with
-tables of its own, bit for bit.
+Backend-agnostic; ``test_backends.py`` runs it again on the Keras backends this process
+does not use (on JAX with two host devices). Expected values come from the NumPy core (the
+specs' tables, ``posenc.alibi_bias``, ``posenc.t5_bias``, ``apply_rope``), or from a layer
+with tables of its own, bit for bit.
 """
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ import ctypes
 import ctypes.util
 import dataclasses
 import gc
-import importlib.util
 import os
-import subprocess
-import sys
 import threading
 import weakref
 from pathlib import Path
@@ -565,15 +562,15 @@ def test_a_layers_tables_are_not_views_of_the_cores_arrays():
 
 
 def _two_devices() -> list[str]:
-    """Two Keras device names of this process (JAX: the child run forces two host
-    devices), or skip."""
+    """Two Keras device names of this process (JAX: ``test_backends.py``'s child run
+    forces two host devices), or skip."""
     if BACKEND != "jax":
         pytest.skip(f"two devices of one kind are forced on the JAX backend only ({BACKEND})")
     import jax
 
     devices = jax.devices("cpu")
     if len(devices) < 2:
-        pytest.skip("one host device (XLA_FLAGS forces two in the child run)")
+        pytest.skip("one host device (XLA_FLAGS forces two in test_backends.py's run)")
     return [f"cpu:{device.id}" for device in devices[:2]]
 
 
@@ -599,32 +596,3 @@ def test_layers_on_two_devices_keep_a_set_of_tables_each():
     assert c.table_length == 40
     with keras.device(second):
         np.testing.assert_array_equal(to_numpy(c(E, start_index=30)), encoded(E, 30, base=2121.5))
-
-
-# -- the other Keras backends ---------------------------------------------------------------
-
-
-OTHERS = [b for b in ("torch", "jax") if b != BACKEND]
-
-
-@pytest.mark.skipif(os.environ.get("POSENC_TABLES_CHILD") == "1", reason="a child run")
-@pytest.mark.parametrize("backend", OTHERS)
-def test_this_file_on_the_other_backends(backend):
-    if importlib.util.find_spec(backend) is None:
-        pytest.skip(f"Keras on {backend}: {backend} not installed")
-    env = dict(os.environ, KERAS_BACKEND=backend, POSENC_TABLES_CHILD="1")
-    if backend == "jax":  # two host devices, for the tables of layers on either
-        flags = env.get("XLA_FLAGS", "")
-        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=2".strip()
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        cwd=Path(__file__).parents[2],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    summary = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
-    assert done.returncode == 0, f"on {backend}: {summary}\n{done.stdout[-6000:]}"
-    assert " passed" in summary, summary
