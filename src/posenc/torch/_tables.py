@@ -247,7 +247,8 @@ class PositionTables(nn.Module):
         # The tables on devices other than the buffers', for inputs there: shared as the
         # buffers are (other dtypes on the buffers' device are the same entry's).
         self._other_tables: dict[torch.device, Holder] = {}
-        # Tables derived from buffers set by hand (else kept with the shared tables).
+        # What is derived from a buffer (RoPE's signed sin), by name, with the buffer it
+        # was made for (made once with the shared tables, or from buffers set by hand).
         self._derived: dict[str, tuple[Tensor, Tensor]] = {}
         with _named_limit("max_length", length):
             self._register_derived(names, dtype, drop, rows=length)
@@ -345,18 +346,25 @@ class PositionTables(nn.Module):
         """``make(table)`` of the table ``name``, made once for every module reading the
         shared tables (whatever rows of them each reads: index it within this module's
         rows), again when they are new (grown, moved); on the module for buffers set by
-        hand."""
+        hand. Kept on the module too, for its buffer as it is (a decoding step asks at
+        every call: one lookup)."""
+        buffer = self._buffer(name)
+        mine = self._derived.get(name)
+        if mine is not None and mine[0] is buffer:
+            return mine[1]
         holder, fmt = self._holder, self._fmt
         assert holder is not None  # every module with tables has one, in a format
         assert fmt is not None
-        shared = self._reads(holder)
-        cache: dict[Any, Any] = holder.entry.extras if shared else self._derived
-        index = self._derived_names.index(name)
-        source = holder.get(fmt)[index] if shared else self._buffer(name)
-        cached = cache.get((name, fmt))
-        if cached is None or cached[0] is not source:
-            cached = cache[name, fmt] = (source, make(source))
-        return cast(Tensor, cached[1])
+        if self._reads(holder):  # the shared tables: made once for all their modules
+            source = holder.get(fmt)[self._derived_names.index(name)]
+            cached = holder.entry.extras.get((name, fmt))
+            if cached is None or cached[0] is not source:
+                cached = holder.entry.extras[name, fmt] = (source, make(source))
+            made = cast(Tensor, cached[1])
+        else:  # buffers set by hand: the module's own
+            made = make(buffer)
+        self._derived[name] = (buffer, made)
+        return made
 
     @property
     def table_length(self) -> int:
