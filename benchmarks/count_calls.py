@@ -8,8 +8,12 @@ are those of a module built or called in a program that already uses posenc:
 
 * ``build RotaryEmbedding(64, max_length=2048)``: a spec no live module has (a fresh
   ``base`` each run), so the build computes its tables;
+* ``build RotaryEmbedding(64, max_length=2048)``, another layer: the spec of a live module
+  (the other layers of a model), so the build finds its tables in the core's cache;
 * ``build SinusoidalPositionalEncoding(512)``: the same, a fresh ``max_length`` each run;
 * ``RotaryEmbedding forward``: q and k of shape ``(2, 8, 128, 64)``;
+* ``RotaryEmbedding`` decoding step: q ``(1, 32, 1, 64)`` and k ``(1, 8, 1, 64)`` at
+  ``offset=100``;
 * ``SinusoidalPositionalEncoding forward``: x of shape ``(2, 128, 512)``.
 
 Usage::
@@ -58,14 +62,19 @@ def operations() -> dict[str, Callable[[int], Any]]:
     sinusoidal = SinusoidalPositionalEncoding(512, dropout=0.0).eval()
     q, k = torch.randn(2, 8, 128, 64), torch.randn(2, 8, 128, 64)
     x = torch.randn(2, 128, 512)
+    q1, k1 = torch.randn(1, 32, 1, 64), torch.randn(1, 8, 1, 64)
     return {
         "build `RotaryEmbedding(64, max_length=2048)`": lambda i: RotaryEmbedding(
             64, max_length=2048, base=10000.0 + i
         ),
+        "build `RotaryEmbedding(64, max_length=2048)`, another layer": lambda i: RotaryEmbedding(
+            64, max_length=2048
+        ),  # the spec of `rope`, alive
         "build `SinusoidalPositionalEncoding(512)`": lambda i: SinusoidalPositionalEncoding(
             512, max_length=5000 + i
         ),
         "`RotaryEmbedding` forward, `(2, 8, 128, 64)`": lambda i: rope(q, k),
+        "`RotaryEmbedding` decoding step, `(1, 32, 1, 64)`": lambda i: rope(q1, k1, offset=100),
         "`SinusoidalPositionalEncoding` forward, `(2, 128, 512)`": lambda i: sinusoidal(x),
     }
 
