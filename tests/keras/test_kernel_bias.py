@@ -101,7 +101,9 @@ def test_kerple_weights_set_out_of_range_are_used_projected():
     assert expected[0, 2, 0] == pytest.approx(-0.01 * np.log1p(1.0))
 
 
-@pytest.mark.backend_independent  # the conformance suite sets the weights by name
+# values: the conformance suite's fire cases (weights set in FIRE_WEIGHTS order); the
+# weights' names are Keras's add_weight names, the same on every backend
+@pytest.mark.backend_independent
 def test_weights_load_from_pytorch_by_name():
     torch = pytest.importorskip("torch")
     import posenc.torch as pt
