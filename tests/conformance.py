@@ -250,6 +250,12 @@ CASES: list[Case] = [
         scaling_params={"factor": 2.0, "original_max_position_embeddings": 8},
         start=10,
     ),
+    _rope(  # Gemma-style: half the pairs turn, at a scaled base
+        "proportional",
+        scaling="proportional",
+        scaling_params={"partial_rotary_factor": 0.5, "factor": 2.0},
+        start=20,
+    ),
     Case("alibi", "causal-8", {"heads": 8, "q": 6, "k": 6}),
     Case("alibi", "decode-6-heads", {"heads": 6, "q": 1, "k": 9, "offset": 8}),
     Case("alibi", "symmetric-12", {"heads": 12, "q": 5, "k": 5, "mode": "symmetric"}),
