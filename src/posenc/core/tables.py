@@ -41,7 +41,16 @@ from .._checks import MemoryLimitError
 from .plan import RowsPlan
 from .positions import grow
 
-__all__ = ["CACHE", "GROWTH_LOCK", "Entry", "Holder", "Owner", "TableCache", "share_key"]
+__all__ = [
+    "CACHE",
+    "GROWTH_LOCK",
+    "Entry",
+    "Holder",
+    "Owner",
+    "TableCache",
+    "share_key",
+    "shared_count",
+]
 
 GROWTH_LOCK = threading.RLock()
 """Held while shared tables are looked up, made, grown or moved (re-entrant)."""
@@ -101,12 +110,13 @@ class Entry:
         key: Hashable | None = None,
         rows: int = 0,
         kept: Kept | None = None,
+        formats: dict[Any, tuple[Any, ...]] | None = None,
     ) -> None:
         self.build = build
         self.kept = kept
         self.key = key  # in the cache under this key; None: one module's own
         self.rows = rows  # the rows of every table built (0: none built yet)
-        self.formats: dict[Any, tuple[Any, ...]] = {}
+        self.formats: dict[Any, tuple[Any, ...]] = {} if formats is None else dict(formats)
         self.holders: weakref.WeakSet[Holder] = weakref.WeakSet()
         self.extras: dict[Hashable, Any] = {}
 
@@ -257,11 +267,8 @@ class Holder:
         no other holder sees or grows, built again by the same ``build``."""
         with GROWTH_LOCK:
             old = self.entry
-            entry = Entry(old.build, None, old.rows, old.kept)
-            entry.formats = {
-                fmt: tuple(copy(t) for t in tables) for fmt, tables in old.formats.items()
-            }
-            return Holder(entry, self.length, owner)
+            copies = {fmt: tuple(copy(t) for t in tables) for fmt, tables in old.formats.items()}
+            return Holder(Entry(old.build, None, old.rows, old.kept, copies), self.length, owner)
 
 
 Shared = TypeVar("Shared")
@@ -345,3 +352,9 @@ class TableCache:
 CACHE = TableCache()
 """The one cache of every front end (keys begin with the module's kind, which is the
 front end's own class)."""
+
+
+def shared_count() -> int:
+    """How many sets of shared tables are alive, for every front end together (for tests
+    and benchmarks)."""
+    return len(CACHE)

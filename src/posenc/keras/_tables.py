@@ -34,7 +34,7 @@ import numpy as np
 from keras import ops
 
 from ..core.plan import IndexPlan, plan_index, plan_rows
-from ..core.tables import CACHE, GROWTH_LOCK, Holder, share_key
+from ..core.tables import CACHE, GROWTH_LOCK, Holder, share_key, shared_count
 from ._backend import dtype_name, gather_rows, index_range, to_tensor, wide_index
 
 __all__ = [
@@ -145,12 +145,6 @@ PositionTables = Holder
 """A layer's hold on its tables (:class:`posenc.core.tables.Holder`): ``get(fmt)``, the
 tables in a format; ``length``, the rows the layer reads; ``extend`` and ``holds``, growth
 for every layer sharing them."""
-
-
-def shared_count() -> int:
-    """How many sets of shared tables are alive, for every front end together (for tests
-    and benchmarks)."""
-    return len(CACHE)
 
 
 def _kept(tables: tuple[Any, ...]) -> bool:

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from .._checks import DEFAULT_MAX_BYTES, check_int, check_memory
 from ..core.plan import Past, RowsPlan, TableKind, plan_index, plan_rows, table_format
 from ..core.positions import MemoryLimitError, grow
-from ..core.tables import CACHE, GROWTH_LOCK, Entry, Holder, share_key
+from ..core.tables import CACHE, GROWTH_LOCK, Entry, Holder, share_key, shared_count
 from ._arguments import positions_range
 from ._backend import DTYPES, dtype_name, format_of, gather_rows, is_traced, wide_index
 
@@ -60,12 +60,6 @@ def _caller_level() -> int:
 Module = TypeVar("Module", bound="PositionTables")
 Format = tuple[torch.dtype, torch.device]
 """How a module's tables are kept: their dtype and device (the core cache's format)."""
-
-
-def shared_count() -> int:
-    """How many sets of shared tables are alive, for every front end together (for tests
-    and benchmarks)."""
-    return len(CACHE)
 
 
 def _device_key(device: torch.device | str) -> torch.device:
@@ -283,6 +277,12 @@ class PositionTables(nn.Module):
             self._holder, self._fmt = holder, fmt
             self._tables_changed()
 
+    def _attach_own(self, tables: tuple[Tensor, ...], fmt: Format, rows: int, length: int) -> None:
+        """Make ``tables`` (``rows`` rows each, in ``fmt``) this module's own, of which it
+        reads ``length`` rows: an entry no other module sees, rebuilt by this module."""
+        own = Entry(None, None, rows, formats={fmt: tables})
+        self._attach(Holder(own, length, self), fmt)
+
     def _build_tables(self, rows: int, fmt: Format) -> tuple[Tensor, ...]:
         """The tables in ``fmt``, ``rows`` rows (the core cache calls this of any live
         module holding an entry: equal keys derive equal tables)."""
@@ -318,10 +318,10 @@ class PositionTables(nn.Module):
         """
         with GROWTH_LOCK:
             self._private = True
-            if self._holder is not None and self._fmt is not None:  # a copy, as they are now
-                own = Entry(None, None, self._holder.entry.rows)
-                own.formats = {self._fmt: tuple(t.clone() for t in self._holder.get(self._fmt))}
-                self._attach(Holder(own, self._holder.length, self), self._fmt)
+            holder, fmt = self._holder, self._fmt
+            if holder is not None and fmt is not None:  # a copy, as they are now
+                copy = tuple(t.clone() for t in holder.get(fmt))
+                self._attach_own(copy, fmt, holder.entry.rows, holder.length)
         return self
 
     @property
@@ -400,9 +400,7 @@ class PositionTables(nn.Module):
                     return
                 tables = self._build_tables(length, fmt)  # buffers set by hand: from now on
             self._private = True  # its own tables
-            own = Entry(None, None, length)
-            own.formats = {fmt: tables}
-            self._attach(Holder(own, length, self), fmt)
+            self._attach_own(tables, fmt, length, length)
 
     def _reads(self, holder: Holder) -> bool:
         """Whether this module's buffers are ``holder``'s tables or their first rows (not
@@ -562,18 +560,19 @@ class PositionTables(nn.Module):
         if device.type != "meta":
             self._hold(dtype, device, rows)
             return
-        shapes = {key: self._buffer(key).shape for key in self._derived_names}
-        entry = Entry(None, None, rows)
-        empty = tuple(torch.empty(shape, dtype=dtype, device=device) for shape in shapes.values())
-        entry.formats = {(dtype, device): empty}
-        self._attach(Holder(entry, rows, self), (dtype, device))
+        empty = tuple(
+            torch.empty(self._buffer(key).shape, dtype=dtype, device=device)
+            for key in self._derived_names
+        )
+        self._attach_own(empty, (dtype, device), rows, rows)
 
     def _apply(self, fn: Any, recurse: bool = True) -> PositionTables:
         # The derived buffers are left out of fn: converting them would round rounded
         # values again (float32 -> bfloat16) and make a copy per module. They are rebuilt
         # exactly, or taken from the shared tables, in the dtype and on the device fn
         # gives an empty tensor of theirs. Under the lock: growth for another module of
-        # the spec writes into this module's buffers too, never while they are set aside.
+        # the spec has the cache tell this one to read its buffers again, never while
+        # they are set aside.
         with GROWTH_LOCK:
             first = self._derived_first()
             order = list(self._buffers)
