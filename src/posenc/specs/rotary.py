@@ -85,7 +85,7 @@ class RopeSpec(SchemeSpec):
     @cached_property
     def _initial(self) -> tuple[np.ndarray, float]:
         assert self.rotary_dim is not None  # stored resolved by __post_init__
-        return self.scaling.frequencies(self.rotary_dim, self.base)
+        return self.scaling._checked_frequencies(self.rotary_dim, self.base)
 
     def frequencies(self, seq_len: int | None = None) -> tuple[np.ndarray, float]:
         """``(inv_freq, attention_factor)`` of the scaling at sequence length ``seq_len``
@@ -94,7 +94,7 @@ class RopeSpec(SchemeSpec):
             inv_freq, attention = self._initial
             return inv_freq.copy(), attention
         assert self.rotary_dim is not None  # stored resolved by __post_init__
-        return self.scaling.frequencies(self.rotary_dim, self.base, seq_len=seq_len)
+        return self.scaling._checked_frequencies(self.rotary_dim, self.base, seq_len)
 
     @classmethod
     def from_hf_config(cls, config: Any, *, layer_type: str | None = None) -> RopeSpec:

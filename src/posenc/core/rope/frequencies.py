@@ -9,7 +9,7 @@ import numpy as np
 from ..._checks import check_base, check_width
 from ..frequencies import frequency_table
 
-__all__ = ["check_rotary_dim", "rope_frequencies"]
+__all__ = ["check_rotary_dim", "rope_frequencies", "unscaled_frequencies"]
 
 
 def check_rotary_dim(head_dim: Any, rotary_dim: Any) -> int:
@@ -65,7 +65,17 @@ def rope_frequencies(
         >>> rope_frequencies(8, 100.0, rotary_dim=4).tolist()
         [1.0, 0.1]
     """
-    d = check_rotary_dim(head_dim, rotary_dim)
-    base = check_base(base)
+    return unscaled_frequencies(check_rotary_dim(head_dim, rotary_dim), check_base(base))
+
+
+def unscaled_frequencies(d: int, base: float) -> np.ndarray:
+    """:func:`rope_frequencies` of a validated even width ``d`` and base: what a scaling
+    method's ``_inv_freq`` starts from (its width and base checked once, by
+    :meth:`~posenc.core.rope.RopeScaling.frequencies` or the spec).
+
+    Example:
+        >>> unscaled_frequencies(4, 100.0).tolist()
+        [1.0, 0.1]
+    """
     omega: np.ndarray = frequency_table(d, base, "paper")[0].copy()
     return omega

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..._checks import check_int, check_real, describe
-from .frequencies import rope_frequencies
+from .frequencies import unscaled_frequencies
 from .scaling import RopeScaling
 
 __all__ = ["LongRopeScaling"]
@@ -158,7 +158,7 @@ class LongRopeScaling(RopeScaling):
         attention = self.derived_attention_factor
         if self.short_mscale is not None and self.long_mscale is not None:
             attention = self.long_mscale if long else self.short_mscale
-        return rope_frequencies(rotary_dim, base) / divisors, attention
+        return unscaled_frequencies(rotary_dim, base) / divisors, attention
 
     @property
     def switch_length(self) -> int:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..._checks import check_bool, check_int, check_real
-from .frequencies import rope_frequencies
+from .frequencies import rope_frequencies, unscaled_frequencies
 from .longrope import LongRopeScaling
 from .scaling import RopeScaling
 
@@ -64,7 +64,7 @@ class DefaultScaling(RopeScaling):
     name: ClassVar[str] = "default"
 
     def _inv_freq(self, rotary_dim: int, base: float, seq_len: int | None) -> tuple[Any, float]:
-        return rope_frequencies(rotary_dim, base), 1.0
+        return unscaled_frequencies(rotary_dim, base), 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +89,7 @@ class LinearScaling(RopeScaling):
         self._set("factor", _check_factor(self.factor))
 
     def _inv_freq(self, rotary_dim: int, base: float, seq_len: int | None) -> tuple[Any, float]:
-        return rope_frequencies(rotary_dim, base) / self.factor, 1.0
+        return unscaled_frequencies(rotary_dim, base) / self.factor, 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,7 +284,7 @@ class YarnScaling(RopeScaling):
             high += 0.001  # as Hugging Face: avoid 0/0
         ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
         keep = 1.0 - ramp  # the share of the original (extrapolated) frequency
-        extrapolated = rope_frequencies(d, base)
+        extrapolated = unscaled_frequencies(d, base)
         interpolated = extrapolated / self.factor
         inv_freq = interpolated * (1.0 - keep) + extrapolated * keep
         return inv_freq, self.derived_attention_factor
@@ -338,7 +338,7 @@ class Llama3Scaling(RopeScaling):
     def _inv_freq(self, rotary_dim: int, base: float, seq_len: int | None) -> tuple[Any, float]:
         low, high = self.low_freq_factor, self.high_freq_factor
         original, factor = self.original_max_position_embeddings, self.factor
-        inv_freq = rope_frequencies(rotary_dim, base)
+        inv_freq = unscaled_frequencies(rotary_dim, base)
         wavelength = 2 * math.pi / inv_freq
         low_freq_wavelength = original / low  # longer than this: divide by factor
         high_freq_wavelength = original / high  # shorter than this: keep

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..._checks import check_real
-from .frequencies import rope_frequencies
+from .frequencies import unscaled_frequencies
 from .scaling import RopeScaling
 
 __all__ = ["ProportionalScaling"]
@@ -57,7 +57,7 @@ class ProportionalScaling(RopeScaling):
         return math.floor(self.partial_rotary_factor * rotary_dim / 2)
 
     def _inv_freq(self, rotary_dim: int, base: float, seq_len: int | None) -> tuple[Any, float]:
-        inv_freq = rope_frequencies(rotary_dim, base) / self.factor
+        inv_freq = unscaled_frequencies(rotary_dim, base) / self.factor
         inv_freq[self.kept(rotary_dim) :] = 0.0
         return np.ascontiguousarray(inv_freq), 1.0
 

@@ -252,6 +252,8 @@ def as_rope_scaling(
         ...                  "original_max_position_embeddings": 64})[0].name
         'dynamic_ntk'
     """
+    if scaling is None and params is None:  # the common case: no scaling, nothing to parse
+        return _SPECS["default"](), None
     if isinstance(scaling, RopeScaling):
         if params:
             raise ValueError("scaling_params apply to a scaling given by name, not to a spec")

@@ -109,7 +109,15 @@ class RopeScaling:
             ([0.5, 0.05], 1.0)
         """
         d = check_rotary_dim(check_int(rotary_dim, "rotary_dim", minimum=2), rotary_dim)
-        base = check_base(base)
+        return self._checked_frequencies(d, check_base(base), seq_len)
+
+    def _checked_frequencies(
+        self, d: int, base: float, seq_len: int | None = None
+    ) -> tuple[np.ndarray, float]:
+        """:meth:`frequencies` of a rotary width ``d`` and ``base`` already validated (by
+        :func:`~posenc.core.rope.check_rotary_dim` and ``check_base``, as a
+        :class:`~posenc.RopeSpec` does once, when it is made): the method's own checks
+        (a base > 1, ``seq_len``) and its results' are made here."""
         if self.needs_base_above_one and base < 1:
             raise ValueError(
                 f"base must be a finite real number > 1 with RoPE scaling {self.name!r}, whose "
