@@ -72,6 +72,21 @@ def test_config_round_trip_and_saved_model(kind, tmp_path):
         np.testing.assert_allclose(_np(got), expected, rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_from_spec_makes_the_layer_of_the_spec(kind):
+    # The spec and the layer's own options (max_length, qk_layout) make the layer, as
+    # PyTorch's from_spec does; an option the spec gives is refused.
+    layer = LAYERS[kind]()
+    made = type(layer).from_spec(layer.spec, max_length=16, name=layer.name)
+    assert made.spec == layer.spec
+    assert made.get_config() == layer.get_config()
+    q, k = _x((1, 10, 8, 64)), _x((1, 10, 2, 64), seed=1)
+    for got, expected in zip(_call(kind, made, q, k), _call(kind, layer, q, k), strict=True):
+        np.testing.assert_array_equal(_np(got), _np(expected))
+    with pytest.raises(TypeError, match=r"\['head_dim'\] are given by the spec"):
+        type(layer).from_spec(layer.spec, head_dim=32)
+
+
 @pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])
 @pytest.mark.parametrize("kind", sorted(LAYERS))
 def test_mixed_precision_rotates_in_float32_with_the_float32_tables(kind, policy_name, policy):
