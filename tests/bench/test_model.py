@@ -355,7 +355,7 @@ def test_evaluation_batches_have_problem_length_exactly_l(name):
 def test_learned_positions_cover_every_evaluated_length():
     spec = RunSpec("add", "learned", train_lengths=(2, 5), eval_lengths=(3, 9), **TINY)
     model = train.build_model(spec, make_task("add"))
-    assert model.positions.max_length == max_positions("add", 9) == 31
+    assert model.positions.spec.max_length == max_positions("add", 9) == 31
     tokens, _ = make_task("add").batch(2, 9, rng())
     assert model(tokens).shape == (2, 31, make_task("add").vocab_size)
 
