@@ -355,7 +355,7 @@ def test_evaluation_batches_have_problem_length_exactly_l(name):
 def test_learned_positions_cover_every_evaluated_length():
     spec = RunSpec("add", "learned", train_lengths=(2, 5), eval_lengths=(3, 9), **TINY)
     model = train.build_model(spec, make_task("add"))
-    assert model.positions.max_length == max_positions("add", 9) == 31
+    assert model.positions.spec.max_length == max_positions("add", 9) == 31
     tokens, _ = make_task("add").batch(2, 9, rng())
     assert model(tokens).shape == (2, 31, make_task("add").vocab_size)
 
@@ -701,8 +701,8 @@ def test_the_research_schemes_are_configured_as_docs_bench_says():
     assert first["p_rope"].spec.scaling.params() == {"partial_rotary_factor": 0.75}
     assert first["p_rope"].inv_freq[3:].tolist() == [0.0]  # 3 of 4 frequencies rotate
     assert type(first["rope_learned"]).__name__ == "LearnedRotaryEmbedding"
-    assert (first["kerple"].kernel, first["kerple_power"].kernel) == ("log", "power")
+    assert (first["kerple"].spec.kernel, first["kerple_power"].spec.kernel) == ("log", "power")
     assert float(first["fire"].init_L) == 8.0
     assert (first["fire"].spec.mlp_width, first["fire"].spec.init_c) == (32, 0.1)
-    assert (first["sandwich"].dim, first["sandwich"].num_heads) == (32, 4)
-    assert (first["cope"].head_dim, first["cope"].max_positions) == (8, 41)
+    assert (first["sandwich"].spec.dim, first["sandwich"].num_heads) == (32, 4)
+    assert (first["cope"].head_dim, first["cope"].spec.max_positions) == (8, 41)

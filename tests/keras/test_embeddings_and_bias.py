@@ -110,9 +110,9 @@ def sinusoidal_term(layer: Any, shape: tuple[int, ...], start: int | None, fmt: 
     table = posenc.sinusoidal(
         layer.max_length,
         shape[2],
-        base=layer.base,
-        layout=layer.layout,
-        formula=layer.formula,
+        base=layer.spec.base,
+        layout=layer.spec.layout,
+        formula=layer.spec.formula,
         dtype=fmt,
     )
     return table[start : start + shape[1]].astype(np.float64)  # (seq, d)
@@ -124,7 +124,7 @@ def learned_term(layer: Any, shape: tuple[int, ...], start: int | None, fmt: str
 
 
 def nd_term(layer: Any, shape: tuple[int, ...], start: int | None, fmt: str) -> Any:
-    table = posenc.sinusoidal_nd(shape[1:-1], shape[-1], layout=layer.layout, base=layer.base,
+    table = posenc.sinusoidal_nd(shape[1:-1], shape[-1], layout=layer.spec.layout, base=layer.spec.base,
                                  dtype=fmt)  # fmt: skip
     return table.astype(np.float64)  # (*spatial, C)
 
@@ -132,7 +132,7 @@ def nd_term(layer: Any, shape: tuple[int, ...], start: int | None, fmt: str) -> 
 def alibi_term(layer: Any, shape: tuple[int, ...], start: int | None, fmt: str) -> Any:
     q, k = shape[2], shape[3]
     bias = posenc.alibi_bias(
-        q, k, num_heads=layer.num_heads, mode=layer.mode, offset=k - q if start is None else start,
+        q, k, num_heads=layer.num_heads, mode=layer.spec.mode, offset=k - q if start is None else start,
         dtype=fmt,
     )  # fmt: skip
     return bias.astype(np.float64)  # (H, q, k)
@@ -145,10 +145,10 @@ def t5_term(layer: Any, shape: tuple[int, ...], start: int | None, fmt: str) -> 
         weights,
         q,
         k,
-        bidirectional=layer.bidirectional,
-        max_distance=layer.max_distance,
+        bidirectional=layer.spec.bidirectional,
+        max_distance=layer.spec.max_distance,
         offset=k - q if start is None else start,
-        compat=layer.compat,
+        compat=layer.spec.compat,
     )  # (H, q, k), float32
     return rounded(bias, fmt)
 

@@ -115,7 +115,7 @@ def test_layer_on_zeros_is_the_table():
     assert keras.backend.standardize_dtype(out.dtype) == "float32"
     table = posenc.sinusoidal(100, 24)
     np.testing.assert_array_equal(out.numpy(), np.broadcast_to(table[:37], (2, 37, 24)))
-    assert layer.d_model == 24
+    assert layer.spec.d_model == 24
 
 
 def test_layer_adds_the_table():

@@ -469,8 +469,7 @@ def test_compute_output_shape_and_symbolic_call():
     out = layer(tokens)
     assert tuple(out.shape) == (None, None, 2, 16)
     assert keras.backend.standardize_dtype(out.dtype) == "float32"
-    assert layer.head_dim == 16
-    assert layer.rotary_dim == 8
+    assert (layer.spec.head_dim, layer.spec.rotary_dim) == (16, 8)
     model = keras.Model(tokens, out)
     expected = core_rope(X[:, :, :2], "default", {}, 12, rotary_dim=8)
     assert_rotated(model(X[:, :, :2]), expected, X)

@@ -4,6 +4,8 @@ decoded: ``tests/test_conformance.py``)."""
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -70,6 +72,36 @@ def test_config_round_trip_and_saved_model(kind, tmp_path):
     args = [q, k] if kind == "xpos" else [q, k, _qwen2vl_coords().astype("int32")]
     for got, expected in zip(loaded(args), want, strict=True):
         np.testing.assert_allclose(_np(got), expected, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_from_spec_makes_the_layer_of_the_spec(kind):
+    # The spec and the layer's own options (max_length, qk_layout) make the layer, as
+    # PyTorch's from_spec does; an option the spec gives is refused.
+    layer = LAYERS[kind]()
+    made = type(layer).from_spec(layer.spec, max_length=16, name=layer.name)
+    assert made.spec == layer.spec
+    assert made.get_config() == layer.get_config()
+    q, k = _x((1, 10, 8, 64)), _x((1, 10, 2, 64), seed=1)
+    for got, expected in zip(_call(kind, made, q, k), _call(kind, layer, q, k), strict=True):
+        np.testing.assert_array_equal(_np(got), _np(expected))
+    with pytest.raises(TypeError, match=r"\['head_dim'\] are given by the spec"):
+        type(layer).from_spec(layer.spec, head_dim=32)
+
+
+def test_xpos_config_keeps_what_extend_gave():
+    # As RotaryEmbedding's: a restored layer holds the extended tables, so traced
+    # positions that worked in the saved layer work in the restored one.
+    # (a centre of this test's own: no other layer shares, or grows, these tables)
+    layer = pk.XPosRotaryEmbedding(64, centre=21.5, layout="half", max_length=16)
+    assert layer.get_config()["max_length"] == 16
+    layer.extend(100)
+    config, spec = layer.get_config(), layer.spec
+    del layer  # its tables go with it: the restored layer's come from the config
+    gc.collect()
+    again = pk.XPosRotaryEmbedding.from_config(config)
+    assert (again.get_config()["max_length"], again.table_length) == (100, 100)
+    assert again.spec == spec
 
 
 @pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])

@@ -48,12 +48,12 @@ def reference_attention(module: MultiHeadAttention, x: torch.Tensor) -> torch.Te
     scores = q @ k.transpose(-1, -2) / math.sqrt(hs)
     if isinstance(position, ALiBiBias):
         scores = scores + torch.from_numpy(
-            posenc.alibi_bias(T, num_heads=nh, mode=position.mode, dtype="float64")
+            posenc.alibi_bias(T, num_heads=nh, mode=position.spec.mode, dtype="float64")
         )
     if isinstance(position, T5RelativeBias):
         weights = position.relative_attention_bias.weight.detach().double().numpy()
         scores = scores + torch.from_numpy(
-            posenc.t5_bias(weights, T, bidirectional=position.bidirectional)
+            posenc.t5_bias(weights, T, bidirectional=position.spec.bidirectional)
         )
     if module.causal:
         scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))

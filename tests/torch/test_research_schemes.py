@@ -218,7 +218,7 @@ def fire_reference(module: FIREBias, q: int, k: int, offset: int) -> np.ndarray:
     out = np.zeros((module.num_heads, q, k))
     for i in range(q):
         m = offset + i
-        normaliser = math.log(abs(c * max(L, m)) + 1) + module.eps
+        normaliser = math.log(abs(c * max(L, m)) + 1) + module.spec.eps
         for j in range(k):
             x = math.log(abs(c * (m - j)) + 1) / normaliser
             hidden = torch.relu(module.mlp[0](torch.tensor([x], dtype=torch.float64)))

@@ -165,18 +165,19 @@ def test_xpos_state_dict_is_empty_and_torchscale_keys_load():
 
 
 def _core_axial(x, coords, module):
+    spec = module.spec
     cos, sin = axial_rope_tables(
         coords,
-        module.head_dim,
-        module.base,
-        sections=module.sections,
-        mode=module.mode,
-        layout=module.layout,
+        spec.head_dim,
+        spec.base,
+        sections=spec.sections,
+        mode=spec.mode,
+        layout=spec.layout,
         dtype="float64",
     )
     if cos.ndim == 3:
         cos, sin = cos[:, None], sin[:, None]
-    return apply_rope(x.numpy(), cos, sin, layout=module.layout)
+    return apply_rope(x.numpy(), cos, sin, layout=spec.layout)
 
 
 @pytest.mark.parametrize(

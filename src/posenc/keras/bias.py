@@ -53,14 +53,20 @@ __all__ = ["ALiBiBias", "T5RelativeBias"]
 class _ScoreBias(PositionLayer):
     """What the two bias layers share: checks, query/key/start resolution, the addition.
 
-    Subclasses set ``num_heads`` and implement ``_bias(q, k, start, fmt)`` returning the
-    ``(num_heads, q, k)`` bias in ``fmt``, where ``q`` and ``k`` are ints or scalar
-    tensors and ``start`` an int or an int32 scalar tensor.
+    Subclasses set ``spec`` (with ``num_heads``) and implement ``_bias(q, k, start, fmt)``
+    returning the ``(num_heads, q, k)`` bias in ``fmt``, where ``q`` and ``k`` are ints or
+    scalar tensors and ``start`` an int or an int32 scalar tensor.
     """
 
-    num_heads: int
+    spec: Any  # the scheme's spec, which has num_heads
     _plain_arguments = ("start_index",)
     _start_may_be_none = True  # None: the queries are the last keys
+
+    @property
+    def num_heads(self) -> int:
+        """Heads: ``spec.num_heads``."""
+        heads: int = self.spec.num_heads
+        return heads
 
     def _check_scores_shape(self, shape: tuple[Any, ...]) -> None:
         name = type(self).__name__
@@ -270,7 +276,6 @@ class ALiBiBias(_ScoreBias):
     ) -> None:
         super().__init__(**kwargs)
         self.spec = AlibiSpec(num_heads=num_heads, mode=mode)
-        self.num_heads, self.mode = self.spec.num_heads, self.spec.mode
         self.max_length = check_max_length(max_length)
         # One table per format, (num_heads, 2·L - 1), L positions (max_length at first),
         # shared by the layers of one spec through a function that holds no layer.
@@ -330,9 +335,7 @@ class ALiBiBias(_ScoreBias):
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
-        config.update(
-            {"num_heads": self.num_heads, "mode": self.mode, "max_length": self.max_length}
-        )
+        config.update({**self.spec.fields(), "max_length": self.max_length})
         return config
 
 
@@ -446,9 +449,6 @@ class T5RelativeBias(_ScoreBias):
             max_distance=max_distance,
             compat=compat,
         )
-        self.num_heads, self.bidirectional = self.spec.num_heads, self.spec.bidirectional
-        self.num_buckets, self.max_distance = self.spec.num_buckets, self.spec.max_distance
-        self.compat = self.spec.compat
         self.embeddings_initializer = get_initializer(
             embeddings_initializer, "embeddings_initializer"
         )
@@ -466,7 +466,7 @@ class T5RelativeBias(_ScoreBias):
             self._check_scores_shape(tuple(input_shape))
         self.relative_attention_bias = self.add_weight(
             name="relative_attention_bias",
-            shape=(self.num_buckets, self.num_heads),
+            shape=(self.spec.num_buckets, self.spec.num_heads),
             initializer=self.embeddings_initializer,
             trainable=True,
         )
@@ -477,7 +477,7 @@ class T5RelativeBias(_ScoreBias):
         return self._held_tables().get("int32")[0]
 
     def _bias(self, q: Any, k: Any, start: Any, fmt: str) -> Any:
-        reach = self.max_distance
+        reach = self.spec.max_distance
         # A start past 2**30 is moved to 2**30: every key is then further than
         # max_distance behind every query either way (key lengths stay far below
         # 2**30 - max_distance), so the saturated buckets are the same, and key - query
@@ -500,11 +500,7 @@ class T5RelativeBias(_ScoreBias):
         config = super().get_config()
         config.update(
             {
-                "num_heads": self.num_heads,
-                "bidirectional": self.bidirectional,
-                "num_buckets": self.num_buckets,
-                "max_distance": self.max_distance,
-                "compat": self.compat,
+                **self.spec.fields(),
                 "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
             }
         )

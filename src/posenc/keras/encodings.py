@@ -10,6 +10,7 @@ layers of one spec share that table (:mod:`._tables`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -154,7 +155,8 @@ class SinusoidalPositionalEncoding(PositionLayer):
         as :meth:`compute_output_spec` says.
 
     Attributes:
-        d_model, spec: The width and the spec (``None`` until the layer is built).
+        spec: The :class:`~posenc.SinusoidalSpec` of the options at the input's width
+            (``spec.d_model``), ``None`` until the layer is built.
         table_length: Positions the table holds now.
         shares_tables: Whether other layers of the same spec may share this layer's
             table (``False`` after :meth:`unshare_tables`).
@@ -198,18 +200,17 @@ class SinusoidalPositionalEncoding(PositionLayer):
         super().__init__(**kwargs)
         self.max_length = check_max_length(max_length)
         # The spec's width is the input's last axis, known at build(); the options are
-        # checked now by a spec of any width (they do not depend on it).
-        options = SinusoidalSpec(
+        # checked now by a spec of any width (they do not depend on it), which build()
+        # gives the input's width.
+        self._options = SinusoidalSpec(
             d_model=1 if d_model is None else d_model, base=base, layout=layout, formula=formula
         )
-        self.base, self.layout, self.formula = options.base, options.layout, options.formula
-        self._d_model_arg = None if d_model is None else options.d_model
+        self._d_model_arg = None if d_model is None else self._options.d_model
         self.dropout = check_probability(dropout, "dropout")
         # No sublayer (and so no seed-generator state) unless dropout is on.
         self._dropout_layer = (
             keras.layers.Dropout(self.dropout, dtype=self.dtype_policy) if self.dropout else None
         )
-        self.d_model: int | None = None
         self.spec: SinusoidalSpec | None = None
         self._tables = None  # shared by the layers of one spec
 
@@ -227,15 +228,13 @@ class SinusoidalPositionalEncoding(PositionLayer):
                 f"SinusoidalPositionalEncoding needs a known last (feature) axis to build "
                 f"its table, got input shape {shape}"
             )
-        self.d_model = check_int(shape[-1], "the last axis of the input (d_model)", minimum=1)
-        if self._d_model_arg not in (None, self.d_model):
+        d_model = check_int(shape[-1], "the last axis of the input (d_model)", minimum=1)
+        if self._d_model_arg not in (None, d_model):
             raise ValueError(
                 f"SinusoidalPositionalEncoding was made for d_model={self._d_model_arg}, but "
-                f"the input's last axis is {self.d_model} (input shape {shape})"
+                f"the input's last axis is {d_model} (input shape {shape})"
             )
-        self.spec = SinusoidalSpec(
-            d_model=self.d_model, base=self.base, layout=self.layout, formula=self.formula
-        )
+        self.spec = dataclasses.replace(self._options, d_model=d_model)
         derive = functools.partial(_sinusoidal_table, self.spec)  # holds no layer
         tables = self._share_tables((type(self), self.spec), derive, self.max_length)
         tables.get(format_of(self.compute_dtype, "the layer's compute dtype"))
@@ -287,10 +286,11 @@ class SinusoidalPositionalEncoding(PositionLayer):
                 f"SinusoidalPositionalEncoding adds the encoding to floating embeddings, got "
                 f"inputs of dtype {dtype}; embed token ids first (e.g. keras.layers.Embedding)"
             )
-        if shape[-1] is not None and shape[-1] != self.d_model:
+        assert self.spec is not None  # built
+        if shape[-1] is not None and shape[-1] != self.spec.d_model:
             raise ValueError(
                 f"the last axis of the input is {shape[-1]} but the layer was built for "
-                f"d_model={self.d_model} (input shape {shape}); use a new layer per width"
+                f"d_model={self.spec.d_model} (input shape {shape}); use a new layer per width"
             )
         return str(dtype)
 
@@ -340,9 +340,9 @@ class SinusoidalPositionalEncoding(PositionLayer):
                 # The table's current length: a restored layer keeps what extend() (or
                 # growth for known positions) gave this one.
                 "max_length": self.table_length,
-                "base": self.base,
-                "layout": self.layout,
-                "formula": self.formula,
+                "base": self._options.base,
+                "layout": self._options.layout,
+                "formula": self._options.formula,
                 "dropout": self.dropout,
                 "d_model": self._d_model_arg,
             }

@@ -137,7 +137,6 @@ class KERPLEBias(_ScoreBias):
     ) -> None:
         super().__init__(**kwargs)
         self.spec = KerpleSpec(num_heads=num_heads, kernel=kernel, eps=eps)
-        self.num_heads = self.spec.num_heads
         self._top = 2.0 if self.spec.kernel == "power" else None  # the exponent's largest
 
     @classmethod
@@ -173,8 +172,7 @@ class KERPLEBias(_ScoreBias):
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
-        config.update({"num_heads": self.num_heads, "kernel": self.spec.kernel,
-                       "eps": self.spec.eps})  # fmt: skip
+        config.update(self.spec.fields())
         return config
 
 
@@ -231,7 +229,6 @@ class FIREBias(_ScoreBias):
             num_heads=num_heads, mlp_width=mlp_width, init_c=init_c, init_L=init_L, eps=eps
         )
         self.spec.check_parameter_format(format_of(self.variable_dtype), type(self).__name__)
-        self.num_heads = self.spec.num_heads
 
     @classmethod
     def from_spec(cls, spec: FireSpec, **options: Any) -> FIREBias:
@@ -279,9 +276,7 @@ class FIREBias(_ScoreBias):
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
-        spec = self.spec
-        config.update({"num_heads": spec.num_heads, "mlp_width": spec.mlp_width,
-                       "init_c": spec.init_c, "init_L": spec.init_L, "eps": spec.eps})  # fmt: skip
+        config.update(self.spec.fields())
         return config
 
 
@@ -334,7 +329,6 @@ class SandwichBias(_ScoreBias):
     ) -> None:
         super().__init__(**kwargs)
         self.spec = SandwichSpec(num_heads=num_heads, dim=dim, base=base, mode=mode)
-        self.num_heads = self.spec.num_heads
         self.max_length = check_max_length(max_length)
         derive = functools.partial(_sandwich_table, self.spec, type(self).__name__)
         self._share_tables((type(self), self.spec), derive, self.max_length)
@@ -397,9 +391,7 @@ class SandwichBias(_ScoreBias):
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
-        spec = self.spec
-        config.update({"num_heads": spec.num_heads, "dim": spec.dim, "base": spec.base,
-                       "mode": spec.mode, "max_length": self.max_length})  # fmt: skip
+        config.update({**self.spec.fields(), "max_length": self.max_length})
         return config
 
 

@@ -7,6 +7,7 @@ reduction and rounded once to the input's dtype; the layer only moves it onto th
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import keras
@@ -103,13 +104,12 @@ class SinusoidalPositionalEncodingND(PositionLayer):
     ) -> None:
         super().__init__(**kwargs)
         # The channel count comes from the input at build(); the options are checked now
-        # by a spec of one channel (they do not depend on the count).
-        options = SinusoidalNDSpec(channels=1, base=base, layout=layout)
-        self.layout, self.base = options.layout, options.base
+        # by a spec of one channel (they do not depend on the count), which build() gives
+        # the input's count.
+        self._options = SinusoidalNDSpec(channels=1, base=base, layout=layout)
         self.spec: SinusoidalNDSpec | None = None
         self.dropout = check_probability(dropout, "dropout")
         self._dropout_layer = _dropout_layer(self.dropout, self.dtype_policy)
-        self.channels: int | None = None
         # (grid shape, format) → (*shape, channels) backend tensor
         self._grids: dict[tuple[tuple[int, ...], str], Any] = {}
 
@@ -126,9 +126,10 @@ class SinusoidalPositionalEncodingND(PositionLayer):
                 f"input shape {shape}"
             )
         known = None not in shape[1:-1]  # a grid known now: its table is built eagerly
-        grid = self._grid(shape) if known else check_shape((1,) * (len(shape) - 2), self.layout)
-        self.channels = check_channels(shape[-1], len(grid), self.layout)
-        self.spec = SinusoidalNDSpec(channels=self.channels, base=self.base, layout=self.layout)
+        layout = self._options.layout
+        grid = self._grid(shape) if known else check_shape((1,) * (len(shape) - 2), layout)
+        channels = check_channels(shape[-1], len(grid), layout)
+        self.spec = dataclasses.replace(self._options, channels=channels)
         self._grids = {}
         if known:
             self._table(grid, format_of(self.compute_dtype, "the layer's compute dtype"))
@@ -148,7 +149,7 @@ class SinusoidalPositionalEncodingND(PositionLayer):
                 "run_eagerly=True, or give keras.Input the full shape (height, width, "
                 "channels), one model per grid size"
             )
-        return check_shape(tuple(int(size) for size in spatial), self.layout)
+        return check_shape(tuple(int(size) for size in spatial), self._options.layout)
 
     def _table(self, shape: tuple[int, ...], fmt: str) -> Any:
         """The ``(*shape, channels)`` table in ``fmt``, built by the core on first use."""
@@ -178,23 +179,24 @@ class SinusoidalPositionalEncodingND(PositionLayer):
             A backend tensor of shape ``(*shape, channels)``; cached, so :meth:`call`
             on input of that grid and dtype reuses it.
         """
-        if self.channels is None:
+        if self.spec is None:
             raise ValueError(
                 "SinusoidalPositionalEncodingND takes its channel count from its input: call "
                 "the layer once (or build it with layer.build((batch, *spatial, channels))) "
                 "before asking for an encoding"
             )
         fmt = format_of(self.compute_dtype if dtype is None else dtype)
-        return self._table(check_shape(shape, self.layout), fmt)
+        return self._table(check_shape(shape, self.spec.layout), fmt)
 
     def call(self, inputs: Any, training: Any = None) -> Any:
         name = type(self).__name__
         shape = tuple(inputs.shape)
         spatial = self._grid(shape)
-        if shape[-1] != self.channels:
+        assert self.spec is not None  # built
+        if shape[-1] != self.spec.channels:
             raise ValueError(
                 f"the last axis of the input is {shape[-1]} but {name} was built for "
-                f"channels={self.channels} (input shape {shape}); inputs must be "
+                f"channels={self.spec.channels} (input shape {shape}); inputs must be "
                 "channels-last, and each width needs its own layer"
             )
         dtype = check_float(inputs.dtype, name, "features")
@@ -212,5 +214,6 @@ class SinusoidalPositionalEncodingND(PositionLayer):
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
-        config.update({"layout": self.layout, "base": self.base, "dropout": self.dropout})
+        options = self._options
+        config.update({"layout": options.layout, "base": options.base, "dropout": self.dropout})
         return config

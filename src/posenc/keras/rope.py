@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import keras
 import numpy as np
@@ -130,8 +130,9 @@ class RotaryEmbedding(PositionLayer):
         A tensor of the input's shape and dtype.
 
     Attributes:
-        head_dim, rotary_dim: The feature width and the rotated width (``None`` until the
-            layer is built, unless ``rotary_dim`` was given).
+        spec: The :class:`~posenc.RopeSpec` of the options at the input's width
+            (``spec.head_dim``, ``spec.rotary_dim``, ``spec.base``, ``spec.layout``,
+            ``spec.scaling``), ``None`` until the layer is built.
         inv_freq: The construction-time inverse frequencies (float64 NumPy, after build).
         attention_factor: The scaling's factor on the tables (YaRN, LongRoPE; else 1).
         shares_tables: Whether other layers may share this layer's tables (``False``
@@ -147,7 +148,7 @@ class RotaryEmbedding(PositionLayer):
         >>> rope = RotaryEmbedding(max_length=128)
         >>> q = np.random.default_rng(0).standard_normal((2, 10, 4, 16)).astype("float32")
         >>> q_rot = rope(q)  # (batch, seq, heads, head_dim)
-        >>> tuple(q_rot.shape), rope.rotary_dim
+        >>> tuple(q_rot.shape), rope.spec.rotary_dim
         ((2, 10, 4, 16), 16)
         >>> last = rope(q[:, 9:], start_index=9)  # decoding with a cache
         >>> bool(np.array_equal(ops.convert_to_numpy(last), ops.convert_to_numpy(q_rot)[:, 9:]))
@@ -184,8 +185,13 @@ class RotaryEmbedding(PositionLayer):
         super().__init__(**kwargs)
         # The core reads the scaling (a config dict's rope_theta is the base) and checks it.
         self._scaling, base, _ = rope_options(scaling, scaling_params, base, seq_len_owner="layer")
-        self.base = check_base(base)
-        self.layout = check_choice(layout, "layout", ROPE_LAYOUTS)
+        # The spec's options but its widths, which build() reads from the input (the spec
+        # checks them all as soon as a width is known).
+        self._options: dict[str, Any] = {
+            "base": check_base(base),
+            "layout": check_choice(layout, "layout", ROPE_LAYOUTS),
+            "scaling": self._scaling,
+        }
         self.max_length = check_max_length(max_length)
         self.sequence_axis = check_axis(sequence_axis, "sequence_axis")
         self.feature_axis = check_axis(feature_axis, "feature_axis")
@@ -198,26 +204,18 @@ class RotaryEmbedding(PositionLayer):
             rotary_dim = check_width(rotary_dim, "rotary_dim", minimum=2)
             RopeSpec(
                 head_dim=rotary_dim if head_dim is None else head_dim,
-                base=self.base,
                 rotary_dim=rotary_dim,
-                layout=self.layout,
-                scaling=self._scaling,
+                **self._options,
             )
         self._rotary_dim_arg = rotary_dim
         self._head_dim_arg = (
             None if head_dim is None else check_int(head_dim, "head_dim", minimum=1)
         )
-        self.scaling: str = self._scaling.name
-        self.scaling_params: dict[str, Any] = self._scaling.params()
         # Length-dependent scalings (posenc.core.plan.plan_scaling): one with two sets of
         # frequencies (LongRoPE) has a table for each, and a traced length picks one in the
         # graph; any other needs the length known and gets the call's rows from the core.
         self._two_variants = self._scaling.switch_length is not None
         self.spec: RopeSpec | None = None
-        self.head_dim: int | None = None
-        self.rotary_dim: int | None = rotary_dim
-        self.inv_freq: np.ndarray | None = None
-        self.attention_factor: float | None = None
         self._rank: int | None = None
         self._axes: tuple[int, int] | None = None  # (sequence, feature), non-negative
         self._frequencies: dict[str, np.ndarray] = {}  # variant → inverse frequencies
@@ -247,23 +245,15 @@ class RotaryEmbedding(PositionLayer):
             shape, self.sequence_axis, self.feature_axis, self._head_dim_arg
         )
         # The spec validates head_dim, rotary_dim and the scaling against this width.
-        self.spec = RopeSpec(
-            head_dim=head_dim,
-            base=self.base,
-            rotary_dim=self._rotary_dim_arg,
-            layout=self.layout,
-            scaling=self._scaling,
-        )
-        inv_freq, attention_factor = self.spec.frequencies()
+        self.spec = RopeSpec(head_dim=head_dim, rotary_dim=self._rotary_dim_arg, **self._options)
+        inv_freq = self.spec.frequencies()[0]
         self._rank, self._axes = rank, (sequence, feature)
         assert self.spec.rotary_dim is not None  # RopeSpec stores it resolved
-        self.head_dim, self.rotary_dim = head_dim, self.spec.rotary_dim
-        self.inv_freq, self.attention_factor = inv_freq, attention_factor
         self._frequencies = {"base": inv_freq}
         switch = self._scaling.switch_length
         if switch is not None:  # LongRoPE: one table per set of factors, chosen per call
             self._frequencies = {"short": inv_freq, "long": self._scaled(switch + 1)}
-        turn, self._sign = turn_index(self.rotary_dim, self.layout)
+        turn, self._sign = turn_index(self.spec.rotary_dim, self.spec.layout)
         with outside_traces():
             self._turn = ops.convert_to_tensor(turn, dtype="int32")
         frequencies = tuple(self._frequencies.values())
@@ -271,6 +261,18 @@ class RotaryEmbedding(PositionLayer):
         tables = self._share_tables((type(self), self.spec), derive, self.max_length)
         tables.get(self._format(self.compute_dtype))
         self.built = True
+
+    @property
+    def inv_freq(self) -> np.ndarray | None:
+        """The construction-time inverse frequencies (float64 NumPy, ``(rotary_dim // 2,)``,
+        a copy; ``None`` until the layer is built): ``spec.frequencies()[0]``."""
+        return None if self.spec is None else self.spec.frequencies()[0]
+
+    @property
+    def attention_factor(self) -> float | None:
+        """The scaling's factor on the tables (YaRN, LongRoPE; else 1; ``None`` until the
+        layer is built): ``spec.frequencies()[1]``."""
+        return None if self.spec is None else self.spec.frequencies()[1]
 
     def _scaled(self, length: int) -> np.ndarray:
         """The inverse frequencies of a length-dependent scaling at sequence length ``length``."""
@@ -369,22 +371,23 @@ class RotaryEmbedding(PositionLayer):
         cos = place_rows(cos, self._rank, sequence)  # broadcasts over x[..., :r]
         sin = place_rows(sin, self._rank, sequence)
 
-        r = self.rotary_dim
-        assert r is not None  # built
-        rotated = x if r == self.head_dim else x[..., :r]
+        assert self.spec is not None  # built
+        r, width = cast(int, self.spec.rotary_dim), self.spec.head_dim
+        rotated = x if r == width else x[..., :r]
         rotated = ops.cast(rotated, fmt)  # float16/bfloat16 → float32; exact
         partner = ops.take(rotated, self._turn, axis=-1)  # x[turn]; sign is in sin
         out = ops.add(ops.multiply(rotated, cos), ops.multiply(partner, sin))
         out = ops.cast(out, dtype)
-        if self.head_dim is not None and r < self.head_dim:
+        if r < width:
             out = ops.concatenate([out, x[..., r:]], axis=-1)
         if feature != self._rank - 1:
             out = ops.moveaxis(out, -1, feature)
         return out
 
     def _check_inputs(self, inputs: Any) -> tuple[tuple[Any, ...], str]:
-        assert self._rank is not None and self._axes is not None  # noqa: PT018  (built)
-        return check_inputs(inputs, self._rank, self._axes[1], self.head_dim)
+        assert self.spec is not None and self._rank is not None  # noqa: PT018  (built)
+        assert self._axes is not None
+        return check_inputs(inputs, self._rank, self._axes[1], self.spec.head_dim)
 
     def _select(
         self,
@@ -486,11 +489,11 @@ class RotaryEmbedding(PositionLayer):
         config = super().get_config()
         config.update(
             {
-                "base": self.base,
+                "base": self._options["base"],
                 "rotary_dim": self._rotary_dim_arg,
-                "layout": self.layout,
-                "scaling": self.scaling,
-                "scaling_params": dict(self.scaling_params),
+                "layout": self._options["layout"],
+                "scaling": self._scaling.name,
+                "scaling_params": self._scaling.params(),
                 # The tables' current length: a restored layer keeps what extend() (or
                 # growth for known positions) gave this one.
                 "max_length": self.table_length,

@@ -23,6 +23,7 @@ from ..core.plan import plan_index, plan_rows, table_format
 from ..core.rope import QK_AXES, RopeLayout, check_qk_shapes
 from ..core.rope_nd import AxialMode
 from ..specs import AxialRopeSpec, XPosSpec
+from ..specs.base import module_from_spec
 from ._arguments import (
     no_start_with,
     output_spec,
@@ -149,6 +150,7 @@ class XPosRotaryEmbedding(PositionLayer):
         microsoft/torchscale ``xpos_relative_position.py``.
     """
 
+    spec_class = XPosSpec
     _plain_arguments = ("key", "start_index", "positions")
 
     def __init__(
@@ -176,6 +178,11 @@ class XPosRotaryEmbedding(PositionLayer):
         self.qk_layout = check_choice(qk_layout, "qk_layout", tuple(QK_AXES))
         derive = functools.partial(_xpos_tables, self.spec)
         self._share_tables((type(self), self.spec), derive, self.max_length)
+
+    @classmethod
+    def from_spec(cls, spec: XPosSpec, **options: Any) -> XPosRotaryEmbedding:
+        """The layer of ``spec`` with options of its own (``max_length``, ``qk_layout``)."""
+        return module_from_spec(cls, spec, options)
 
     def build(self, *shapes: Any, **kwargs: Any) -> None:
         self.built = True
@@ -297,6 +304,8 @@ class AxialRotaryEmbedding(PositionLayer):
         Wang et al., "Qwen2-VL", 2024.
     """
 
+    spec_class = AxialRopeSpec
+
     def __init__(
         self,
         head_dim: int,
@@ -318,6 +327,11 @@ class AxialRotaryEmbedding(PositionLayer):
         self._column_axes = self.spec.column_axes  # (head_dim,): each column's axis
         derive = functools.partial(_axis_tables, self.spec)
         self._share_tables((type(self), self.spec), derive, self.max_length)
+
+    @classmethod
+    def from_spec(cls, spec: AxialRopeSpec, **options: Any) -> AxialRotaryEmbedding:
+        """The layer of ``spec`` with options of its own (``max_length``, ``qk_layout``)."""
+        return module_from_spec(cls, spec, options)
 
     def build(self, *shapes: Any, **kwargs: Any) -> None:
         self.built = True

@@ -70,13 +70,18 @@ class ALiBiBias(PositionTables, BiasesScores):
     def __init__(self, num_heads: int, *, mode: str = "causal") -> None:
         super().__init__()
         self.spec = AlibiSpec(num_heads=num_heads, mode=mode)
-        self.num_heads, self.mode = self.spec.num_heads, self.spec.mode
         self._register_derived(("slopes",), torch.float64, drop=("alibi",))
 
     @classmethod
     def from_spec(cls, spec: AlibiSpec, **options: Any) -> ALiBiBias:
         """The module of ``spec`` with options of its own."""
         return module_from_spec(cls, spec, options)
+
+    @property
+    def num_heads(self) -> int:
+        """Heads: ``spec.num_heads`` (the :class:`~posenc.torch.protocols.ScoreBias`
+        role's attribute)."""
+        return self.spec.num_heads
 
     def _derive_buffers(
         self, dtype: torch.dtype, device: torch.device, rows: int | None = None
@@ -99,20 +104,21 @@ class ALiBiBias(PositionTables, BiasesScores):
     ) -> Tensor:
         format_of(dtype)  # a float dtype: an integer one would truncate the bias
         device = check_device(device, "ALiBiBias") or self.slopes.device
+        spec = self.spec
         # per entry: the float64 product and the result, for every head
-        per_entry = self.num_heads * (8 + torch.empty((), dtype=dtype).element_size())
+        per_entry = spec.num_heads * (8 + torch.empty((), dtype=dtype).element_size())
         rel, _ = relative_positions(
             query_length, key_length, offset, positions, key_positions, device, "ALiBiBias",
             per_entry,
         )  # (..., q, k), key - query  # fmt: skip
-        distance = rel.clamp(max=0) if self.mode == "causal" else -rel.abs()  # (..., q, k) ≤ 0
+        distance = rel.clamp(max=0) if spec.mode == "causal" else -rel.abs()  # (..., q, k) ≤ 0
         slopes = self.slopes.to(device).view(-1, 1, 1)  # (H, 1, 1), float64
         # float64 product of an exact slope and an integer, rounded once to dtype.
         bias = slopes * distance.to(torch.float64).unsqueeze(-3)  # (..., H, q, k)
         return bias.to(dtype)  # (format_of has refused a dtype that is not floating)
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, mode={self.mode!r}"
+        return f"num_heads={self.spec.num_heads}, mode={self.spec.mode!r}"
 
 
 class T5RelativeBias(PositionTables, BiasesScores):
@@ -166,16 +172,19 @@ class T5RelativeBias(PositionTables, BiasesScores):
             max_distance=max_distance,
             compat=compat,
         )
-        self.num_heads, self.bidirectional = self.spec.num_heads, self.spec.bidirectional
-        self.num_buckets, self.max_distance = self.spec.num_buckets, self.spec.max_distance
-        self.compat = self.spec.compat
-        self.relative_attention_bias = nn.Embedding(self.num_buckets, self.num_heads)
+        self.relative_attention_bias = nn.Embedding(self.spec.num_buckets, self.spec.num_heads)
         self._register_derived(("buckets",), torch.int64)
 
     @classmethod
     def from_spec(cls, spec: T5Spec, **options: Any) -> T5RelativeBias:
         """The module of ``spec`` with options of its own."""
         return module_from_spec(cls, spec, options)
+
+    @property
+    def num_heads(self) -> int:
+        """Heads: ``spec.num_heads`` (the :class:`~posenc.torch.protocols.ScoreBias`
+        role's attribute)."""
+        return self.spec.num_heads
 
     def _derive_buffers(
         self, dtype: torch.dtype, device: torch.device, rows: int | None = None
@@ -198,20 +207,23 @@ class T5RelativeBias(PositionTables, BiasesScores):
             format_of(dtype)  # a float dtype: an integer one would truncate the weights
         weight = self.relative_attention_bias.weight  # (num_buckets, H)
         device = check_device(device, "T5RelativeBias") or weight.device
+        spec = self.spec
         # per entry: the bucket index and the bias of every head (and a cast)
-        per_entry = 8 + self.num_heads * weight.element_size() * 2
+        per_entry = 8 + spec.num_heads * weight.element_size() * 2
         rel, _ = relative_positions(
             query_length, key_length, offset, positions, key_positions, device,
             "T5RelativeBias", per_entry,
         )  # (..., q, k)  # fmt: skip
-        index = rel.clamp(-self.max_distance, self.max_distance) + self.max_distance
+        reach = spec.max_distance
+        index = rel.clamp(-reach, reach) + reach
         buckets = self.buckets.to(device)[index]  # (..., q, k)
         bias = nn.functional.embedding(buckets, weight.to(device))  # (..., q, k, H)
         bias = bias.movedim(-1, -3)  # (..., H, q, k)
         return bias if dtype is None else bias.to(dtype)
 
     def extra_repr(self) -> str:
+        spec = self.spec
         return (
-            f"num_heads={self.num_heads}, bidirectional={self.bidirectional}, "
-            f"num_buckets={self.num_buckets}, max_distance={self.max_distance}"
+            f"num_heads={spec.num_heads}, bidirectional={spec.bidirectional}, "
+            f"num_buckets={spec.num_buckets}, max_distance={spec.max_distance}"
         )

@@ -74,18 +74,24 @@ class ContextualPositionEncoding(BiasesScoresInContext):
     def __init__(self, head_dim: int, *, max_positions: int) -> None:
         super().__init__()
         self.spec = CopeSpec(head_dim=head_dim, max_positions=max_positions)  # checks them
-        self.head_dim, self.max_positions = self.spec.head_dim, self.spec.max_positions
-        self.pos_emb = nn.Parameter(torch.zeros(1, self.head_dim, self.max_positions))
+        self.pos_emb = nn.Parameter(torch.zeros(1, self.spec.head_dim, self.spec.max_positions))
 
     @classmethod
     def from_spec(cls, spec: CopeSpec, **options: Any) -> ContextualPositionEncoding:
         """The module of ``spec`` with options of its own."""
         return module_from_spec(cls, spec, options)
 
+    @property
+    def head_dim(self) -> int:
+        """Width of the queries and keys: ``spec.head_dim`` (the
+        :class:`~posenc.torch.protocols.ContextualScoreBias` role's attribute)."""
+        return self.spec.head_dim
+
     def forward(
         self, q: Tensor, k: Tensor, *, allowed: Tensor | None = None, scale: float = 1.0
     ) -> Tensor:
-        scale = _check_call(q, k, allowed, scale, self.head_dim, self.pos_emb.device)
+        spec = self.spec
+        scale = _check_call(q, k, allowed, scale, spec.head_dim, self.pos_emb.device)
         # The gates, their sums and the interpolation in float32 at least: in bfloat16 a
         # sum of a few hundred gates would be off by whole positions.
         work = torch.promote_types(q.dtype, torch.float32)
@@ -94,7 +100,7 @@ class ContextualPositionEncoding(BiasesScoresInContext):
         if allowed is not None:
             gates = gates * allowed.to(work)
         # the count from key j up to the query: a cumulative sum from the last key back
-        counts = gates.flip(-1).cumsum(dim=-1).flip(-1).clamp(max=self.max_positions - 1)
+        counts = gates.flip(-1).cumsum(dim=-1).flip(-1).clamp(max=spec.max_positions - 1)
         at_integers = torch.matmul(qw, self.pos_emb.to(work))  # (B, H, q, positions)
         floor = counts.floor()
         # A NaN count (a NaN or infinite query or key) gathers row 0 and its NaN weight
@@ -106,7 +112,7 @@ class ContextualPositionEncoding(BiasesScoresInContext):
         return bias.to(q.dtype)
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, max_positions={self.max_positions}"
+        return f"head_dim={self.spec.head_dim}, max_positions={self.spec.max_positions}"
 
 
 def _check_call(

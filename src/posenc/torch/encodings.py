@@ -190,8 +190,6 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput):
         super().__init__()
         self.spec = SinusoidalSpec(d_model=d_model, base=base, layout=layout, formula=formula)
         self.batch_first = check_bool(batch_first, "batch_first")
-        self.d_model, self.base = self.spec.d_model, self.spec.base
-        self.layout, self.formula = self.spec.layout, self.spec.formula
         self.max_length = check_max_length(max_length)
         self.dropout = nn.Dropout(check_probability(dropout))
         # The buffer "pe"; a state dict that has one (the tutorials' module's) still loads.
@@ -209,7 +207,7 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput):
         fmt = format_of(dtype)
         if isinstance(positions, int):  # a run of rows: written into PyTorch's memory
             return core_filled(
-                ((positions, self.d_model),),
+                ((positions, self.spec.d_model),),
                 fmt,
                 device,
                 lambda out: self.spec.table(positions, fmt=fmt, start=start, out=out[0]),
@@ -222,14 +220,14 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput):
         tables = self._covering(end, dtype, device, type(self).__name__)
         if tables is None:
             raise ValueError(
-                f"a table of {end} rows of {self.d_model} in {dtype} would exceed the memory "
+                f"a table of {end} rows of {self.spec.d_model} in {dtype} would exceed the memory "
                 "limit of 4 GiB; ask for fewer positions"
             )
         return tables[0]
 
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         name = type(self).__name__
-        _check_input(x, self.d_model, name, self.batch_first)
+        _check_input(x, self.spec.d_model, name, self.batch_first)
         x, positions, back = _batch_first(x, positions, self.batch_first, name)
         offset = check_offset_or_positions(offset, positions, name, x.shape[-2])
         if positions is not None:
@@ -241,9 +239,10 @@ class SinusoidalPositionalEncoding(PositionTables, EncodesInput):
         return out.transpose(0, 1) if back else out  # (seq, B, d) for batch_first=False
 
     def extra_repr(self) -> str:
+        spec = self.spec
         return (
-            f"d_model={self.d_model}, max_length={self.max_length}, base={self.base:g}, "
-            f"layout={self.layout!r}, formula={self.formula!r}"
+            f"d_model={spec.d_model}, max_length={self.max_length}, base={spec.base:g}, "
+            f"layout={spec.layout!r}, formula={spec.formula!r}"
         ) + ("" if self.batch_first else ", batch_first=False")
 
 
@@ -284,9 +283,7 @@ class LearnedPositionalEmbedding(EncodesInput):
         super().__init__()
         self.spec = LearnedSpec(max_length=max_length, d_model=d_model, init_std=init_std)
         self.batch_first = check_bool(batch_first, "batch_first")
-        self.max_length, self.d_model = self.spec.max_length, self.spec.d_model
-        self.init_std = self.spec.init_std
-        self.weight = nn.Parameter(torch.empty(self.max_length, self.d_model))
+        self.weight = nn.Parameter(torch.empty(self.spec.max_length, self.spec.d_model))
         self.dropout = nn.Dropout(check_probability(dropout))
         self.reset_parameters()
 
@@ -296,42 +293,43 @@ class LearnedPositionalEmbedding(EncodesInput):
         return module_from_spec(cls, spec, options)
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.weight, mean=0.0, std=self.init_std)
+        nn.init.normal_(self.weight, mean=0.0, std=self.spec.init_std)
 
     def _too_long(self, last: int, given: str) -> ValueError:
+        length = self.spec.max_length
         return ValueError(
             f"position {last} is beyond this learned embedding's max_length="
-            f"{self.max_length} (positions 0..{self.max_length - 1}; {given}); learned "
+            f"{length} (positions 0..{length - 1}; {given}); learned "
             "embeddings cannot extrapolate: build it with a larger max_length"
         )
 
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         name = type(self).__name__
-        _check_input(x, self.d_model, name, self.batch_first)
+        _check_input(x, self.spec.d_model, name, self.batch_first)
         x, positions, back = _batch_first(x, positions, self.batch_first, name)
         out = self._add(x, positions, offset)  # (B, seq, d) or (seq, d)
         return out.transpose(0, 1) if back else out  # (seq, B, d) for batch_first=False
 
     def _add(self, x: Tensor, positions: Tensor | None, offset: int) -> Tensor:
-        seq = x.shape[-2]
+        seq, length = x.shape[-2], self.spec.max_length
         offset = check_offset_or_positions(offset, positions, type(self).__name__, seq)
         if positions is None:
-            if offset + seq > self.max_length:
+            if offset + seq > length:
                 raise self._too_long(offset + seq - 1, f"asked by offset={offset} for {seq} rows")
             pe = self.weight[offset : offset + seq]  # (seq, d)
         else:
             _check_positions(positions, x, type(self).__name__)
             span = positions_range(positions, type(self).__name__)
-            if span is not None and span[1] >= self.max_length:
+            if span is not None and span[1] >= length:
                 raise self._too_long(span[1], "the largest of positions=")
             plan = None  # known positions were checked above: a plain gather
             if span is None:  # traced: NaN rows past the table, in any integer dtype
-                plan = plan_index(dtype_name(positions), self.max_length, wide=wide_index())
+                plan = plan_index(dtype_name(positions), length, wide=wide_index())
             pe = gather_rows(self.weight, positions, plan)
         return apply_dropout(self.dropout, x + pe.to(x.dtype))
 
     def extra_repr(self) -> str:
-        text = f"max_length={self.max_length}, d_model={self.d_model}"
+        text = f"max_length={self.spec.max_length}, d_model={self.spec.d_model}"
         return text + ("" if self.batch_first else ", batch_first=False")
 
 
@@ -356,7 +354,6 @@ class NoPositionalEncoding(EncodesInput):
         super().__init__()
         self.spec = NopeSpec(d_model=d_model)
         self.batch_first = check_bool(batch_first, "batch_first")
-        self.d_model = self.spec.d_model
         self.dropout = nn.Dropout(check_probability(dropout))
 
     @classmethod
@@ -366,7 +363,7 @@ class NoPositionalEncoding(EncodesInput):
 
     def forward(self, x: Tensor, *, positions: Tensor | None = None, offset: int = 0) -> Tensor:
         name = type(self).__name__
-        _check_input(x, self.d_model, name, self.batch_first)
+        _check_input(x, self.spec.d_model, name, self.batch_first)
         at, positions, _ = _batch_first(x, positions, self.batch_first, name)
         check_offset_or_positions(offset, positions, name)
         if positions is not None:
@@ -374,7 +371,7 @@ class NoPositionalEncoding(EncodesInput):
         return apply_dropout(self.dropout, x)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}" + ("" if self.batch_first else ", batch_first=False")
+        return f"d_model={self.spec.d_model}" + ("" if self.batch_first else ", batch_first=False")
 
 
 class TokenEmbedding(nn.Module):

@@ -138,12 +138,12 @@ class KERPLEBias(BiasesScores):
     def __init__(self, num_heads: int, *, kernel: str = "log", eps: float = 0.01) -> None:
         super().__init__()
         self.spec = KerpleSpec(num_heads=num_heads, kernel=kernel, eps=eps)
-        check_width(self.spec.num_heads, "num_heads")  # two parameters per head
-        self.num_heads, self.kernel, self.eps = self.spec.num_heads, self.spec.kernel, self.spec.eps
-        self._top = 2.0 if self.kernel == "power" else None  # the exponent's largest value
+        heads = check_width(self.spec.num_heads, "num_heads")  # two parameters per head
+        eps = self.spec.eps
+        self._top = 2.0 if self.spec.kernel == "power" else None  # the exponent's largest value
         # a draw below eps starts at eps (the authors' code clamps it at the first call)
-        p = (torch.rand(self.num_heads) * 2).clamp(min=self.eps, max=self._top)
-        a = torch.rand(self.num_heads).clamp(min=self.eps)
+        p = (torch.rand(heads) * 2).clamp(min=eps, max=self._top)
+        a = torch.rand(heads).clamp(min=eps)
         self.bias_p = nn.Parameter(p[:, None, None])
         self.bias_a = nn.Parameter(a[:, None, None])
 
@@ -152,15 +152,22 @@ class KERPLEBias(BiasesScores):
         """The module of ``spec`` with options of its own."""
         return module_from_spec(cls, spec, options)
 
+    @property
+    def num_heads(self) -> int:
+        """Heads: ``spec.num_heads`` (the :class:`~posenc.torch.protocols.ScoreBias`
+        role's attribute)."""
+        return self.spec.num_heads
+
     @torch.no_grad()
     def _project(self) -> None:
         """Both parameters ``>= eps`` (the power kernel's exponent ``<= 2``), in place."""
+        eps = self.spec.eps
         for parameter, top in ((self.bias_p, self._top), (self.bias_a, None)):
-            outside = parameter < self.eps
+            outside = parameter < eps
             if top is not None:
                 outside = outside | (parameter > top)
             if bool(outside.any()):
-                parameter.clamp_(min=self.eps, max=top)
+                parameter.clamp_(min=eps, max=top)
 
     def _projected(self) -> tuple[Tensor, Tensor]:
         """``(bias_p, bias_a)`` in range: projected in place eagerly; while tracing, the
@@ -170,8 +177,9 @@ class KERPLEBias(BiasesScores):
         if not (is_traced() or p.is_meta):  # (meta parameters: no values to project)
             self._project()
             return p, a
-        p = p + (p.clamp(min=self.eps, max=self._top) - p).detach()
-        a = a + (a.clamp(min=self.eps) - a).detach()
+        eps = self.spec.eps
+        p = p + (p.clamp(min=eps, max=self._top) - p).detach()
+        a = a + (a.clamp(min=eps) - a).detach()
         return p, a
 
     def forward(
@@ -187,18 +195,19 @@ class KERPLEBias(BiasesScores):
     ) -> Tensor:
         device = _check_cast(self, dtype, device)
         p, a = self._projected()  # (H, 1, 1) each
-        own = p.device
-        per_entry = 8 + 3 * self.num_heads * p.element_size()
+        own, spec = p.device, self.spec
+        per_entry = 8 + 3 * spec.num_heads * p.element_size()
         rel, offset = _positions(
             self, query_length, key_length, offset, positions, key_positions, own, per_entry
         )  # (..., q, k)
         distance = rel.abs().to(p.dtype).unsqueeze(-3)  # (..., 1, q, k)
         # log: -p·log(1 + a·d); power: -a·d^p (the authors' roles of the two)
-        bias = -p * torch.log1p(a * distance) if self.kernel == "log" else -a * distance.pow(p)
+        bias = -p * torch.log1p(a * distance) if spec.kernel == "log" else -a * distance.pow(p)
         return _cast(bias, dtype, device)  # (..., H, q, k)
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, kernel={self.kernel!r}, eps={self.eps:g}"
+        spec = self.spec
+        return f"num_heads={spec.num_heads}, kernel={spec.kernel!r}, eps={spec.eps:g}"
 
 
 class FIREBias(BiasesScores):
@@ -251,14 +260,13 @@ class FIREBias(BiasesScores):
         self.spec = FireSpec(
             num_heads=num_heads, mlp_width=mlp_width, init_c=init_c, init_L=init_L, eps=eps
         )
-        self.num_heads, self.eps = self.spec.num_heads, self.spec.eps
         # c and L become parameters of the default dtype
         self.spec.check_parameter_format(format_of(torch.get_default_dtype()), "FIREBias")
-        width = self.spec.mlp_width
+        width, heads = self.spec.mlp_width, self.spec.num_heads
         check_width(width, "mlp_width")
-        check_width(self.num_heads, "num_heads")
-        check_weights({"mlp_width": width, "num_heads": self.num_heads}, "FIREBias's MLP")
-        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, self.num_heads))
+        check_width(heads, "num_heads")
+        check_weights({"mlp_width": width, "num_heads": heads}, "FIREBias's MLP")
+        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, heads))
         self.c = nn.Parameter(torch.tensor(self.spec.init_c))
         self.register_buffer("init_L", torch.tensor(self.spec.init_L))
         self.L_multiplier = nn.Parameter(torch.tensor(1.0))
@@ -267,6 +275,12 @@ class FIREBias(BiasesScores):
     def from_spec(cls, spec: FireSpec, **options: Any) -> FIREBias:
         """The module of ``spec`` with options of its own."""
         return module_from_spec(cls, spec, options)
+
+    @property
+    def num_heads(self) -> int:
+        """Heads: ``spec.num_heads`` (the :class:`~posenc.torch.protocols.ScoreBias`
+        role's attribute)."""
+        return self.spec.num_heads
 
     def forward(
         self,
@@ -281,9 +295,9 @@ class FIREBias(BiasesScores):
     ) -> Tensor:
         device = _check_cast(self, dtype, device)
         c = self.c
-        own = c.device
+        own, spec = c.device, self.spec
         # per entry: the distance, its transform, the hidden layer and the output
-        per_entry = 8 + (3 + self.spec.mlp_width + self.num_heads) * c.element_size()
+        per_entry = 8 + (3 + spec.mlp_width + spec.num_heads) * c.element_size()
         rel, offset = _positions(
             self, query_length, key_length, offset, positions, key_positions, own, per_entry
         )  # (..., q, k), key - query
@@ -294,7 +308,7 @@ class FIREBias(BiasesScores):
         distance = (-rel).to(c.dtype)  # m - n: >= 0 for the keys a causal query sees
         threshold = (self.L_multiplier * self.init_L.to(c.dtype)).abs()
         normaliser = torch.maximum(query.to(c.dtype), threshold).unsqueeze(-1)  # (..., q, 1)
-        normaliser = torch.log(torch.abs(c * normaliser) + 1) + self.eps
+        normaliser = torch.log(torch.abs(c * normaliser) + 1) + spec.eps
         interpolated = torch.log(torch.abs(c * distance) + 1) / normaliser  # (..., q, k)
         bias = self.mlp(interpolated.unsqueeze(-1)).movedim(-1, -3)  # (..., H, q, k)
         return _cast(bias, dtype, device)
@@ -328,7 +342,7 @@ class FIREBias(BiasesScores):
         hidden, output = cast(nn.Linear, self.mlp[0]), cast(nn.Linear, self.mlp[2])
         w1, b1 = hidden.weight[:, 0], hidden.bias  # (W,), (W,)
         w2, b2 = output.weight, output.bias  # (H, W), (H,)
-        eps, width, precision = self.eps, self.spec.mlp_width, c.dtype
+        eps, width, precision = self.spec.eps, self.spec.mlp_width, c.dtype
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
             m = query(b, q)  # the query's position
@@ -346,7 +360,7 @@ class FIREBias(BiasesScores):
         return mod
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, mlp_width={self.spec.mlp_width}"
+        return f"num_heads={self.spec.num_heads}, mlp_width={self.spec.mlp_width}"
 
 
 class SandwichBias(PositionTables, BiasesScores):
@@ -399,7 +413,6 @@ class SandwichBias(PositionTables, BiasesScores):
         super().__init__()
         self.spec = SandwichSpec(num_heads=num_heads, dim=dim, base=base, mode=mode)
         check_width(self.spec.dim, "dim")  # its frequencies: one per pair of the width
-        self.num_heads, self.dim, self.mode = self.spec.num_heads, self.spec.dim, self.spec.mode
         self._length = check_max_length(max_length)
         self._register_derived(("table",), torch.float64)
 
@@ -407,6 +420,12 @@ class SandwichBias(PositionTables, BiasesScores):
     def from_spec(cls, spec: SandwichSpec, **options: Any) -> SandwichBias:
         """The module of ``spec`` with options of its own."""
         return module_from_spec(cls, spec, options)
+
+    @property
+    def num_heads(self) -> int:
+        """Heads: ``spec.num_heads`` (the :class:`~posenc.torch.protocols.ScoreBias`
+        role's attribute)."""
+        return self.spec.num_heads
 
     def _share_key(self) -> None:
         return None  # not shared: the table grows by itself (_install), a module's own state
@@ -438,12 +457,12 @@ class SandwichBias(PositionTables, BiasesScores):
     ) -> Tensor:
         format_of(dtype)  # required here: the table is float64, each call rounds once
         device = _check_cast(self, dtype, device)
-        own = self.table.device
-        per_entry = 8 + self.num_heads * (8 + torch.empty((), dtype=dtype).element_size())
+        own, mode = self.table.device, self.spec.mode
+        per_entry = 8 + self.spec.num_heads * (8 + torch.empty((), dtype=dtype).element_size())
         rel, offset = _positions(
             self, query_length, key_length, offset, positions, key_positions, own, per_entry
         )  # (..., q, k), key - query
-        distance = (-rel).clamp(min=0) if self.mode == "causal" else rel.abs()
+        distance = (-rel).clamp(min=0) if mode == "causal" else rel.abs()
         table, index = self.table, None
         if is_traced() or distance.is_meta:  # distances unknown: NaN past the table
             index = plan_index(dtype_name(distance), self._length, wide=wide_index())
@@ -481,7 +500,7 @@ class SandwichBias(PositionTables, BiasesScores):
         queries, keys = distance.shape[-2], distance.shape[-1]
         back = max(offset + queries - 1, 0)  # the last query to the first key
         ahead = max(keys - 1 - offset, 0)  # the first query to the last key
-        return (back if self.mode == "causal" else max(back, ahead)) + 1
+        return (back if self.spec.mode == "causal" else max(back, ahead)) + 1
 
     def _rows(self, distances: np.ndarray, device: Any) -> Tensor:
         """The bias at each of ``distances`` (flattened), ``(n, H)`` float64, from the core
@@ -489,10 +508,11 @@ class SandwichBias(PositionTables, BiasesScores):
         values = self.spec.distance_bias(distances.ravel())  # (H, n)
         if not np.all(np.isfinite(values)):  # a base so far below 1 that frequencies overflow
             raise ValueError(
-                f"SandwichBias: base={self.spec.base!r} with dim={self.dim} gives non-finite "
+                f"SandwichBias: base={self.spec.base!r} with dim={self.spec.dim} gives non-finite "
                 "biases (its frequencies overflow float64); use a base > 1"
             )
         return to_tensor(np.ascontiguousarray(values.T), "float64", device)
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, dim={self.dim}, mode={self.mode!r}"
+        spec = self.spec
+        return f"num_heads={spec.num_heads}, dim={spec.dim}, mode={spec.mode!r}"

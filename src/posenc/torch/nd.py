@@ -86,8 +86,6 @@ class SinusoidalPositionalEncodingND(PositionTables):
     ) -> None:
         super().__init__()
         self.spec = SinusoidalNDSpec(channels=channels, base=base, layout=layout, ndim=ndim)
-        self.layout, self.channels = self.spec.layout, self.spec.channels
-        self.base, self.ndim = self.spec.base, self.spec.ndim
         self.dropout = nn.Dropout(check_probability(dropout))
         self._tables: dict[tuple[tuple[int, ...], torch.dtype, torch.device], Tensor] = {}
         # No buffers; state dicts of the package's modules carry these derived entries.
@@ -138,13 +136,14 @@ class SinusoidalPositionalEncodingND(PositionTables):
         return table
 
     def forward(self, x: Tensor) -> Tensor:
-        _check_input(x, self.channels, self.ndim, type(self).__name__)
+        _check_input(x, self.spec.channels, self.spec.ndim, type(self).__name__)
         table = self.encoding(tuple(x.shape[1:-1]), x.dtype, x.device)  # (*spatial, C)
         return apply_dropout(self.dropout, x + table)
 
     def extra_repr(self) -> str:
-        ndim = "" if self.ndim is None else f", ndim={self.ndim}"
-        return f"channels={self.channels}, layout={self.layout!r}, base={self.base:g}{ndim}"
+        spec = self.spec
+        ndim = "" if spec.ndim is None else f", ndim={spec.ndim}"
+        return f"channels={spec.channels}, layout={spec.layout!r}, base={spec.base:g}{ndim}"
 
 
 def _check_input(x: Any, channels: int, ndim: int | None, name: str) -> None:

@@ -142,10 +142,12 @@ class ScoreBias(Protocol):
     the bias whole for one that has none.
 
     Attributes:
-        num_heads: The number of heads it has a bias for.
+        num_heads: The number of heads it has a bias for (read only: an attribute or a
+            property).
     """
 
-    num_heads: int
+    @property
+    def num_heads(self) -> int: ...
 
     def score_bias(
         self,
@@ -171,10 +173,12 @@ class ContextualScoreBias(Protocol):
     """Adds a bias to the attention scores computed from the queries and keys.
 
     Attributes:
-        head_dim: The feature width of the queries and keys it reads.
+        head_dim: The feature width of the queries and keys it reads (read only: an
+            attribute or a property).
     """
 
-    head_dim: int
+    @property
+    def head_dim(self) -> int: ...
 
     def contextual_bias(
         self, q: Tensor, k: Tensor, *, allowed: Tensor | None = None, scale: float = 1.0
@@ -239,7 +243,7 @@ class RotatesQueriesKeys(nn.Module):
 class BiasesScores(nn.Module):
     """A :class:`ScoreBias` whose ``score_bias`` is the module's call.
 
-    The module sets ``num_heads``.
+    The module has ``num_heads`` (an attribute, or a property of its spec).
 
     Example:
         >>> import torch
@@ -253,8 +257,6 @@ class BiasesScores(nn.Module):
         >>> Recency().score_bias(2, 3, offset=1).tolist()
         [[[-1.0, 0.0, 0.0], [-2.0, -1.0, 0.0]]]
     """
-
-    num_heads: int
 
     def score_bias(
         self,
@@ -283,7 +285,7 @@ class BiasesScores(nn.Module):
 class BiasesScoresInContext(nn.Module):
     """A :class:`ContextualScoreBias` whose ``contextual_bias`` is the module's call.
 
-    The module sets ``head_dim``.
+    The module has ``head_dim`` (an attribute, or a property of its spec).
 
     Example:
         >>> import torch
@@ -295,8 +297,6 @@ class BiasesScoresInContext(nn.Module):
         >>> Agreement().contextual_bias(q, q).tolist()
         [[[[1.0, 0.0], [0.0, 1.0]]]]
     """
-
-    head_dim: int
 
     def contextual_bias(
         self, q: Tensor, k: Tensor, *, allowed: Tensor | None = None, scale: float = 1.0

@@ -11,7 +11,7 @@ float32 parameters, so a long position loses no more than the parameter's own ro
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -82,10 +82,8 @@ class LearnedRotaryEmbedding(RotatesQueriesKeys):
             head_dim=head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=spec_scaling
         )
         assert self.spec.rotary_dim is not None  # RopeSpec stores it resolved
-        self.head_dim, self.rotary_dim = self.spec.head_dim, self.spec.rotary_dim
-        self.layout = self.spec.layout
         initial, self.attention_factor = learned_rope_frequencies(
-            spec_scaling, self.rotary_dim, self.spec.base, owner=type(self).__name__
+            spec_scaling, self.spec.rotary_dim, self.spec.base, owner=type(self).__name__
         )  # float32, from the core
         self.inv_freq = nn.Parameter(torch.tensor(initial))  # float32, the default device
 
@@ -94,11 +92,17 @@ class LearnedRotaryEmbedding(RotatesQueriesKeys):
         """The module of ``spec`` with options of its own."""
         return module_from_spec(cls, spec, options)
 
+    @property
+    def head_dim(self) -> int:
+        """Features per head: ``spec.head_dim`` (the
+        :class:`~posenc.torch.protocols.QueryKeyRotation` role's attribute)."""
+        return self.spec.head_dim
+
     def _tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """``cos`` and ``sin`` ``(..., rotary_dim)`` at integer ``positions`` in this layout,
         float32, differentiable in the frequencies."""
         angles = positions.to(torch.float64).unsqueeze(-1) * self.inv_freq.to(torch.float64)
-        if self.layout == "half":
+        if self.spec.layout == "half":
             angles = torch.cat((angles, angles), dim=-1)
         else:
             angles = angles.repeat_interleave(2, dim=-1)
@@ -109,8 +113,8 @@ class LearnedRotaryEmbedding(RotatesQueriesKeys):
     def forward(
         self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
     ) -> tuple[Tensor, Tensor]:
-        name = type(self).__name__
-        batch, seq = check_qk(q, k, self.head_dim, self.qk_layout, name, positions)
+        name, spec = type(self).__name__, self.spec
+        batch, seq = check_qk(q, k, spec.head_dim, self.qk_layout, name, positions)
         if q.device != k.device:
             raise ValueError(f"{name}: q is on {q.device} but k on {k.device}; give both on one")
         offset = check_offset_or_positions(offset, positions, name)
@@ -123,13 +127,12 @@ class LearnedRotaryEmbedding(RotatesQueriesKeys):
                 raise ValueError(f"{name}: positions is on the meta device: it has no values")
             rows = positions.to(device)  # (seq,) or (batch, seq)
         cos, sin = broadcast_tables(self._tables(rows), self.qk_layout, q.device)
-        return (
-            rotate(q, cos, sin, self.layout, self.rotary_dim),
-            rotate(k, cos, sin, self.layout, self.rotary_dim),
-        )
+        layout, width = spec.layout, cast(int, spec.rotary_dim)
+        return rotate(q, cos, sin, layout, width), rotate(k, cos, sin, layout, width)
 
     def extra_repr(self) -> str:
+        spec = self.spec
         return (
-            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, layout={self.layout!r}, "
-            f"qk_layout={self.qk_layout!r}, scaling={self.spec.scaling.name!r}"
+            f"head_dim={spec.head_dim}, rotary_dim={spec.rotary_dim}, layout={spec.layout!r}, "
+            f"qk_layout={self.qk_layout!r}, scaling={spec.scaling.name!r}"
         )

@@ -90,6 +90,10 @@ class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys):
         ``(q_xpos, k_xpos)`` with the shapes and dtypes of ``q`` and ``k``.
 
     Attributes:
+        spec: The :class:`~posenc.specs.XPosSpec` of the options (``head_dim``, ``base``,
+            ``gamma``, ``scale_base``, ``centre``, ``layout``): the module reads them there.
+        head_dim: ``spec.head_dim`` (the :class:`~posenc.torch.protocols.QueryKeyRotation`
+            role's attribute).
         cos, sin: RoPE tables ``(rows, head_dim)`` in ``layout``.
         q_scale, k_scale: ``ζ^(±(p - centre)/B)``, ``(rows, head_dim)`` in ``layout``.
 
@@ -139,10 +143,6 @@ class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys):
             centre=centre,
             layout=layout,
         )
-        self.head_dim, self.base, self.layout = self.spec.head_dim, self.spec.base, self.spec.layout
-        self.gamma, self.scale_base = self.spec.gamma, self.spec.scale_base
-        self.centre = self.spec.centre
-        self._inv_freq = self.spec.inv_freq
         names = ("cos", "sin", "q_scale", "k_scale")
         self._init_tables(names, self.max_length, torch.float32, drop=_XPOS_DERIVED_KEYS)
 
@@ -152,10 +152,14 @@ class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys):
         return module_from_spec(cls, spec, options)
 
     @property
+    def head_dim(self) -> int:
+        """Features per head: ``spec.head_dim``."""
+        return self.spec.head_dim
+
+    @property
     def inv_freq(self) -> np.ndarray:
-        """The RoPE inverse frequencies (float64, ``(head_dim // 2,)``), a copy."""
-        copy: np.ndarray = self._inv_freq.copy()
-        return copy
+        """The RoPE inverse frequencies (float64, ``(head_dim // 2,)``): ``spec.inv_freq``."""
+        return self.spec.inv_freq
 
     @eager_only  # NumPy: never traced (reached in eager code only)
     def _derive(
@@ -172,8 +176,8 @@ class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys):
     def forward(
         self, q: Tensor, k: Tensor, *, positions: Tensor | None = None, offset: int = 0
     ) -> tuple[Tensor, Tensor]:
-        name = type(self).__name__
-        batch, seq = check_qk(q, k, self.head_dim, self.qk_layout, name, positions)
+        name, spec = type(self).__name__, self.spec
+        batch, seq = check_qk(q, k, spec.head_dim, self.qk_layout, name, positions)
         offset = check_offset_or_positions(offset, positions, name, seq)
         if positions is not None:
             check_rope_positions(positions, batch, seq, name)
@@ -186,19 +190,24 @@ class XPosRotaryEmbedding(PositionTables, RotatesQueriesKeys):
             name=name,
         )  # (seq, d) or (batch, seq, d) each
         cos, sin, q_scale, k_scale = broadcast_tables(tables, self.qk_layout, q.device)
-        return self._turn(q, cos, sin, q_scale), self._turn(k, cos, sin, k_scale)
-
-    def _turn(self, x: Tensor, cos: Tensor, sin: Tensor, scale: Tensor) -> Tensor:
-        compute = torch.promote_types(x.dtype, cos.dtype)
-        out = rotate(x.to(compute), cos, sin, self.layout, self.head_dim) * scale
-        return out.to(x.dtype)
+        return (
+            _turn(q, cos, sin, q_scale, spec.layout, spec.head_dim),
+            _turn(k, cos, sin, k_scale, spec.layout, spec.head_dim),
+        )
 
     def extra_repr(self) -> str:
+        spec = self.spec
         return (
-            f"head_dim={self.head_dim}, base={self.base:g}, gamma={self.gamma:g}, "
-            f"scale_base={self.scale_base:g}, centre={self.centre:g}, layout={self.layout!r}, "
+            f"head_dim={spec.head_dim}, base={spec.base:g}, gamma={spec.gamma:g}, "
+            f"scale_base={spec.scale_base:g}, centre={spec.centre:g}, layout={spec.layout!r}, "
             f"qk_layout={self.qk_layout!r}, max_length={self.max_length}"
         )
+
+
+def _turn(x: Tensor, cos: Tensor, sin: Tensor, scale: Tensor, layout: str, width: int) -> Tensor:
+    """``x`` rotated and scaled, in the tables' dtype at least, cast back to ``x``'s."""
+    compute = torch.promote_types(x.dtype, cos.dtype)
+    return (rotate(x.to(compute), cos, sin, layout, width) * scale).to(x.dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -249,6 +258,15 @@ class AxialRotaryEmbedding(nn.Module):
     Returns:
         ``(q_rot, k_rot)`` with the shapes and dtypes of ``q`` and ``k``.
 
+    Attributes:
+        spec: The :class:`~posenc.specs.AxialRopeSpec` of the options (``head_dim``,
+            ``n_axes``, ``base``, ``sections``, ``mode``, ``layout``): the module reads
+            them there.
+        head_dim: ``spec.head_dim`` (the :class:`~posenc.torch.protocols.QueryKeyRotation`
+            role's attribute).
+        n_axes: ``spec.n_axes`` (a scheme with ``n_axes`` takes coordinates as the
+            attention's positions).
+
     Example:
         >>> from posenc.core.rope_nd import grid_coordinates
         >>> rope = AxialRotaryEmbedding(32, n_axes=2, qk_layout="bhsd")
@@ -285,13 +303,22 @@ class AxialRotaryEmbedding(nn.Module):
         self.spec = AxialRopeSpec(
             head_dim=head_dim, n_axes=n_axes, base=base, sections=sections, mode=mode, layout=layout
         )
-        self.head_dim, self.n_axes, self.base = self.spec.head_dim, self.spec.n_axes, self.spec.base
-        self.sections, self.mode, self.layout = self.spec.sections, self.spec.mode, self.spec.layout
 
     @classmethod
     def from_spec(cls, spec: AxialRopeSpec, **options: Any) -> AxialRotaryEmbedding:
         """The module of ``spec`` with options of its own."""
         return module_from_spec(cls, spec, options)
+
+    @property
+    def head_dim(self) -> int:
+        """Features per head: ``spec.head_dim``."""
+        return self.spec.head_dim
+
+    @property
+    def n_axes(self) -> int:
+        """Coordinate axes: ``spec.n_axes`` (how :class:`~posenc.torch.MultiHeadAttention`
+        knows that its positions are coordinates)."""
+        return self.spec.n_axes
 
     def _check_coords(self, coords: Any, name: str) -> None:
         if not isinstance(coords, Tensor):
@@ -301,10 +328,10 @@ class AxialRotaryEmbedding(nn.Module):
                 f"{name}: coords must be an integer tensor, got dtype {coords.dtype} "
                 "(fractional coordinates: posenc.core.rope_nd.axial_rope_tables)"
             )
-        if coords.dim() not in (2, 3) or coords.shape[-1] != self.n_axes:
+        if coords.dim() not in (2, 3) or coords.shape[-1] != self.spec.n_axes:
             raise ValueError(
                 f"{name}: coords must have shape (seq, n_axes) or (batch, seq, n_axes) with "
-                f"n_axes={self.n_axes}, got shape {tuple(coords.shape)}"
+                f"n_axes={self.spec.n_axes}, got shape {tuple(coords.shape)}"
             )
 
     @eager_only  # NumPy: coordinates are data, never traced
@@ -344,8 +371,8 @@ class AxialRotaryEmbedding(nn.Module):
         cos: Tensor | None = None,
         sin: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        name = type(self).__name__
-        batch, seq = check_qk(q, k, self.head_dim, self.qk_layout, name)
+        name, spec = type(self).__name__, self.spec
+        batch, seq = check_qk(q, k, spec.head_dim, self.qk_layout, name)
         if coords is not None:
             if cos is not None or sin is not None:
                 raise TypeError(f"{name}: pass either coords= or cos= and sin=, not both")
@@ -364,10 +391,10 @@ class AxialRotaryEmbedding(nn.Module):
                         f"{name}: {label} must be a floating-point tensor from .tables(coords), "
                         f"got {describe(t) if not isinstance(t, Tensor) else t.dtype}"
                     )
-                if t.dim() not in (2, 3) or t.shape[-1] != self.head_dim:
+                if t.dim() not in (2, 3) or t.shape[-1] != spec.head_dim:
                     raise ValueError(
                         f"{name}: {label} must have shape (seq, head_dim) or (batch, seq, "
-                        f"head_dim) with head_dim={self.head_dim}, got {tuple(t.shape)}"
+                        f"head_dim) with head_dim={spec.head_dim}, got {tuple(t.shape)}"
                     )
             if cos.shape != sin.shape:
                 raise ValueError(
@@ -387,8 +414,8 @@ class AxialRotaryEmbedding(nn.Module):
         assert sin is not None
         cos, sin = broadcast_tables((cos, sin), self.qk_layout, q.device)
         return (
-            rotate(q, cos, sin, self.layout, self.head_dim),
-            rotate(k, cos, sin, self.layout, self.head_dim),
+            rotate(q, cos, sin, spec.layout, spec.head_dim),
+            rotate(k, cos, sin, spec.layout, spec.head_dim),
         )
 
     def rotate_queries_keys(
@@ -400,7 +427,7 @@ class AxialRotaryEmbedding(nn.Module):
         if positions is None:
             raise TypeError(
                 f"{name} rotates by coordinates: pass positions= (an integer tensor "
-                f"(seq, n_axes) with n_axes={self.n_axes}) to the attention"
+                f"(seq, n_axes) with n_axes={self.spec.n_axes}) to the attention"
             )
         if offset:
             raise ValueError(
@@ -410,8 +437,9 @@ class AxialRotaryEmbedding(nn.Module):
         return rotated
 
     def extra_repr(self) -> str:
+        spec = self.spec
         return (
-            f"head_dim={self.head_dim}, n_axes={self.n_axes}, base={self.base:g}, "
-            f"sections={self.sections}, mode={self.mode!r}, layout={self.layout!r}, "
+            f"head_dim={spec.head_dim}, n_axes={spec.n_axes}, base={spec.base:g}, "
+            f"sections={spec.sections}, mode={spec.mode!r}, layout={spec.layout!r}, "
             f"qk_layout={self.qk_layout!r}"
         )
