@@ -17,10 +17,11 @@ from ..._checks import (
     check_max_length,
     check_probability,
 )
-from ...core.plan import plan_index
+from ...core.plan import plan_call, plan_index
 from ...specs import LearnedSpec, SinusoidalSpec
 from .._arguments import check_offset
 from .._backend import dtype_name, format_of, gather_rows, index_range, is_traced, wide_index
+from .._tables import call_positions
 from ..encodings import SinusoidalTables
 from ._inputs import apply_dropout, sequence_input
 
@@ -91,9 +92,16 @@ class SinusoidalPositionalEncoding(nn.Module):
         spec = SinusoidalSpec(
             d_model=d_model, base=self.base, layout=self.layout, formula=self.formula
         )
-        tables = SinusoidalTables(spec, format_of(x.dtype, "x.dtype"))
         start = check_offset(start_index, f"{name}: start_index", seq)
-        (rows,) = tables.span(start, seq, max_length=self.max_length)  # (seq, d_model)
+        plan = plan_call(
+            self.max_length,
+            **call_positions(None, start, seq),
+            past="compute",  # a JAX table never grows
+            fmt=format_of(x.dtype, "x.dtype"),
+            kind="input",
+        )
+        tables = SinusoidalTables(spec, plan.fmt)
+        (rows,) = tables.span(start, seq, max_length=self.max_length, rows=plan.rows)  # (seq, d)
         return apply_dropout(self.dropout_rate, x + rows, deterministic)
 
 

@@ -110,7 +110,7 @@ class XPosRotaryEmbedding(nn.Module):
     ) -> tuple[jax.Array, jax.Array]:
         name, spec = type(self).__name__, self.spec
         q, k, batch, seq = _queries_keys(q, k, spec.head_dim, self.qk_layout, name)
-        fmt = table_format(format_of(q.dtype, "q.dtype"), "rotation")
+        fmt = format_of(q.dtype, "q.dtype")  # (xpos_rows' plan: the tables' format)
         if positions is None:
             start = check_offset(start_index, f"{name}: start_index", seq)
             tables = xpos_rows(
