@@ -77,7 +77,7 @@ def test_a_traced_start_is_planned_once_and_gathers():
         return rope.apply({}, q, start_index=start)
 
     out = jax.jit(trace)(jnp.int32(6))  # positions 6 .. 9: 8 and 9 past the table
-    assert counted["plan_call"] == 1 and counted["plan_rows"] == 0
+    assert (counted["plan_call"], counted["plan_rows"]) == (1, 0)
     eager = rope.apply({}, q[:, :2], start_index=6)
     np.testing.assert_allclose(np.asarray(out[:, :2]), np.asarray(eager), rtol=0, atol=2e-6)
     assert np.isnan(np.asarray(out[:, 2:])).all()
@@ -88,7 +88,7 @@ def test_the_sinusoidal_module_and_xpos_read_the_plans_rows():
     x = jnp.zeros((1, 3, 6), jnp.bfloat16)
     for start in (2, 30):  # in the table, past it
         counted = calls(lambda start=start: pe.apply({}, x, start_index=start))
-        assert counted["plan_call"] == 1 and counted["plan_rows"] == 1
+        assert (counted["plan_call"], counted["plan_rows"]) == (1, 1)
         want = SinusoidalSpec(d_model=6, base=100.0).table(
             np.arange(start, start + 3), fmt="bfloat16"
         )
@@ -98,9 +98,103 @@ def test_the_sinusoidal_module_and_xpos_read_the_plans_rows():
     xpos = linen.XPosRotaryEmbedding(16, max_length=8)
     q = jnp.ones((1, 2, 3, 16), jnp.bfloat16)
     counted = calls(lambda: xpos.apply({}, q, q, start_index=5))
-    assert counted["plan_call"] == 1 and counted["plan_rows"] == 1
+    assert (counted["plan_call"], counted["plan_rows"]) == (1, 1)
     cos, sin, q_scale, _ = XPosSpec(head_dim=16).tables(np.arange(5, 7), fmt="float32")
     qx, _ = xpos.apply({}, q, q, start_index=5)
     assert qx.dtype == jnp.bfloat16  # rotated with float32 tables: the plan's format
     want = posenc.apply_rope(np.ones((1, 2, 16)), cos, sin, layout="interleaved") * q_scale
     np.testing.assert_allclose(np.asarray(qx, np.float64)[:, :, 0], want, rtol=2**-8, atol=0)
+
+
+# ---------------------------------------------------------------------------------------
+# A Flax module's options, parsed once
+
+
+def _parsed(counted: Counter[str]) -> dict[str, int]:
+    """The calls that parse options or make a spec (``RopeSpec.__post_init__``, ...)."""
+    return {
+        name: n
+        for name, n in counted.items()
+        if name.endswith("Spec.__post_init__")
+        or name in ("rope_options", "as_rope_scaling", "learned_rope_frequencies")
+    }
+
+
+def test_a_second_apply_or_trace_of_flax_rope_parses_nothing():
+    rope = linen.RotaryEmbedding(max_length=64, scaling="yarn", scaling_params=dict(YARN))
+    q = _q((1, 4, 2, 16))
+    first = rope.apply({}, q, start_index=2)
+    again = calls(lambda: rope.apply({}, q, start_index=2))
+    traced = calls(lambda: jax.jit(lambda s: rope.apply({}, q, start_index=s))(2))
+    twin = linen.RotaryEmbedding(max_length=64, scaling="yarn", scaling_params=dict(YARN))
+    other_layer = calls(lambda: twin.apply({}, q, start_index=2))
+    assert _parsed(again) == _parsed(traced) == _parsed(other_layer) == {}
+    np.testing.assert_array_equal(np.asarray(twin.apply({}, q, start_index=2)), first)
+
+
+@pytest.mark.parametrize(
+    ("make", "call"),
+    [
+        (
+            lambda: linen.XPosRotaryEmbedding(16, max_length=8),
+            lambda m, q: m.apply({}, q, q, start_index=1),
+        ),
+        (
+            lambda: linen.AxialRotaryEmbedding(16, n_axes=2, sections=[4, 4]),
+            lambda m, q: m.apply({}, q, q, coords=np.stack([np.arange(4)] * 2, -1)),
+        ),
+        (
+            lambda: linen.SinusoidalPositionalEncoding(max_length=8),
+            lambda m, q: m.apply({}, q[0], start_index=1),
+        ),
+    ],
+    ids=["xpos", "axial", "sinusoidal"],
+)
+def test_a_second_apply_of_a_flax_module_without_params_parses_nothing(make, call):
+    module, q = make(), _q((1, 4, 2, 16))
+    call(module, q)
+    assert _parsed(calls(lambda: call(module, q))) == {}
+
+
+def test_a_second_apply_of_flax_learned_rope_parses_nothing():
+    rope = linen.LearnedRotaryEmbedding(16, scaling="linear", scaling_params={"factor": 2.0})
+    q = _q((1, 4, 2, 16))
+    variables = rope.init(jax.random.key(0), q, q)
+    assert _parsed(calls(lambda: rope.apply(variables, q, q, start_index=3))) == {}
+    # the param starts at the core's frequencies, whatever module made them first
+    spec = RopeSpec(head_dim=16, scaling={"rope_type": "linear", "factor": 2.0})
+    want = spec.frequencies()[0].astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(variables["params"]["inv_freq"]), want)
+    again = linen.LearnedRotaryEmbedding(16, scaling="linear", scaling_params={"factor": 2.0})
+    np.testing.assert_array_equal(
+        np.asarray(again.init(jax.random.key(1), q, q)["params"]["inv_freq"]), want
+    )
+
+
+def test_bad_options_are_refused_at_every_construction():
+    for _ in range(2):  # nothing is kept for options that fail
+        with pytest.raises(ValueError, match="factor"):
+            linen.RotaryEmbedding(scaling="yarn", scaling_params={**YARN, "factor": -1.0})
+        with pytest.raises(ValueError, match="rotary_dim"):
+            linen.RotaryEmbedding(head_dim=8, rotary_dim=16)  # the spec, made at once
+        with pytest.raises(ValueError, match="gamma"):
+            linen.XPosRotaryEmbedding(16, gamma=-1.0)
+
+
+def test_options_are_kept_by_value_and_type():
+    params = {"factor": 2.0}
+    q = _q((1, 3, 2, 8))
+    linear = linen.RotaryEmbedding(scaling="linear", scaling_params=params)
+    doubled = np.asarray(linear.apply({}, q))
+    params["factor"] = 4.0  # the same dict, another value: another spec
+    quadrupled = np.asarray(
+        linen.RotaryEmbedding(scaling="linear", scaling_params=params).apply({}, q)
+    )
+    for factor, got in ((2.0, doubled), (4.0, quadrupled)):
+        cos, sin = RopeSpec(head_dim=8, scaling={"rope_type": "linear", "factor": factor}).tables(3)
+        want = posenc.apply_rope(np.asarray(q, np.float64), cos[:, None], sin[:, None])
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
+    # True is not 1: a bool refused, even after the int's module was made
+    linen.SinusoidalPositionalEncoding(max_length=1)
+    with pytest.raises(TypeError, match="max_length"):
+        linen.SinusoidalPositionalEncoding(max_length=True)

@@ -24,6 +24,7 @@ from .._backend import dtype_name, format_of, gather_rows, index_range, is_trace
 from .._tables import call_positions
 from ..encodings import SinusoidalTables
 from ._inputs import apply_dropout, sequence_input
+from ._specs import module_spec
 
 __all__ = [
     "LearnedPositionalEmbedding",
@@ -89,9 +90,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         name = type(self).__name__
         x = sequence_input(x, name)
         seq, d_model = x.shape[-2], x.shape[-1]
-        spec = SinusoidalSpec(
-            d_model=d_model, base=self.base, layout=self.layout, formula=self.formula
-        )
+        spec = module_spec(self, _sinusoidal_spec, d_model)
         start = check_offset(start_index, f"{name}: start_index", seq)
         plan = plan_call(
             self.max_length,
@@ -138,7 +137,7 @@ class LearnedPositionalEmbedding(nn.Module):
     param_dtype: Any = jnp.float32
 
     def __post_init__(self) -> None:
-        LearnedSpec(max_length=self.max_length, d_model=1, init_std=self.init_std)
+        module_spec(self, _learned_spec, 1)  # the spec's checks that need no width
         check_probability(self.dropout_rate, "dropout_rate")
         super().__post_init__()
 
@@ -147,7 +146,7 @@ class LearnedPositionalEmbedding(nn.Module):
         name = type(self).__name__
         x = sequence_input(x, name)
         seq, d_model = x.shape[-2], x.shape[-1]
-        spec = LearnedSpec(max_length=self.max_length, d_model=d_model, init_std=self.init_std)
+        spec = module_spec(self, _learned_spec, d_model)
         embedding = self.param(
             "embedding",
             nn.initializers.normal(stddev=spec.init_std),
@@ -168,3 +167,13 @@ class LearnedPositionalEmbedding(nn.Module):
                 )
             rows = embedding[start : start + seq]  # (seq, d)
         return apply_dropout(self.dropout_rate, x + rows.astype(x.dtype), deterministic)
+
+
+def _sinusoidal_spec(module: SinusoidalPositionalEncoding, d_model: int) -> SinusoidalSpec:
+    return SinusoidalSpec(
+        d_model=d_model, base=module.base, layout=module.layout, formula=module.formula
+    )
+
+
+def _learned_spec(module: LearnedPositionalEmbedding, d_model: int) -> LearnedSpec:
+    return LearnedSpec(max_length=module.max_length, d_model=d_model, init_std=module.init_std)
