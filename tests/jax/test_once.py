@@ -106,6 +106,18 @@ def test_the_sinusoidal_module_and_xpos_read_the_plans_rows():
     np.testing.assert_allclose(np.asarray(qx, np.float64)[:, :, 0], want, rtol=2**-8, atol=0)
 
 
+def test_the_learned_embedding_asks_the_planner_which_rows_it_has():
+    emb = linen.LearnedPositionalEmbedding(max_length=6)
+    x = jnp.zeros((2, 3, 4))
+    variables = emb.init(jax.random.key(0), x)
+    table = np.asarray(variables["params"]["embedding"])
+    counted = calls(lambda: emb.apply(variables, x, start_index=3))
+    assert counted["plan_rows"] == 1  # a slice of rows 3 .. 5, the planner's
+    np.testing.assert_array_equal(np.asarray(emb.apply(variables, x, start_index=3))[1], table[3:])
+    with pytest.raises(ValueError, match=r"position 6 \(start_index=4\) is beyond max_length=6"):
+        emb.apply(variables, x, start_index=4)  # the planner's "refuse": no rows past it
+
+
 # ---------------------------------------------------------------------------------------
 # A Flax module's options, parsed once
 

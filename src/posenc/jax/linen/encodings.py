@@ -17,7 +17,7 @@ from ..._checks import (
     check_max_length,
     check_probability,
 )
-from ...core.plan import plan_call, plan_index
+from ...core.plan import plan_call, plan_index, plan_rows
 from ...specs import LearnedSpec, SinusoidalSpec
 from .._arguments import check_offset
 from .._backend import dtype_name, format_of, gather_rows, index_range, is_traced, wide_index
@@ -155,17 +155,19 @@ class LearnedPositionalEmbedding(nn.Module):
         )  # (max_length, d)
         start = check_offset(start_index, f"{name}: start_index", seq)
         if is_traced(start):
-            plan = plan_index(dtype_name(start), self.max_length, wide=wide_index())
-            index = index_range(start, seq, plan)  # (seq,), in the wide dtype
-            rows = gather_rows(embedding, index, plan)  # (seq, d), NaN past the table
-        else:
-            if start + seq > self.max_length:
+            index_plan = plan_index(dtype_name(start), self.max_length, wide=wide_index())
+            index = index_range(start, seq, index_plan)  # (seq,), in the wide dtype
+            rows = gather_rows(embedding, index, index_plan)  # (seq, d), NaN past the table
+        else:  # a learned embedding has no rows past it: the planner refuses them
+            assert isinstance(start, int)  # check_offset makes a known offset an int
+            plan = plan_rows(self.max_length, start=start, count=seq, past="refuse")
+            if plan.action == "refuse":
                 raise ValueError(
-                    f"{name}: position {start + seq - 1} (start_index={start}) is beyond "
+                    f"{name}: position {plan.end - 1} (start_index={start}) is beyond "
                     f"max_length={self.max_length} (positions 0..{self.max_length - 1}); "
                     "learned embeddings cannot extrapolate: build it with a larger max_length"
                 )
-            rows = embedding[start : start + seq]  # (seq, d)
+            rows = embedding[plan.start : plan.end]  # (seq, d)
         return apply_dropout(self.dropout_rate, x + rows.astype(x.dtype), deterministic)
 
 
