@@ -210,3 +210,35 @@ def test_options_are_kept_by_value_and_type():
     linen.SinusoidalPositionalEncoding(max_length=1)
     with pytest.raises(TypeError, match="max_length"):
         linen.SinusoidalPositionalEncoding(max_length=True)
+
+
+@pytest.mark.parametrize(
+    ("module", "want"),
+    [
+        (lambda: linen.ALiBiBias(8), lambda: posenc.alibi_bias(1, 6, num_heads=8, offset=5)),
+        (
+            lambda: linen.SandwichBias(8, dim=64),
+            lambda: posenc.sandwich_bias(1, 6, num_heads=8, dim=64, offset=5),
+        ),
+    ],
+    ids=["alibi", "sandwich"],
+)
+def test_a_second_apply_of_a_flax_bias_makes_no_spec(module, want):
+    bias = module()
+    bias.apply({}, 1, 6, offset=5)
+    assert _parsed(calls(lambda: bias.apply({}, 1, 6, offset=5))) == {}
+    got = np.asarray(bias.apply({}, 1, 6, offset=5))
+    np.testing.assert_array_equal(got, np.asarray(want(), np.float32))
+
+
+@pytest.mark.parametrize(
+    "module",
+    [lambda: linen.KERPLEBias(8), lambda: linen.FIREBias(8), lambda: linen.T5RelativeBias(8)],
+    ids=["kerple", "fire", "t5"],
+)
+def test_a_flax_bias_of_weights_makes_its_spec_once_per_apply(module):
+    bias = module()
+    variables = bias.init(jax.random.key(0), 4)
+    bias.apply(variables, 4)
+    made = _parsed(calls(lambda: bias.apply(variables, 4)))
+    assert list(made.values()) == [1]  # the function's, from the weights' shapes

@@ -26,7 +26,7 @@ from ._arguments import check_offset, static_int
 from ._backend import dtype_name, format_of, index_range, is_traced, to_tensor, wide_index
 from ._tables import PositionTables
 
-__all__ = ["alibi_bias", "alibi_slopes", "t5_bias"]
+__all__ = ["alibi_bias", "alibi_rows", "alibi_slopes", "t5_bias"]
 
 
 def _rows(positions: int | np.ndarray, start: int) -> np.ndarray:
@@ -134,12 +134,27 @@ def alibi_bias(
         Enables Input Length Extrapolation", ICLR 2022.
     """
     fmt = format_of(dtype)
-    query_length = static_int(query_length, "query_length", minimum=0)
-    if key_length is not None:
-        key_length = static_int(key_length, "key_length", minimum=0)
     spec = AlibiSpec(num_heads=static_int(num_heads, "num_heads", minimum=1), mode=mode)
     if max_length is not None:
         max_length = static_int(max_length, "max_length", minimum=1, maximum=MAX_POSITIONS)
+    return alibi_rows(spec, fmt, query_length, key_length, offset=offset, max_length=max_length)
+
+
+def alibi_rows(
+    spec: AlibiSpec,
+    fmt: str,
+    query_length: int,
+    key_length: int | None,
+    *,
+    offset: Any,
+    max_length: int | None,
+) -> jax.Array:
+    """:func:`alibi_bias` of a validated ``spec`` in format ``fmt`` (a checked
+    ``max_length``): the bias of :class:`posenc.jax.linen.ALiBiBias` too, whose spec is
+    made once."""
+    query_length = static_int(query_length, "query_length", minimum=0)
+    if key_length is not None:
+        key_length = static_int(key_length, "key_length", minimum=0)
     offset = None if offset is None else check_offset(offset, "offset")
     if not is_traced(offset):
         return to_tensor(spec.bias(query_length, key_length, offset=offset, fmt=fmt), fmt)

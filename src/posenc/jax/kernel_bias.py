@@ -39,7 +39,7 @@ from ._arguments import check_offset, check_traced_index, static_int, widen
 from ._backend import dtype_name, format_of, index_range, is_traced, to_tensor, wide_index
 from ._tables import PositionTables
 
-__all__ = ["fire_bias", "kerple_bias", "sandwich_bias"]
+__all__ = ["fire_bias", "kerple_bias", "sandwich_bias", "sandwich_rows"]
 
 
 def _traced(*values: Any) -> bool:
@@ -310,6 +310,25 @@ def sandwich_bias(
                         base=base, mode=mode)  # fmt: skip
     if max_length is not None:
         max_length = static_int(max_length, "max_length", minimum=1, maximum=MAX_POSITIONS)
+    return sandwich_rows(spec, fmt, query_length, key_length, offset=offset,
+                         positions=positions, key_positions=key_positions,
+                         max_length=max_length)  # fmt: skip
+
+
+def sandwich_rows(
+    spec: SandwichSpec,
+    fmt: str,
+    query_length: int,
+    key_length: int | None,
+    *,
+    offset: Any,
+    positions: Any,
+    key_positions: Any,
+    max_length: int | None,
+) -> jax.Array:
+    """:func:`sandwich_bias` of a validated ``spec`` in format ``fmt`` (a checked
+    ``max_length``): the bias of :class:`posenc.jax.linen.SandwichBias` too, whose spec is
+    made once."""
     if not _traced(offset, positions, key_positions):
         values = spec.bias(query_length, key_length, offset=offset, fmt=fmt,
                            positions=positions, key_positions=key_positions)  # fmt: skip
