@@ -20,7 +20,7 @@ jnp = pytest.importorskip("jax.numpy")
 linen = pytest.importorskip("posenc.jax.linen")
 
 import posenc  # noqa: E402
-from posenc.specs import RopeSpec, SinusoidalSpec, XPosSpec  # noqa: E402
+from posenc.specs import RopeSpec, SinusoidalNDSpec, SinusoidalSpec, XPosSpec  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(posenc.__file__)) + os.sep
 
@@ -242,3 +242,15 @@ def test_a_flax_bias_of_weights_makes_its_spec_once_per_apply(module):
     bias.apply(variables, 4)
     made = _parsed(calls(lambda: bias.apply(variables, 4)))
     assert list(made.values()) == [1]  # the function's, from the weights' shapes
+
+
+def test_a_second_apply_of_the_flax_nd_encoding_makes_no_spec():
+    pe = linen.SinusoidalPositionalEncodingND(layout="mae")
+    x = jnp.zeros((1, 4, 5, 8), jnp.bfloat16)
+    pe.apply({}, x)
+    assert _parsed(calls(lambda: pe.apply({}, x))) == {}
+    # the core's float64 values rounded once to bfloat16 (kept in float32: exact)
+    want = SinusoidalNDSpec(channels=8, layout="mae").table((4, 5), fmt="bfloat16")
+    got = pe.apply({}, x)[0]
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got, np.float32), want)
