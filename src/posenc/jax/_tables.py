@@ -24,11 +24,10 @@ import numpy as np
 from .._checks import MemoryLimitError, check_positions
 from ..core.plan import RowsPlan, plan_index
 from ..core.tables import CACHE, share_key
-from ._arguments import check_traced_index, need_max_length
+from ._arguments import check_traced_index, need_max_length, traced_run
 from ._backend import (
     dtype_name,
     gather_rows,
-    index_range,
     is_traced,
     known_value,
     to_tensor,
@@ -118,8 +117,7 @@ class PositionTables:
         them); a ``"slice"`` reads them; ``"direct"`` gets this call's rows from the core.
         """
         if rows is None:
-            index = index_range(start, count, plan_index(dtype_name(start), wide=wide_index()))
-            return self.gather(index, max_length)
+            return self.gather(traced_run(start, count), max_length)
         if rows.action == "slice":
             try:
                 tables = self.table(max_length)

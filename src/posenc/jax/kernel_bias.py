@@ -32,11 +32,18 @@ from ..core.kernel_bias import (
     check_position_batches,
     check_position_shape,
 )
-from ..core.plan import align_queries, plan_index
+from ..core.plan import align_queries
 from ..core.precision import round_to_format
 from ..specs import FireSpec, KerpleSpec, SandwichSpec
-from ._arguments import check_offset, check_traced_index, static_int, widen
-from ._backend import dtype_name, format_of, index_range, is_traced, to_tensor, wide_index
+from ._arguments import (
+    check_offset,
+    check_traced_index,
+    static_int,
+    traced_key_length,
+    traced_run,
+    widen,
+)
+from ._backend import format_of, is_traced, to_tensor, wide_index
 from ._tables import PositionTables
 
 __all__ = ["fire_bias", "kerple_bias", "sandwich_bias", "sandwich_rows"]
@@ -68,13 +75,8 @@ def _positions(
     else:
         offset = None if offset is None else check_offset(offset, "offset", query_length)
         if is_traced(offset):
-            if key_length is None:
-                raise ValueError(
-                    "key_length must be given when offset is traced: the default offset + "
-                    "query_length would make the result's shape depend on a traced value"
-                )
-            queries = index_range(offset, query_length, plan_index(dtype_name(offset),
-                                                                   wide=wide_index()))  # fmt: skip
+            key_length = traced_key_length(key_length)
+            queries = traced_run(offset, query_length)
         else:
             query_length, key_length, offset = align_queries(query_length, key_length, offset)
             queries = offset + jnp.arange(query_length, dtype=wide_index())
