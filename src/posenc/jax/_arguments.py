@@ -16,7 +16,7 @@ import numpy as np
 
 from .._checks import MAX_POSITION, check_int, check_position, describe, position_error
 from ..core.plan import plan_index
-from ._backend import dtype_name, is_traced, to_index, wide_index
+from ._backend import dtype_name, index_range, is_traced, to_index, wide_index
 
 __all__ = [
     "check_offset",
@@ -25,6 +25,8 @@ __all__ = [
     "concrete_offset",
     "need_max_length",
     "static_int",
+    "traced_key_length",
+    "traced_run",
     "widen",
 ]
 
@@ -101,3 +103,21 @@ def need_max_length(name: str) -> ValueError:
         f"table is built: pass max_length= (rows 0 .. max_length-1 are built and gathered; "
         f"a traced position outside them gives NaN), or pass {name} as a static value"
     )
+
+
+def traced_run(start: Any, count: int) -> jax.Array:
+    """Positions ``start .. start+count-1`` of a traced ``start``, ``(count,)`` in JAX's
+    widest index dtype (:func:`posenc.core.plan.plan_index`: a wrap past it is negative,
+    outside every table)."""
+    return index_range(start, count, plan_index(dtype_name(start), wide=wide_index()))
+
+
+def traced_key_length(key_length: int | None) -> int:
+    """The key length of a call whose offset is traced, which must be given: the default,
+    ``offset + query_length``, would make the result's shape depend on a traced value."""
+    if key_length is None:
+        raise ValueError(
+            "key_length must be given when offset is traced: the default offset + "
+            "query_length would make the result's shape depend on a traced value"
+        )
+    return key_length

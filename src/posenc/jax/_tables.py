@@ -21,21 +21,20 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._checks import MemoryLimitError
-from ..core.plan import plan_index, plan_rows
+from .._checks import MemoryLimitError, check_positions
+from ..core.plan import RowsPlan, plan_index
 from ..core.tables import CACHE, share_key
-from ._arguments import check_traced_index, need_max_length
+from ._arguments import check_traced_index, need_max_length, traced_run
 from ._backend import (
     dtype_name,
     gather_rows,
-    index_range,
     is_traced,
     known_value,
     to_tensor,
     wide_index,
 )
 
-__all__ = ["PositionTables"]
+__all__ = ["PositionTables", "call_positions"]
 
 _CACHE = 32  # schemes whose tables are kept (traced calls, the Flax modules)
 
@@ -106,28 +105,46 @@ class PositionTables:
             positions = known_value(positions)
         return self._to_jax(self._derive(positions, 0))
 
-    def span(self, start: int | jax.Array, count: int, *, max_length: int) -> tuple[jax.Array, ...]:
-        """Rows ``start .. start+count-1``: ``(count, width)`` per table.
+    def span(
+        self, start: int | jax.Array, count: int, *, max_length: int, rows: RowsPlan | None
+    ) -> tuple[jax.Array, ...]:
+        """Rows ``start .. start+count-1``: ``(count, width)`` per table, as the call's
+        plan says (:func:`posenc.core.plan.plan_call`, ``past="compute"``: a JAX table
+        never grows).
 
-        A traced ``start`` gathers from the ``max_length``-row tables (NaN past them); a
-        concrete one reads them, or past them gets this call's rows from the core (a
-        JAX table never grows: the planner's ``past="compute"``).
+        ``rows`` is the plan's :attr:`~posenc.core.plan.CallPlan.rows`: ``None`` for a
+        traced ``start``, which gathers from the ``max_length``-row tables (NaN past
+        them); a ``"slice"`` reads them; ``"direct"`` gets this call's rows from the core.
         """
-        if is_traced(start):
-            index = index_range(start, count, plan_index(dtype_name(start), wide=wide_index()))
-            return self.gather(index, max_length)
-        assert isinstance(start, int)  # check_offset makes a known offset an int
-        plan = plan_rows(max_length, start=start, count=count, past="compute")
-        if plan.action == "slice":
+        if rows is None:
+            return self.gather(traced_run(start, count), max_length)
+        if rows.action == "slice":
             try:
                 tables = self.table(max_length)
             except MemoryLimitError:  # the limit refuses the whole table: this call's rows
-                return self._to_jax(self._derive(count, start))
-            return self._to_jax(t[plan.start : plan.end] for t in tables)
-        return self._to_jax(self._derive(count, start))
+                return self._to_jax(self._derive(count, rows.start))
+            return self._to_jax(t[rows.start : rows.end] for t in tables)
+        return self._to_jax(self._derive(count, rows.start))  # "direct"
 
     def _to_jax(self, tables: Iterable[np.ndarray]) -> tuple[jax.Array, ...]:
         return tuple(to_tensor(t, self.fmt) for t in tables)
+
+
+def call_positions(positions: Any, start: Any, count: int) -> dict[str, Any]:
+    """A call's positions as :func:`posenc.core.plan.plan_call` takes them: a run
+    (``positions=None``: ``start .. start+count-1``), the lowest and highest of known
+    positions (fractional ones: their floors), or traced."""
+    if positions is None:
+        return {"traced": True} if is_traced(start) else {"start": int(start), "count": count}
+    if is_traced(positions):
+        return {"traced": True}
+    if isinstance(positions, int):
+        return {"start": 0, "count": positions}
+    values = check_positions(positions)  # finite numbers within ±2**53, or a clear error
+    if not values.size:
+        return {"count": 0}
+    low, high = (int(np.floor(v)) for v in (values.min(), values.max()))
+    return {"low": low, "high": high, "count": values.shape[-1] if values.ndim else 1}
 
 
 def _read_only(tables: Iterable[np.ndarray]) -> tuple[np.ndarray, ...]:

@@ -18,15 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import DEFAULT_MAX_BYTES, MAX_POSITIONS, check_memory, describe
-from ..core.plan import align_queries, plan_index
+from ..core.plan import align_queries
 from ..core.precision import round_to_format
 from ..core.t5 import check_bucket_options
 from ..specs import AlibiSpec, T5Spec
-from ._arguments import check_offset, static_int
-from ._backend import dtype_name, format_of, index_range, is_traced, to_tensor, wide_index
+from ._arguments import check_offset, static_int, traced_key_length, traced_run
+from ._backend import format_of, is_traced, to_tensor
 from ._tables import PositionTables
 
-__all__ = ["alibi_bias", "alibi_slopes", "t5_bias"]
+__all__ = ["alibi_bias", "alibi_rows", "alibi_slopes", "t5_bias"]
 
 
 def _rows(positions: int | np.ndarray, start: int) -> np.ndarray:
@@ -134,24 +134,35 @@ def alibi_bias(
         Enables Input Length Extrapolation", ICLR 2022.
     """
     fmt = format_of(dtype)
-    query_length = static_int(query_length, "query_length", minimum=0)
-    if key_length is not None:
-        key_length = static_int(key_length, "key_length", minimum=0)
     spec = AlibiSpec(num_heads=static_int(num_heads, "num_heads", minimum=1), mode=mode)
     if max_length is not None:
         max_length = static_int(max_length, "max_length", minimum=1, maximum=MAX_POSITIONS)
+    return alibi_rows(spec, fmt, query_length, key_length, offset=offset, max_length=max_length)
+
+
+def alibi_rows(
+    spec: AlibiSpec,
+    fmt: str,
+    query_length: int,
+    key_length: int | None,
+    *,
+    offset: Any,
+    max_length: int | None,
+) -> jax.Array:
+    """:func:`alibi_bias` of a validated ``spec`` in format ``fmt`` (a checked
+    ``max_length``): the bias of :class:`posenc.jax.linen.ALiBiBias` too, whose spec is
+    made once."""
+    query_length = static_int(query_length, "query_length", minimum=0)
+    if key_length is not None:
+        key_length = static_int(key_length, "key_length", minimum=0)
     offset = None if offset is None else check_offset(offset, "offset")
     if not is_traced(offset):
         return to_tensor(spec.bias(query_length, key_length, offset=offset, fmt=fmt), fmt)
-    if key_length is None:
-        raise ValueError(
-            "key_length must be given when offset is traced: the default offset + "
-            "query_length would make the result's shape depend on a traced value"
-        )
+    key_length = traced_key_length(key_length)
     if query_length == 0 or key_length == 0:
         return jnp.zeros((spec.num_heads, query_length, key_length), jnp.dtype(fmt))
     bound = key_length if max_length is None else max_length
-    position = index_range(offset, query_length, plan_index(dtype_name(offset), wide=wide_index()))
+    position = traced_run(offset, query_length)
     # query p and key j are at distance p - j: row p - j + K - 1 of the table
     index = position[:, None] - jnp.arange(key_length)[None, :] + (key_length - 1)  # (Q, K)
     tables = _AlibiDistances(spec, fmt, key_length)
@@ -289,12 +300,8 @@ def t5_bias(
         )  # (Q, K), key - query
         index = buckets[np.clip(relative, -max_distance, max_distance) + max_distance]
         return jnp.moveaxis(weights[jnp.asarray(index)], -1, 0)  # (H, Q, K)
-    if key_length is None:
-        raise ValueError(
-            "key_length must be given when offset is traced: the default offset + "
-            "query_length would make the result's shape depend on a traced value"
-        )
-    position = index_range(offset, query_length, plan_index(dtype_name(offset), wide=wide_index()))
+    key_length = traced_key_length(key_length)
+    position = traced_run(offset, query_length)
     relative = jnp.arange(key_length)[None, :] - position[:, None]  # (Q, K)
     index = jnp.asarray(buckets)[jnp.clip(relative, -max_distance, max_distance) + max_distance]
     bias = jnp.moveaxis(weights[index], -1, 0)  # (H, Q, K)

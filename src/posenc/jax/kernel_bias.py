@@ -32,14 +32,21 @@ from ..core.kernel_bias import (
     check_position_batches,
     check_position_shape,
 )
-from ..core.plan import align_queries, plan_index
+from ..core.plan import align_queries
 from ..core.precision import round_to_format
 from ..specs import FireSpec, KerpleSpec, SandwichSpec
-from ._arguments import check_offset, check_traced_index, static_int, widen
-from ._backend import dtype_name, format_of, index_range, is_traced, to_tensor, wide_index
+from ._arguments import (
+    check_offset,
+    check_traced_index,
+    static_int,
+    traced_key_length,
+    traced_run,
+    widen,
+)
+from ._backend import format_of, is_traced, to_tensor, wide_index
 from ._tables import PositionTables
 
-__all__ = ["fire_bias", "kerple_bias", "sandwich_bias"]
+__all__ = ["fire_bias", "kerple_bias", "sandwich_bias", "sandwich_rows"]
 
 
 def _traced(*values: Any) -> bool:
@@ -68,13 +75,8 @@ def _positions(
     else:
         offset = None if offset is None else check_offset(offset, "offset", query_length)
         if is_traced(offset):
-            if key_length is None:
-                raise ValueError(
-                    "key_length must be given when offset is traced: the default offset + "
-                    "query_length would make the result's shape depend on a traced value"
-                )
-            queries = index_range(offset, query_length, plan_index(dtype_name(offset),
-                                                                   wide=wide_index()))  # fmt: skip
+            key_length = traced_key_length(key_length)
+            queries = traced_run(offset, query_length)
         else:
             query_length, key_length, offset = align_queries(query_length, key_length, offset)
             queries = offset + jnp.arange(query_length, dtype=wide_index())
@@ -310,6 +312,25 @@ def sandwich_bias(
                         base=base, mode=mode)  # fmt: skip
     if max_length is not None:
         max_length = static_int(max_length, "max_length", minimum=1, maximum=MAX_POSITIONS)
+    return sandwich_rows(spec, fmt, query_length, key_length, offset=offset,
+                         positions=positions, key_positions=key_positions,
+                         max_length=max_length)  # fmt: skip
+
+
+def sandwich_rows(
+    spec: SandwichSpec,
+    fmt: str,
+    query_length: int,
+    key_length: int | None,
+    *,
+    offset: Any,
+    positions: Any,
+    key_positions: Any,
+    max_length: int | None,
+) -> jax.Array:
+    """:func:`sandwich_bias` of a validated ``spec`` in format ``fmt`` (a checked
+    ``max_length``): the bias of :class:`posenc.jax.linen.SandwichBias` too, whose spec is
+    made once."""
     if not _traced(offset, positions, key_positions):
         values = spec.bias(query_length, key_length, offset=offset, fmt=fmt,
                            positions=positions, key_positions=key_positions)  # fmt: skip

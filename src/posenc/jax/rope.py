@@ -25,8 +25,8 @@ from ..core.precision import FORMATS
 from ..core.rope import ROPE_LAYOUTS, RopeScaling, check_rope_shapes, rope_options
 from ..specs import RopeSpec
 from ._arguments import static_int, widen
-from ._backend import format_of, is_traced, to_tensor
-from ._tables import PositionTables
+from ._backend import format_of, to_tensor
+from ._tables import PositionTables, call_positions
 
 __all__ = ["RopeTables", "apply_rope", "rope_rows", "rope_tables"]
 
@@ -44,22 +44,6 @@ class RopeTables(PositionTables):
 
     def _derive(self, positions: int | np.ndarray, start: int) -> tuple[np.ndarray, ...]:
         return self.spec.tables(positions, fmt=self.fmt, start=start, seq_len=self.seq_len)
-
-
-def _call_positions(positions: Any, start: Any, count: int) -> dict[str, Any]:
-    """A call's positions as :func:`posenc.core.plan.plan_call` takes them: a run, the
-    lowest and highest of known positions (fractional ones: their floors), or traced."""
-    if positions is None:
-        return {"traced": True} if is_traced(start) else {"start": int(start), "count": count}
-    if is_traced(positions):
-        return {"traced": True}
-    if isinstance(positions, int):
-        return {"start": 0, "count": positions}
-    values = check_positions(positions)  # finite numbers within ±2**53, or a clear error
-    if not values.size:
-        return {"count": 0}
-    low, high = (int(np.floor(v)) for v in (values.min(), values.max()))
-    return {"low": low, "high": high, "count": values.shape[-1] if values.ndim else 1}
 
 
 def rope_rows(
@@ -80,7 +64,7 @@ def rope_rows(
     scaling's own rows from the core), the tables' format of ``kind``."""
     plan = plan_call(
         max_length or 0,
-        **_call_positions(positions, start, count),
+        **call_positions(positions, start, count),
         scaling=spec.scaling,
         by_length=False,  # JAX keeps tables only: a traced dynamic-NTK length is refused
         past="compute",  # a JAX table never grows
@@ -95,7 +79,7 @@ def rope_rows(
             return tuple(to_tensor(t, plan.fmt) for t in tables._derive(count, start))
         if positions is None:
             assert max_length is not None  # a run always has its table's length
-            return tables.span(start, count, max_length=max_length)
+            return tables.span(start, count, max_length=max_length, rows=plan.rows)
         return tables.at(positions, max_length=max_length, name=f"{name}: positions")
 
     switch = plan.scaling.switch

@@ -19,12 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import MAX_POSITIONS, check_positions
+from ..core.plan import TableKind, plan_call
 from ..core.rope import RopeLayout
 from ..core.rope_nd import AxialMode
 from ..specs import AxialRopeSpec, XPosSpec
 from ._arguments import check_traced_index, need_max_length, static_int
 from ._backend import format_of, is_traced, known_value, to_tensor
-from ._tables import PositionTables
+from ._tables import PositionTables, call_positions
 from .rope import apply_rope
 
 __all__ = ["apply_xpos", "axial_rope_tables", "axial_rows", "xpos_rows", "xpos_tables"]
@@ -61,13 +62,24 @@ def xpos_rows(
     count: int = 0,
     max_length: int | None,
     name: str,
+    kind: TableKind = "rotation",
 ) -> tuple[jax.Array, ...]:
     """``(cos, sin, q_scale, k_scale)`` of one call: at ``positions`` (any shape), or for
-    the run ``start .. start+count-1``; each ``(..., head_dim)``."""
-    tables = XPosTables(spec, fmt)
+    the run ``start .. start+count-1``, each ``(..., head_dim)``, for an input of format
+    ``fmt``, as the call's plan says (:func:`posenc.core.plan.plan_call`: the rows, the
+    tables' format of ``kind``)."""
+    plan = plan_call(
+        max_length or 0,
+        **call_positions(positions, start, count),
+        past="compute",  # a JAX table never grows
+        fmt=fmt,
+        kind=kind,
+        name=f"{name}: ",
+    )
+    tables = XPosTables(spec, plan.fmt)
     if positions is None:
         assert max_length is not None  # a run always has its table's length
-        return tables.span(start, count, max_length=max_length)
+        return tables.span(start, count, max_length=max_length, rows=plan.rows)
     return tables.at(positions, max_length=max_length, name=f"{name}: positions")
 
 
@@ -169,6 +181,7 @@ def xpos_tables(
         positions=positions,
         max_length=_max_length(max_length),
         name="xpos_tables",
+        kind="input",
     )
     return cos, sin, q_scale, k_scale
 

@@ -14,7 +14,8 @@ from ..._checks import MemoryLimitError, check_max_length
 from ...specs import AlibiSpec, T5Spec
 from ...specs.base import module_from_spec
 from .._backend import format_of
-from ..bias import alibi_bias, t5_bias
+from ..bias import alibi_rows, t5_bias
+from ._specs import module_spec
 
 __all__ = ["ALiBiBias", "T5RelativeBias"]
 
@@ -60,10 +61,7 @@ class ALiBiBias(nn.Module):
     dtype: Any = "float32"
 
     def __post_init__(self) -> None:
-        AlibiSpec(num_heads=self.num_heads, mode=self.mode)  # the scheme's checks
-        if self.max_length is not None:
-            check_max_length(self.max_length)
-        format_of(self.dtype)
+        module_spec(self, _alibi_spec)  # every option checked when the module is made, once
         super().__post_init__()
 
     @classmethod
@@ -74,15 +72,10 @@ class ALiBiBias(nn.Module):
     def __call__(
         self, query_length: int, key_length: int | None = None, *, offset: Any = None
     ) -> jax.Array:
+        spec, fmt = module_spec(self, _alibi_spec)
         with _named_limit(query_length, key_length):
-            return alibi_bias(
-                query_length,
-                key_length,
-                num_heads=self.num_heads,
-                mode=self.mode,
-                offset=offset,
-                dtype=self.dtype,
-                max_length=self.max_length,
+            return alibi_rows(
+                spec, fmt, query_length, key_length, offset=offset, max_length=self.max_length
             )
 
 
@@ -136,13 +129,7 @@ class T5RelativeBias(nn.Module):
     param_dtype: Any = jnp.float32
 
     def __post_init__(self) -> None:
-        T5Spec(
-            num_heads=self.num_heads,
-            bidirectional=self.bidirectional,
-            num_buckets=self.num_buckets,
-            max_distance=self.max_distance,
-            compat=self.compat,
-        )  # the scheme's checks
+        module_spec(self, _t5_spec)  # the scheme's checks, once for these options
         super().__post_init__()
 
     @classmethod
@@ -170,6 +157,24 @@ class T5RelativeBias(nn.Module):
                 offset=offset,
                 compat=self.compat,
             )
+
+
+def _alibi_spec(module: ALiBiBias) -> tuple[AlibiSpec, str]:
+    """The module's spec and the bias's format, every option checked."""
+    spec = AlibiSpec(num_heads=module.num_heads, mode=module.mode)
+    if module.max_length is not None:
+        check_max_length(module.max_length)
+    return spec, format_of(module.dtype)
+
+
+def _t5_spec(module: T5RelativeBias) -> T5Spec:
+    return T5Spec(
+        num_heads=module.num_heads,
+        bidirectional=module.bidirectional,
+        num_buckets=module.num_buckets,
+        max_distance=module.max_distance,
+        compat=module.compat,
+    )
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from ...specs import CopeSpec
 from ...specs.base import module_from_spec
 from ..cope import cope_bias
+from ._specs import module_spec
 
 __all__ = ["ContextualPositionEncoding"]
 
@@ -64,7 +65,7 @@ class ContextualPositionEncoding(nn.Module):
     param_dtype: Any = jnp.float32
 
     def __post_init__(self) -> None:
-        CopeSpec(head_dim=self.head_dim, max_positions=self.max_positions)  # the checks
+        module_spec(self, _cope_spec)  # the scheme's checks, once for these options
         super().__post_init__()
 
     @classmethod
@@ -81,3 +82,7 @@ class ContextualPositionEncoding(nn.Module):
             self.param_dtype,
         )  # (1, head_dim, max_positions)
         return cope_bias(q, k, pos_emb, allowed=allowed, scale=scale)
+
+
+def _cope_spec(module: ContextualPositionEncoding) -> CopeSpec:
+    return CopeSpec(head_dim=module.head_dim, max_positions=module.max_positions)

@@ -17,12 +17,14 @@ from ..._checks import (
     check_max_length,
     check_probability,
 )
-from ...core.plan import plan_index
+from ...core.plan import plan_call, plan_index, plan_rows
 from ...specs import LearnedSpec, SinusoidalSpec
 from .._arguments import check_offset
 from .._backend import dtype_name, format_of, gather_rows, index_range, is_traced, wide_index
+from .._tables import call_positions
 from ..encodings import SinusoidalTables
 from ._inputs import apply_dropout, sequence_input
+from ._specs import module_spec
 
 __all__ = [
     "LearnedPositionalEmbedding",
@@ -88,12 +90,17 @@ class SinusoidalPositionalEncoding(nn.Module):
         name = type(self).__name__
         x = sequence_input(x, name)
         seq, d_model = x.shape[-2], x.shape[-1]
-        spec = SinusoidalSpec(
-            d_model=d_model, base=self.base, layout=self.layout, formula=self.formula
-        )
-        tables = SinusoidalTables(spec, format_of(x.dtype, "x.dtype"))
+        spec = module_spec(self, _sinusoidal_spec, d_model)
         start = check_offset(start_index, f"{name}: start_index", seq)
-        (rows,) = tables.span(start, seq, max_length=self.max_length)  # (seq, d_model)
+        plan = plan_call(
+            self.max_length,
+            **call_positions(None, start, seq),
+            past="compute",  # a JAX table never grows
+            fmt=format_of(x.dtype, "x.dtype"),
+            kind="input",
+        )
+        tables = SinusoidalTables(spec, plan.fmt)
+        (rows,) = tables.span(start, seq, max_length=self.max_length, rows=plan.rows)  # (seq, d)
         return apply_dropout(self.dropout_rate, x + rows, deterministic)
 
 
@@ -130,7 +137,7 @@ class LearnedPositionalEmbedding(nn.Module):
     param_dtype: Any = jnp.float32
 
     def __post_init__(self) -> None:
-        LearnedSpec(max_length=self.max_length, d_model=1, init_std=self.init_std)
+        module_spec(self, _learned_spec, 1)  # the spec's checks that need no width
         check_probability(self.dropout_rate, "dropout_rate")
         super().__post_init__()
 
@@ -139,7 +146,7 @@ class LearnedPositionalEmbedding(nn.Module):
         name = type(self).__name__
         x = sequence_input(x, name)
         seq, d_model = x.shape[-2], x.shape[-1]
-        spec = LearnedSpec(max_length=self.max_length, d_model=d_model, init_std=self.init_std)
+        spec = module_spec(self, _learned_spec, d_model)
         embedding = self.param(
             "embedding",
             nn.initializers.normal(stddev=spec.init_std),
@@ -148,15 +155,27 @@ class LearnedPositionalEmbedding(nn.Module):
         )  # (max_length, d)
         start = check_offset(start_index, f"{name}: start_index", seq)
         if is_traced(start):
-            plan = plan_index(dtype_name(start), self.max_length, wide=wide_index())
-            index = index_range(start, seq, plan)  # (seq,), in the wide dtype
-            rows = gather_rows(embedding, index, plan)  # (seq, d), NaN past the table
-        else:
-            if start + seq > self.max_length:
+            index_plan = plan_index(dtype_name(start), self.max_length, wide=wide_index())
+            index = index_range(start, seq, index_plan)  # (seq,), in the wide dtype
+            rows = gather_rows(embedding, index, index_plan)  # (seq, d), NaN past the table
+        else:  # a learned embedding has no rows past it: the planner refuses them
+            assert isinstance(start, int)  # check_offset makes a known offset an int
+            plan = plan_rows(self.max_length, start=start, count=seq, past="refuse")
+            if plan.action == "refuse":
                 raise ValueError(
-                    f"{name}: position {start + seq - 1} (start_index={start}) is beyond "
+                    f"{name}: position {plan.end - 1} (start_index={start}) is beyond "
                     f"max_length={self.max_length} (positions 0..{self.max_length - 1}); "
                     "learned embeddings cannot extrapolate: build it with a larger max_length"
                 )
-            rows = embedding[start : start + seq]  # (seq, d)
+            rows = embedding[plan.start : plan.end]  # (seq, d)
         return apply_dropout(self.dropout_rate, x + rows.astype(x.dtype), deterministic)
+
+
+def _sinusoidal_spec(module: SinusoidalPositionalEncoding, d_model: int) -> SinusoidalSpec:
+    return SinusoidalSpec(
+        d_model=d_model, base=module.base, layout=module.layout, formula=module.formula
+    )
+
+
+def _learned_spec(module: LearnedPositionalEmbedding, d_model: int) -> LearnedSpec:
+    return LearnedSpec(max_length=module.max_length, d_model=d_model, init_std=module.init_std)

@@ -20,7 +20,8 @@ from ...core.kernel_bias import FIRE_WEIGHTS
 from ...specs import FireSpec, KerpleSpec, SandwichSpec
 from ...specs.base import module_from_spec
 from .._backend import format_of
-from ..kernel_bias import fire_bias, kerple_bias, sandwich_bias
+from ..kernel_bias import fire_bias, kerple_bias, sandwich_rows
+from ._specs import module_spec
 
 __all__ = ["FIREBias", "KERPLEBias", "SandwichBias"]
 
@@ -78,7 +79,7 @@ class KERPLEBias(nn.Module):
     param_dtype: Any = jnp.float32
 
     def __post_init__(self) -> None:
-        KerpleSpec(num_heads=self.num_heads, kernel=self.kernel, eps=self.eps)  # the checks
+        module_spec(self, _kerple_spec)  # the scheme's checks, once for these options
         super().__post_init__()
 
     @classmethod
@@ -147,9 +148,7 @@ class FIREBias(nn.Module):
     param_dtype: Any = jnp.float32
 
     def __post_init__(self) -> None:
-        spec = FireSpec(num_heads=self.num_heads, mlp_width=self.mlp_width, init_c=self.init_c,
-                        init_L=self.init_L, eps=self.eps)  # fmt: skip
-        spec.check_parameter_format(format_of(self.param_dtype), type(self).__name__)
+        module_spec(self, _fire_spec)  # the scheme's checks, once for these options
         super().__post_init__()
 
     @classmethod
@@ -224,10 +223,7 @@ class SandwichBias(nn.Module):
     dtype: Any = "float32"
 
     def __post_init__(self) -> None:
-        SandwichSpec(num_heads=self.num_heads, dim=self.dim, base=self.base, mode=self.mode)
-        if self.max_length is not None:
-            check_max_length(self.max_length)
-        format_of(self.dtype)
+        module_spec(self, _sandwich_spec)  # every option checked when the module is made, once
         super().__post_init__()
 
     @classmethod
@@ -244,8 +240,28 @@ class SandwichBias(nn.Module):
         positions: Any = None,
         key_positions: Any = None,
     ) -> jax.Array:
-        return sandwich_bias(
-            query_length, key_length, num_heads=self.num_heads, dim=self.dim, base=self.base,
-            mode=self.mode, offset=offset, positions=positions, key_positions=key_positions,
-            dtype=self.dtype, max_length=self.max_length,
+        spec, fmt = module_spec(self, _sandwich_spec)
+        return sandwich_rows(
+            spec, fmt, query_length, key_length, offset=offset, positions=positions,
+            key_positions=key_positions, max_length=self.max_length,
         )  # fmt: skip
+
+
+def _kerple_spec(module: KERPLEBias) -> KerpleSpec:
+    return KerpleSpec(num_heads=module.num_heads, kernel=module.kernel, eps=module.eps)
+
+
+def _fire_spec(module: FIREBias) -> FireSpec:
+    spec = FireSpec(num_heads=module.num_heads, mlp_width=module.mlp_width, init_c=module.init_c,
+                    init_L=module.init_L, eps=module.eps)  # fmt: skip
+    spec.check_parameter_format(format_of(module.param_dtype), type(module).__name__)
+    return spec
+
+
+def _sandwich_spec(module: SandwichBias) -> tuple[SandwichSpec, str]:
+    """The module's spec and the bias's format, every option checked."""
+    spec = SandwichSpec(num_heads=module.num_heads, dim=module.dim, base=module.base,
+                        mode=module.mode)  # fmt: skip
+    if module.max_length is not None:
+        check_max_length(module.max_length)
+    return spec, format_of(module.dtype)

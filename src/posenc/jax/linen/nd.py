@@ -9,8 +9,10 @@ import jax
 
 from ..._checks import check_base, check_choice, check_probability
 from ...core.nd import ND_LAYOUTS
-from ..nd import sinusoidal_nd
+from ...specs import SinusoidalNDSpec
+from .._backend import format_of, to_tensor
 from ._inputs import apply_dropout, float_input
+from ._specs import module_spec
 
 __all__ = ["SinusoidalPositionalEncodingND"]
 
@@ -19,7 +21,8 @@ class SinusoidalPositionalEncodingND(nn.Module):
     """Adds an N-D sinusoidal encoding to channels-last input, then dropout.
 
     ``__call__(x) = dropout(x + table)`` with ``table`` of shape ``(*spatial, channels)``
-    from :func:`posenc.jax.sinusoidal_nd` for the grid ``x.shape[1:-1]``, correctly
+    the values of :func:`posenc.jax.sinusoidal_nd` for the grid ``x.shape[1:-1]`` (the
+    core's, from the module's :class:`~posenc.specs.SinusoidalNDSpec`), correctly
     rounded in ``x``'s dtype; a constant, not a variable.
 
     Args:
@@ -52,9 +55,7 @@ class SinusoidalPositionalEncodingND(nn.Module):
     dropout_rate: float = 0.0
 
     def __post_init__(self) -> None:
-        check_choice(self.layout, "layout", ND_LAYOUTS)
-        check_base(self.base)
-        check_probability(self.dropout_rate, "dropout_rate")
+        module_spec(self, _options)  # every option checked when the module is made, once
         super().__post_init__()
 
     @nn.compact
@@ -66,7 +67,18 @@ class SinusoidalPositionalEncodingND(nn.Module):
                 f"{name} expects channels-last x of shape (batch, *spatial, channels), rank "
                 f">= 3, got shape {x.shape}"
             )
-        table = sinusoidal_nd(
-            x.shape[1:-1], x.shape[-1], base=self.base, layout=self.layout, dtype=x.dtype
-        )  # (*spatial, C)
+        spec = module_spec(self, _spec, x.shape[-1])
+        fmt = format_of(x.dtype)
+        table = to_tensor(spec.table(x.shape[1:-1], fmt=fmt), fmt)  # (*spatial, C)
         return apply_dropout(self.dropout_rate, x + table, deterministic)
+
+
+def _options(module: SinusoidalPositionalEncodingND) -> None:
+    """The checks of the options that need no width (the input's last axis)."""
+    check_choice(module.layout, "layout", ND_LAYOUTS)
+    check_base(module.base)
+    check_probability(module.dropout_rate, "dropout_rate")
+
+
+def _spec(module: SinusoidalPositionalEncodingND, channels: int) -> SinusoidalNDSpec:
+    return SinusoidalNDSpec(channels=channels, base=module.base, layout=module.layout)

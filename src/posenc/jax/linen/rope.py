@@ -24,6 +24,7 @@ from .._arguments import check_offset, check_traced_index
 from .._backend import format_of, is_traced
 from ..rope import apply_rope, rope_rows
 from ._inputs import float_input
+from ._specs import module_spec
 
 __all__ = ["RotaryEmbedding"]
 
@@ -101,16 +102,12 @@ class RotaryEmbedding(nn.Module):
         return cls(**fields, **options)
 
     def __post_init__(self) -> None:
-        check_base(self.base)
-        if self.head_dim is not None:
-            check_int(self.head_dim, "head_dim", minimum=2)
-        if self.rotary_dim is not None:
-            check_int(self.rotary_dim, "rotary_dim", minimum=2)
-        check_choice(self.layout, "layout", ROPE_LAYOUTS)
-        check_max_length(self.max_length)
-        # The scaling's name and parameters, by the core's one parser; the checks that
-        # need the width run at the call, where head_dim is the input's last axis.
-        rope_options(self.scaling, self.scaling_params, base=self.base, seq_len_owner="module")
+        # Every option checked when the module is made (with head_dim, the whole spec),
+        # once for equal options: Flax makes the module again at every apply.
+        if self.head_dim is None:
+            module_spec(self, _options)
+        else:
+            module_spec(self, _spec, self.head_dim)
         super().__post_init__()
 
     def __call__(self, x: Any, *, start_index: Any = 0, positions: Any = None) -> jax.Array:
@@ -125,16 +122,7 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(
                 f"{name} was made for head_dim={self.head_dim}, got x of shape {x.shape}"
             )
-        method, base, _ = rope_options(
-            self.scaling, self.scaling_params, base=self.base, seq_len_owner="module"
-        )
-        spec = RopeSpec(
-            head_dim=head_dim,
-            base=base,
-            rotary_dim=self.rotary_dim,
-            layout=self.layout,
-            scaling=method,
-        )
+        spec = module_spec(self, _spec, head_dim)
         # (float32 tables for float16 and bfloat16 input too: apply_rope rotates in float32)
         fmt = format_of(x.dtype, "x.dtype")
         if positions is None:
@@ -150,7 +138,32 @@ class RotaryEmbedding(nn.Module):
                 spec, fmt, positions=positions, max_length=self.max_length, name=name
             )  # (seq, r) or (batch, seq, r)
         # a heads axis before the features
-        return apply_rope(x, cos[..., None, :], sin[..., None, :], layout=self.layout)
+        return apply_rope(x, cos[..., None, :], sin[..., None, :], layout=spec.layout)
+
+
+def _options(module: RotaryEmbedding) -> tuple[RopeScaling, float]:
+    """The scaling and base of the module's options, parsed by the core's one parser;
+    every option checked but those that need the width (the input's last axis)."""
+    check_base(module.base)
+    if module.head_dim is not None:
+        check_int(module.head_dim, "head_dim", minimum=2)
+    if module.rotary_dim is not None:
+        check_int(module.rotary_dim, "rotary_dim", minimum=2)
+    check_choice(module.layout, "layout", ROPE_LAYOUTS)
+    check_max_length(module.max_length)
+    method, base, _ = rope_options(
+        module.scaling, module.scaling_params, base=module.base, seq_len_owner="module"
+    )
+    return method, base
+
+
+def _spec(module: RotaryEmbedding, head_dim: int) -> RopeSpec:
+    """The module's :class:`~posenc.specs.RopeSpec` for queries and keys of ``head_dim``."""
+    method, base = module_spec(module, _options)
+    return RopeSpec(
+        head_dim=head_dim, base=base, rotary_dim=module.rotary_dim, layout=module.layout,
+        scaling=method,
+    )  # fmt: skip
 
 
 def _rope_positions(positions: Any, batch: int, seq: int, name: str) -> Any:

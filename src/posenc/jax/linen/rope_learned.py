@@ -25,6 +25,7 @@ from .._backend import is_traced
 from ..rope import apply_rope
 from ..rope_learned import learned_rope_tables
 from ._inputs import float_input, place_rows
+from ._specs import module_spec
 
 __all__ = ["LearnedRotaryEmbedding"]
 
@@ -87,34 +88,15 @@ class LearnedRotaryEmbedding(nn.Module):
     qk_layout: str = "bshd"
 
     def __post_init__(self) -> None:
-        self._start()  # every option checked when the module is made
+        module_spec(self, _start)  # every option checked when the module is made, once
         super().__post_init__()
-
-    def _start(self) -> tuple[RopeSpec, np.ndarray, float]:
-        """The spec, and the float32 frequencies and attention factor the param starts at."""
-        check_choice(self.qk_layout, "qk_layout", tuple(QK_AXES))
-        method, base, _ = rope_options(
-            self.scaling, self.scaling_params, base=self.base, seq_len_owner="module"
-        )
-        spec = RopeSpec(
-            head_dim=self.head_dim,
-            base=base,
-            rotary_dim=self.rotary_dim,
-            layout=self.layout,
-            scaling=method,
-        )
-        assert spec.rotary_dim is not None  # RopeSpec stores it resolved
-        initial, factor = learned_rope_frequencies(
-            method, spec.rotary_dim, spec.base, owner=type(self).__name__
-        )
-        return spec, initial, factor
 
     @nn.compact
     def __call__(
         self, q: Any, k: Any, *, start_index: Any = 0, positions: Any = None
     ) -> tuple[jax.Array, jax.Array]:
         name = type(self).__name__
-        spec, initial, factor = self._start()
+        spec, initial, factor = module_spec(self, _start)
         inv_freq = self.param("inv_freq", lambda _: jnp.asarray(initial))  # (r/2,) float32
         q, k = float_input(q, name, "queries"), float_input(k, name, "keys")
         batch, seq = check_qk_shapes(q.shape, k.shape, spec.head_dim, self.qk_layout, name)
@@ -134,6 +116,28 @@ class LearnedRotaryEmbedding(nn.Module):
             apply_rope(q, cos, sin, layout=spec.layout),
             apply_rope(k, cos, sin, layout=spec.layout),
         )
+
+
+def _start(module: LearnedRotaryEmbedding) -> tuple[RopeSpec, np.ndarray, float]:
+    """The module's spec, and the float32 frequencies (read-only: shared by every module
+    of these options) and attention factor the param starts at."""
+    check_choice(module.qk_layout, "qk_layout", tuple(QK_AXES))
+    method, base, _ = rope_options(
+        module.scaling, module.scaling_params, base=module.base, seq_len_owner="module"
+    )
+    spec = RopeSpec(
+        head_dim=module.head_dim,
+        base=base,
+        rotary_dim=module.rotary_dim,
+        layout=module.layout,
+        scaling=method,
+    )
+    assert spec.rotary_dim is not None  # RopeSpec stores it resolved
+    initial, factor = learned_rope_frequencies(
+        method, spec.rotary_dim, spec.base, owner=type(module).__name__
+    )
+    initial.flags.writeable = False
+    return spec, initial, factor
 
 
 def _positions(positions: Any, batch: int, seq: int, name: str) -> Any:

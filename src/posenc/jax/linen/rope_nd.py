@@ -19,6 +19,7 @@ from .._backend import format_of, is_traced
 from ..rope import apply_rope
 from ..rope_nd import apply_xpos, axial_rows, xpos_rows
 from ._inputs import float_input, place_rows
+from ._specs import module_spec
 from .rope import _rope_positions
 
 __all__ = ["AxialRotaryEmbedding", "XPosRotaryEmbedding"]
@@ -90,14 +91,7 @@ class XPosRotaryEmbedding(nn.Module):
     @property
     def spec(self) -> XPosSpec:
         """The validated :class:`~posenc.specs.XPosSpec` of the module's options."""
-        return XPosSpec(
-            head_dim=self.head_dim,
-            base=self.base,
-            gamma=self.gamma,
-            scale_base=self.scale_base,
-            centre=self.centre,
-            layout=self.layout,
-        )
+        return module_spec(self, _xpos_spec)
 
     def __post_init__(self) -> None:
         check_choice(self.qk_layout, "qk_layout", tuple(QK_AXES))
@@ -110,7 +104,7 @@ class XPosRotaryEmbedding(nn.Module):
     ) -> tuple[jax.Array, jax.Array]:
         name, spec = type(self).__name__, self.spec
         q, k, batch, seq = _queries_keys(q, k, spec.head_dim, self.qk_layout, name)
-        fmt = table_format(format_of(q.dtype, "q.dtype"), "rotation")
+        fmt = format_of(q.dtype, "q.dtype")  # (xpos_rows' plan: the tables' format)
         if positions is None:
             start = check_offset(start_index, f"{name}: start_index", seq)
             tables = xpos_rows(
@@ -185,14 +179,7 @@ class AxialRotaryEmbedding(nn.Module):
     @property
     def spec(self) -> AxialRopeSpec:
         """The validated :class:`~posenc.specs.AxialRopeSpec` of the module's options."""
-        return AxialRopeSpec(
-            head_dim=self.head_dim,
-            n_axes=self.n_axes,
-            base=self.base,
-            sections=self.sections,
-            mode=self.mode,
-            layout=self.layout,
-        )
+        return module_spec(self, _axial_spec)
 
     def __post_init__(self) -> None:
         check_choice(self.qk_layout, "qk_layout", tuple(QK_AXES))
@@ -209,6 +196,28 @@ class AxialRotaryEmbedding(nn.Module):
         cos, sin = place_rows(cos, self.qk_layout), place_rows(sin, self.qk_layout)
         layout = spec.layout
         return apply_rope(q, cos, sin, layout=layout), apply_rope(k, cos, sin, layout=layout)
+
+
+def _xpos_spec(module: XPosRotaryEmbedding) -> XPosSpec:
+    return XPosSpec(
+        head_dim=module.head_dim,
+        base=module.base,
+        gamma=module.gamma,
+        scale_base=module.scale_base,
+        centre=module.centre,
+        layout=module.layout,
+    )
+
+
+def _axial_spec(module: AxialRotaryEmbedding) -> AxialRopeSpec:
+    return AxialRopeSpec(
+        head_dim=module.head_dim,
+        n_axes=module.n_axes,
+        base=module.base,
+        sections=module.sections,
+        mode=module.mode,
+        layout=module.layout,
+    )
 
 
 def _coords(coords: Any, n_axes: int, batch: int, seq: int, name: str) -> Any:
