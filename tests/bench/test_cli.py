@@ -7,8 +7,6 @@ the spec; the last ones run the real training for one step through ``posenc benc
 from __future__ import annotations
 
 import datetime
-import doctest
-import importlib
 import json
 import math
 import subprocess
@@ -827,16 +825,6 @@ def test_python_m_posenc_cli_bench_is_posenc_bench():
     assert [json.loads(line) for line in result.stdout.splitlines()] == [
         RunSpec("copy", "t5", seed=4).to_dict()
     ]
-
-
-@pytest.mark.parametrize(
-    "name", ["posenc.bench", "posenc.bench.runner", "posenc.bench.report", "posenc.bench.records"]
-)
-def test_docstring_examples(name):
-    module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.failed == 0
-    assert result.attempted > 0
 
 
 def test_the_13_default_schemes_get_13_colours_and_13_markers():

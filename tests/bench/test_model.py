@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import doctest
 import hashlib
-import importlib
 import json
 import math
 from collections import Counter
@@ -647,15 +645,6 @@ def test_teacher_forced_exact_match_equals_greedy_decoding():
             greedy_right += int((decoded == tokens).all(dim=1).sum())
     assert 0 < greedy_right < samples
     assert scores["exact_match"] == greedy_right / samples
-
-
-@pytest.mark.parametrize("module", ["spec", "tasks", "model", "train"])
-def test_docstring_examples(module):
-    result = doctest.testmod(
-        importlib.import_module(f"posenc.bench.{module}"), optionflags=doctest.NORMALIZE_WHITESPACE
-    )
-    assert result.failed == 0
-    assert result.attempted > 0
 
 
 def test_a_bench_scheme_the_model_cannot_build_is_refused(monkeypatch):

@@ -73,7 +73,14 @@ def test_the_lock_refuses_a_second_holder_and_is_released(tmp_path):
         pass
 
 
-def start_bench(out: Path, *, jobs: int = 1, sleep: float = 0.3, trace: Path | None = None):
+def start_bench(
+    out: Path,
+    *,
+    jobs: int = 1,
+    sleep: float = 0.3,
+    trace: Path | None = None,
+    gate: Path | None = None,
+):
     """A ``posenc bench``-like process running GRID into ``out`` with slow runs."""
     code = (
         "import sys\n"
@@ -86,6 +93,8 @@ def start_bench(out: Path, *, jobs: int = 1, sleep: float = 0.3, trace: Path | N
            "POSENC_TEST_SLEEP": str(sleep)}  # fmt: skip
     if trace is not None:
         env["POSENC_TEST_TRACE"] = str(trace)
+    if gate is not None:
+        env["POSENC_TEST_GATE"] = str(gate)
     return subprocess.Popen(
         [sys.executable, "-c", code],
         env=env,
@@ -109,10 +118,10 @@ def lines_written(out: Path) -> int:
 
 
 def test_concurrent_starts_one_runs_the_other_is_refused(tmp_path):
-    out = tmp_path / "out"
-    # slow enough (6 runs of 3 s) to still hold the lock while a second interpreter starts
-    # on a loaded machine (at 0.3 s a run the first could finish before)
-    first = start_bench(out, sleep=3.0)
+    out, gate = tmp_path / "out", tmp_path / "go"
+    # the first holds the lock, its first run waiting for the gate, while a second
+    # interpreter starts (on a loaded machine a fixed sleep could end before it)
+    first = start_bench(out, sleep=0.0, gate=gate)
     wait_for(
         lambda: (
             (out / ".posenc-bench.lock").exists()
@@ -123,6 +132,7 @@ def test_concurrent_starts_one_runs_the_other_is_refused(tmp_path):
     _, err = second.communicate(timeout=120)
     assert second.returncode == 1
     assert f"in use by another posenc bench (pid {first.pid})" in err
+    gate.touch()
     assert first.wait(timeout=120) == 0
     assert sorted(keys_in(out)) == sorted(s.key() for s in expand(GRID))  # each once
 

@@ -546,6 +546,7 @@ def test_demo_reproduces_the_walk_through(tmp_path, capsys):
     pngs = sorted(p.name for p in (tmp_path / "demo").glob("*.png"))
     assert pngs == sorted(f"{kind}.png" for kind in posenc.plot.PLOTS)
     assert len(pngs) == 14
+    assert f"(2 tables, {len(pngs)} pictures, report.json)" in out.splitlines()[-1]
     # The relative schemes: ALiBi's 12 heads end with 2^-0.5 ... (Press et al.'s
     # get_slopes), T5's buckets for d = -10..10, YaRN's attention factor 0.1 ln 8 + 1.
     assert (

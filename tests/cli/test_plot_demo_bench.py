@@ -138,17 +138,6 @@ def test_demo_no_plots_says_what_it_wrote(capsys, tmp_path):
     ]  # fmt: skip
 
 
-def test_demo_with_plots_counts_its_pictures(capsys, tmp_path):
-    pytest.importorskip("matplotlib")
-    from posenc.plot import PLOTS
-
-    status, stdout, _ = run(capsys, "demo", "-o", str(tmp_path / "demo"))
-    assert status == 0
-    assert f"(2 tables, {len(PLOTS)} pictures, report.json)" in stdout.splitlines()[-1]
-    pictures = sorted(p.name for p in (tmp_path / "demo").glob("*.png"))
-    assert pictures == sorted(f"{kind}.png" for kind in PLOTS)
-
-
 def test_demo_does_not_create_missing_parents(capsys, tmp_path):
     status, stdout, err = run(capsys, "demo", "--no-plots", "-o", str(tmp_path / "a" / "b"))
     assert (status, stdout) == (2, "")

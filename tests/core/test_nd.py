@@ -10,7 +10,6 @@ References:
 
 from __future__ import annotations
 
-import doctest
 import math
 
 import numpy as np
@@ -224,23 +223,6 @@ def test_bad_arguments(kwargs, error, match):
     args = {"shape": (4, 4), "channels": 8} | kwargs
     with pytest.raises(error, match=match):
         sinusoidal_nd(args.pop("shape"), args.pop("channels"), **args)
-
-
-def test_docstring_examples():
-    import posenc.core.nd
-
-    modules = [posenc.core.nd]
-    try:
-        import posenc.torch.nd
-    except ImportError:  # no torch
-        pass
-    else:
-        modules.append(posenc.torch.nd)
-    for module in modules:
-        with np.printoptions(legacy=False):
-            result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
-        assert result.failed == 0
-        assert result.attempted > 0
 
 
 # --------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@ Qwen2-VL), closed forms and invariances."""
 
 from __future__ import annotations
 
-import doctest
 import math
 
 import numpy as np
@@ -12,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
-import posenc.core.rope_nd as rope_nd
 from posenc.core.rope import apply_rope, rope_frequencies, rope_permutation, rope_tables
 from posenc.core.rope_nd import (
     apply_xpos,
@@ -23,14 +21,6 @@ from posenc.core.rope_nd import (
 )
 
 RNG = np.random.default_rng(1234)
-
-
-@pytest.mark.parametrize("module", [rope_nd.xpos, rope_nd.axial])
-def test_docstring_examples(module):
-    with np.printoptions(legacy=False):
-        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.failed == 0
-    assert result.attempted > 0
 
 
 # ---------------------------------------------------------------------------------------

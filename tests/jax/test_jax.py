@@ -8,7 +8,6 @@ exactly wherever the JAX side only moves the core's values.
 
 from __future__ import annotations
 
-import doctest
 import functools
 import subprocess
 import sys
@@ -88,18 +87,6 @@ print("ok")
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
-
-
-@pytest.mark.parametrize("name", ["posenc.jax", "posenc.jax.linen"])
-def test_docstring_examples(name):
-    if name.endswith("linen"):
-        pytest.importorskip("flax")
-    import importlib
-
-    module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.failed == 0
-    assert result.attempted > 0
 
 
 # --- sinusoidal ----------------------------------------------------------------------------
