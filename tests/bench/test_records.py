@@ -122,17 +122,19 @@ def test_concurrent_starts_one_runs_the_other_is_refused(tmp_path):
     # the first holds the lock, its first run waiting for the gate, while a second
     # interpreter starts (on a loaded machine a fixed sleep could end before it)
     first = start_bench(out, sleep=0.0, gate=gate)
-    wait_for(
-        lambda: (
-            (out / ".posenc-bench.lock").exists()
-            and (out / ".posenc-bench.lock").read_text().strip()
+    try:
+        wait_for(
+            lambda: (
+                (out / ".posenc-bench.lock").exists()
+                and (out / ".posenc-bench.lock").read_text().strip()
+            )
         )
-    )
-    second = start_bench(out)
-    _, err = second.communicate(timeout=120)
-    assert second.returncode == 1
-    assert f"in use by another posenc bench (pid {first.pid})" in err
-    gate.touch()
+        second = start_bench(out)
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 1
+        assert f"in use by another posenc bench (pid {first.pid})" in err
+    finally:  # the first's runs end, also when the test fails (else it waits forever)
+        gate.touch()
     assert first.wait(timeout=120) == 0
     assert sorted(keys_in(out)) == sorted(s.key() for s in expand(GRID))  # each once
 
