@@ -614,6 +614,14 @@ def test_dropout_in_training_is_that_of_sdpa_and_off_in_eval():
     assert torch.equal(module.eval()(x), module.eval()(x))
 
 
+def test_meta_inputs_of_another_dtype_are_refused_by_name():
+    # autocast has no "meta" device type: asking whether it is on raised PyTorch's
+    # RuntimeError instead of the module's refusal of the dtype
+    module = attention("alibi").to("meta")
+    with pytest.raises(TypeError, match="x has dtype torch.float16 but the weights torch.float32"):
+        module(torch.randn(2, 5, 32, device="meta", dtype=torch.float16))
+
+
 @pytest.mark.parametrize("with_positions", [False, True])
 @pytest.mark.parametrize("scheme", ALL_SCHEMES)
 def test_meta_inputs_give_meta_outputs_of_the_right_shape(scheme, with_positions):

@@ -280,7 +280,9 @@ class MultiHeadAttention(nn.Module):
                 f"{NAME}: x is on {x.device} but the weights on {weight.device}; move one of "
                 "them (module.to(x.device))"
             )
-        if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        kind = x.device.type  # autocast exists for some device types only (not "meta")
+        autocast = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)
+        if x.dtype != weight.dtype and not autocast:
             raise TypeError(
                 f"{NAME}: x has dtype {x.dtype} but the weights {weight.dtype}; cast one of "
                 f"them (module.to({x.dtype}) or x.to({weight.dtype})), or run under autocast"
