@@ -26,8 +26,8 @@ from typing import Any
 
 from .._extras import require
 from .plugins import WorkerState, restore_worker_state, worker_state
-from .spec import RunSpec
 from .workers import (
+    Job,
     RunFn,
     _bars,
     _one_line,
@@ -35,6 +35,7 @@ from .workers import (
     record_outcome,
     run_here,
     run_pool,
+    title,
     usable_cores,
     used_names,
 )
@@ -45,10 +46,10 @@ _RESTORED: set[str] = set()  # worker states already restored in this (Ray worke
 
 
 def dispatch(
-    todo: list[RunSpec],
+    todo: list[Job],
     run_fn: RunFn | None,
     progress: bool,
-    finished: Callable[[RunSpec, dict[str, Any]], None],
+    finished: Callable[[Job, dict[str, Any]], None],
     failed: Callable[..., None],
     threads: int,
     jobs: int | None,
@@ -56,11 +57,12 @@ def dispatch(
 ) -> None:
     """Run ``todo`` where the runner was asked to (``where``: the executor, ``"local"`` or
     ``"ray"``, and Ray's address), saying first what it chose when ``progress``."""
+    prog = f"posenc {title(todo)}"
     if where[0] == "ray":
         if progress:
             cluster = where[1] or "this process's or a new local instance"
             runs = f"{len(todo)} run{'s' * (len(todo) != 1)}"
-            print(f"posenc bench: {runs} on Ray ({cluster}), {threads} thread"
+            print(f"{prog}: {runs} on Ray ({cluster}), {threads} thread"
                   f"{'s' * (threads > 1)} each", file=sys.stderr)  # fmt: skip
         run_ray(todo, run_fn, progress, finished, failed, threads, where[1], jobs)
         return
@@ -69,7 +71,7 @@ def dispatch(
     if progress:
         runs, each = f"{len(todo)} run{'s' * (len(todo) != 1)}", f"thread{'s' * (threads > 1)}"
         print(
-            f"posenc bench: {runs}, {jobs} job{'s' * (jobs > 1)} x {threads} {each} each "
+            f"{prog}: {runs}, {jobs} job{'s' * (jobs > 1)} x {threads} {each} each "
             f"({cores} cores usable)",
             file=sys.stderr,
         )
@@ -80,10 +82,10 @@ def dispatch(
 
 
 def run_ray(
-    todo: list[RunSpec],
+    todo: list[Job],
     run_fn: RunFn | None,
     progress: bool,
-    finished: Callable[[RunSpec, dict[str, Any]], None],
+    finished: Callable[[Job, dict[str, Any]], None],
     failed: Callable[..., None],
     threads: int,
     address: str | None,
@@ -94,17 +96,17 @@ def run_ray(
     the Ray instance this process already started, or a new local one; ``"auto"``: the
     cluster this machine belongs to). A Ray instance started here is shut down at the end.
     """
-    ray = require("ray", "posenc bench --executor ray", extra="posenc[ray]")
+    ray = require("ray", f"posenc {title(todo)} --executor ray", extra="posenc[ray]")
     state = worker_state(*used_names(todo))  # before Ray starts: unpicklable is refused
     started = _join(ray, address, threads)
     remote = ray.remote(_ray_run)
     on_cpu = remote.options(num_cpus=threads, max_retries=0)
     on_gpu = remote.options(num_cpus=threads, num_gpus=1, max_retries=0)  # device cuda
     state_ref = ray.put(state)
-    queue, running = list(todo), dict[Any, RunSpec]()
+    queue, running = list(todo), dict[Any, Job]()
     limit = len(todo) if jobs is None else jobs
     try:
-        with _bars(progress, len(todo)) as (runs, write, _):
+        with _bars(progress, len(todo), title(todo)) as (runs, write, _):
             while queue or running:
                 while queue and len(running) < limit:
                     spec = queue.pop(0)
@@ -162,7 +164,7 @@ def _check_fits_a_node(ray: Any, threads: int) -> None:
 
 
 def _ray_run(
-    state: WorkerState, run_fn: RunFn | None, spec: RunSpec, threads: int
+    state: WorkerState, run_fn: RunFn | None, spec: Job, threads: int
 ) -> tuple[bool, Any, str]:
     """In a Ray worker: ``(True, record, "")`` or ``(False, error, traceback)``."""
     try:
@@ -173,9 +175,8 @@ def _ray_run(
         for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[variable] = str(threads)
         function = run_fn if run_fn is not None else default_run()
-        if run_fn is None:
-            import torch
-
+        torch = sys.modules.get("torch")  # imported by the run function's module, if at all
+        if torch is not None:
             torch.set_num_threads(threads)
         return True, function(spec, progress=None), ""
     except Exception as exc:

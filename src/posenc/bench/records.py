@@ -24,7 +24,6 @@ from typing import Any
 
 from .._checks import describe
 from .._files import output_folder
-from .spec import RunSpec
 
 __all__ = [
     "FAILURES_FILE",
@@ -53,9 +52,10 @@ class FolderInUseError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Failure:
-    """A run that raised: its spec, the error in one line and the traceback."""
+    """A run that raised: its spec (a :class:`RunSpec`, or another job of the executors:
+    :class:`posenc.bench.workers.Job`), the error in one line and the traceback."""
 
-    spec: RunSpec
+    spec: Any
     error: str
     traceback: str
 

@@ -50,6 +50,7 @@ from .records import (
 from .report import write_reports
 from .spec import SCHEMES, TASKS, RunSpec
 from .workers import (
+    Job,
     RunFn,
     check_not_bootstrapping,
     checked,
@@ -415,7 +416,7 @@ def execute(
 
 
 def _execute_locked(
-    specs: list[RunSpec],
+    specs: Sequence[Job],
     out: Path,
     jobs: int | None,
     threads: int,
@@ -423,8 +424,11 @@ def _execute_locked(
     progress: bool,
     run_fn: RunFn | None,
     where: tuple[str, str | None] = ("local", None),
+    reports: Callable[[Path], dict[str, Path]] = write_reports,
 ) -> Outcome:
-    """:func:`execute` once this process holds the output folder's lock."""
+    """:func:`execute` once this process holds the output folder's lock; also the
+    executor of other jobs than bench runs (:mod:`posenc.extend`), which write their
+    own ``reports`` from the results file."""
     results = out / RESULTS_FILE
     if not resume and results.exists() and results.stat().st_size > 0:
         raise FileExistsError(
@@ -437,12 +441,12 @@ def _execute_locked(
     failures: list[Failure] = []
     ran = 0
 
-    def finished(spec: RunSpec, record: dict[str, Any]) -> None:
+    def finished(spec: Job, record: dict[str, Any]) -> None:
         nonlocal ran
         append_line(results, json_line(record))
         ran += 1
 
-    def failed(spec: RunSpec, error: str, trace: str, write: Callable[[str], None]) -> None:
+    def failed(spec: Job, error: str, trace: str, write: Callable[[str], None]) -> None:
         failures.append(Failure(spec, error, trace))
         entry = {
             "key": spec.key(),
@@ -459,13 +463,13 @@ def _execute_locked(
             dispatch(todo, run_fn, progress, finished, failed, threads, jobs, where)
     except BaseException:  # interrupted: the reports still show the runs finished so far
         with contextlib.suppress(Exception):
-            write_reports(out)
+            reports(out)
         raise
-    reports = write_reports(out)
+    written = reports(out)
     keys = {spec.key() for spec in specs}
     by_key = {r["key"]: r for r in load_records(results) if r["key"] in keys}
     records = [by_key[spec.key()] for spec in specs if spec.key() in by_key]
-    outcome = Outcome(out, records, ran, len(specs) - len(todo), failures, reports)
+    outcome = Outcome(out, records, ran, len(specs) - len(todo), failures, written)
     if todo and not ran:
         raise RunsFailedError(
             f"all {len(todo)} runs failed (errors in {failures_path}); the first: "

@@ -14,7 +14,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from posenc._checks import check_choice, check_int, check_positive, describe
 from posenc.core.rope import ROPE_SCALING_SPECS, RopeScaling
@@ -251,6 +251,18 @@ class RunSpec:
         if missing:
             raise ValueError(f"RunSpec.from_dict needs the fields {missing}, got {sorted(d)}")
         return cls(**d)
+
+    #: The title of the progress bar over bench runs, and the command that runs them.
+    title: ClassVar[str] = "bench"
+
+    def label(self) -> str:
+        """The run in a few words, for progress bars and messages.
+
+        Example:
+            >>> RunSpec("copy", "rope", seed=2).label()
+            'copy/rope seed 2'
+        """
+        return f"{self.task}/{self.scheme} seed {self.seed}"
 
     def key(self) -> str:
         """Stable identifier: SHA-1 (hex) of the canonical JSON of every field but ``device``.

@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from typing import Any, Protocol
 
 from .._checks import describe
 from .plugins import WorkerState, restore_worker_state, worker_state
@@ -28,6 +28,7 @@ from .records import json_line
 from .spec import RunSpec
 
 __all__ = [
+    "Job",
     "RunFn",
     "check_not_bootstrapping",
     "checked",
@@ -38,11 +39,36 @@ __all__ = [
     "run_here",
     "run_pool",
     "step_callback",
+    "title",
     "usable_cores",
     "used_names",
 ]
 
 RunFn = Callable[..., dict[str, Any]]
+
+
+class Job(Protocol):
+    """What the executors run: a frozen description of one run with a stable key.
+
+    :class:`~posenc.bench.spec.RunSpec` is one (a bench run); the probes of
+    :mod:`posenc.extend` (a model, a RoPE scaling, a length) are another. ``steps`` is the
+    number of progress units a run reports to its ``progress(step, total)`` callback (the
+    callback may change the total), ``device`` where it runs (``"cuda..."`` asks Ray for a
+    GPU).
+    """
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def steps(self) -> int: ...
+
+    def key(self) -> str: ...
+
+    def label(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
 
 _GUARD = (
     "spawned worker processes import the main module again, so a script that starts a bench "
@@ -67,10 +93,10 @@ def check_not_bootstrapping() -> None:
 
 
 def run_here(
-    todo: list[RunSpec],
+    todo: list[Job],
     run_fn: RunFn | None,
     progress: bool,
-    finished: Callable[[RunSpec, dict[str, Any]], None],
+    finished: Callable[[Job, dict[str, Any]], None],
     failed: Callable[..., None],
     threads: int | None = None,
 ) -> None:
@@ -89,19 +115,22 @@ def run_here(
 
 
 def _run_each(
-    todo: list[RunSpec],
+    todo: list[Job],
     function: RunFn,
     progress: bool,
-    finished: Callable[[RunSpec, dict[str, Any]], None],
+    finished: Callable[[Job, dict[str, Any]], None],
     failed: Callable[..., None],
 ) -> None:
-    with _bars(progress, len(todo)) as (runs, write, tqdm):
+    with _bars(progress, len(todo), title(todo)) as (runs, write, tqdm):
         for spec in todo:
             if runs is not None:
                 runs.set_postfix_str(label(spec))
             steps = None
             if tqdm is not None:
-                steps = tqdm(total=spec.steps, desc="  steps", unit="step", leave=False, position=1)
+                unit = str(getattr(spec, "unit", "step"))  # what a run's progress counts
+                steps = tqdm(
+                    total=spec.steps, desc=f"  {unit}s", unit=unit, leave=False, position=1
+                )
             try:
                 record = checked(
                     function(spec, progress=None if steps is None else step_callback(steps)),
@@ -119,11 +148,11 @@ def _run_each(
 
 
 def run_pool(
-    todo: list[RunSpec],
+    todo: list[Job],
     run_fn: RunFn | None,
     progress: bool,
     jobs: int,
-    finished: Callable[[RunSpec, dict[str, Any]], None],
+    finished: Callable[[Job, dict[str, Any]], None],
     failed: Callable[..., None],
     threads: int | None = None,
 ) -> None:
@@ -137,7 +166,7 @@ def run_pool(
         initargs=(threads, run_fn is None, worker_state(*used_names(todo))),
     )
     try:
-        with _bars(progress, len(todo)) as (runs, write, _):
+        with _bars(progress, len(todo), title(todo)) as (runs, write, _):
             futures = {pool.submit(_worker_run, run_fn, spec): spec for spec in todo}
             for future in concurrent.futures.as_completed(futures):
                 spec = futures[future]
@@ -157,9 +186,9 @@ def run_pool(
 
 
 def record_outcome(
-    spec: RunSpec,
+    spec: Job,
     outcome: tuple[bool, Any, str],
-    finished: Callable[[RunSpec, dict[str, Any]], None],
+    finished: Callable[[Job, dict[str, Any]], None],
     failed: Callable[..., None],
     write: Callable[[str], None],
 ) -> None:
@@ -217,12 +246,14 @@ def _exit_with(parent: int) -> None:
 _RESTORE_ERROR: tuple[str, str] | None = None  # set in a worker whose registrations failed
 
 
-def used_names(specs: list[RunSpec]) -> tuple[set[str], set[str]]:
-    """The task and scheme names of ``specs``: the registrations workers need."""
+def used_names(jobs: list[Job]) -> tuple[set[str], set[str]]:
+    """The task and scheme names of the bench runs among ``jobs``: the registrations
+    workers need (other jobs need none of them; plugin files reach every worker)."""
+    specs = [job for job in jobs if isinstance(job, RunSpec)]
     return {spec.task for spec in specs}, {spec.scheme for spec in specs}
 
 
-def _worker_run(run_fn: RunFn | None, spec: RunSpec) -> tuple[bool, Any, str]:
+def _worker_run(run_fn: RunFn | None, spec: Job) -> tuple[bool, Any, str]:
     """In a worker: ``(True, record, "")`` or ``(False, error, traceback)``."""
     if _RESTORE_ERROR is not None:
         return False, *_RESTORE_ERROR
@@ -233,7 +264,7 @@ def _worker_run(run_fn: RunFn | None, spec: RunSpec) -> tuple[bool, Any, str]:
         return False, _one_line(exc), traceback.format_exc()
 
 
-def checked(record: Any, spec: RunSpec) -> dict[str, Any]:
+def checked(record: Any, spec: Job) -> dict[str, Any]:
     """The record as it will be written (strict JSON), after checking that it is this run's."""
     if not isinstance(record, dict):
         raise TypeError(f"the run function must return a dict record, got {describe(record)}")
@@ -263,9 +294,14 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def label(spec: RunSpec) -> str:
+def label(job: Job) -> str:
     """A run in a few words, for progress bars and messages: ``copy/rope seed 0``."""
-    return f"{spec.task}/{spec.scheme} seed {spec.seed}"
+    return job.label()
+
+
+def title(jobs: list[Job]) -> str:
+    """The title of the bar over ``jobs``: their kind's (``"bench"`` for bench runs)."""
+    return str(getattr(jobs[0], "title", "bench")) if jobs else "bench"
 
 
 def _died(exc: BaseException) -> str:
@@ -306,17 +342,20 @@ def step_callback(bar: Any) -> Callable[[int, int], None]:
 
 
 class _bars:
-    """Context manager: the bar over the runs, a line writer that keeps it intact, tqdm."""
+    """Context manager: the bar over the runs, a line writer that keeps it intact, tqdm.
 
-    def __init__(self, progress: bool, total: int) -> None:
+    The bar's title is the first job's ``title`` (``"bench"`` for bench runs)."""
+
+    def __init__(self, progress: bool, total: int, title: str = "bench") -> None:
         self.tqdm = load_tqdm() if progress else None
         self.total = total
+        self.title = title
         self.bar: Any = None
 
     def __enter__(self) -> tuple[Any, Callable[[str], None], Any]:
         if self.tqdm is None:
             return None, _stderr_line, None
-        self.bar = self.tqdm(total=self.total, desc="bench", unit="run", position=0)
+        self.bar = self.tqdm(total=self.total, desc=self.title, unit="run", position=0)
         write = self.tqdm.write
 
         def line(text: str) -> None:

@@ -6,13 +6,16 @@
 ``posenc embed``   run tokens → ids → embedding → + positional encoding on a sentence
 ``posenc demo``    the tutorials' walk-through: tables, every picture, a property report
 ``posenc bench``   train tiny transformers per task, scheme and seed; accuracy by length
+``posenc extend``  which RoPE scaling for my model? passkey retrieval and perplexity of a
+                  Hugging Face causal LM past its context, per RoPE scaling
 ``posenc explore`` write the interactive explorer, one HTML page that works offline
 ``posenc convert-rope``  permute a safetensors checkpoint's q/k projections between RoPE
                   layouts (Meta's interleaved pairs, Hugging Face's halves)
 
 One module per command: :mod:`.table` (with :mod:`.scheme_tables`), :mod:`.plot`,
-:mod:`.demo` (``embed`` and ``demo``), :mod:`.explore`, :mod:`.convert` and :mod:`.bench`
-(the experiment bench of :mod:`posenc.bench`, which never imports the command). The top
+:mod:`.demo` (``embed`` and ``demo``), :mod:`.explore`, :mod:`.convert`, :mod:`.bench`
+(the experiment bench of :mod:`posenc.bench`, which never imports the command) and
+:mod:`.extend` (:mod:`posenc.extend`). The top
 parser is built at each :func:`main` call, so the choices that come from registries
 (schemes, RoPE scalings) are current. Frameworks and matplotlib are imported only by the
 sub-commands that need them.
@@ -36,7 +39,7 @@ from collections.abc import Callable, Sequence
 from .. import __version__
 from .._checks import MemoryLimitError, format_bytes
 from .._files import STDOUT, OutputWriteError
-from . import bench, convert, demo, explore, plot, table
+from . import bench, convert, demo, explore, extend, plot, table
 from .base import Parser, UsageError
 from .plot import PLOT_KINDS
 from .table import SCHEMES
@@ -67,6 +70,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Parser]]:
     plot.add_parser(commands)
     demo.add_parser(commands)  # embed and demo
     bench.add_parser(commands)
+    extend.add_parser(commands)
     convert.add_parser(commands)
     explore.add_parser(commands)
     return parser, dict(commands.choices)
