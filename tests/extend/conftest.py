@@ -73,3 +73,73 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     return make_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def _permuted(weight: Any, heads: int) -> Any:
+    """llama.cpp's order of a query or key projection's rows (pairs interleaved per
+    head), which ``transformers`` undoes when it reads a GGUF file."""
+    rows = weight.shape[0] // heads // 2
+    return weight.reshape(heads, 2, rows, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+_GGUF_NAMES = (
+    ("input_layernorm", "attn_norm"), ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
+    ("self_attn.v_proj", "attn_v"), ("self_attn.o_proj", "attn_output"),
+    ("post_attention_layernorm", "ffn_norm"), ("mlp.gate_proj", "ffn_gate"),
+    ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down"),
+)  # fmt: skip
+
+
+def write_gguf(folder: Path, path: Path) -> Path:
+    """The model in ``folder`` as a float32 GGUF file of llama.cpp's layout (the keys,
+    tensor names and byte-level BPE tokenizer of SmolLM2's file), written with ``gguf``."""
+    import json
+
+    import gguf
+    import numpy as np
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_vocab_size(config.vocab_size)
+    bpe = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    tokens = sorted(bpe["vocab"], key=bpe["vocab"].get)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in ("<pad>", "<s>") else 1 for t in tokens])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in bpe["merges"]])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(1)
+    writer.add_pad_token_id(0)
+    state = model.state_dict()
+    names = {"model.embed_tokens.weight": "token_embd.weight",
+             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}  # fmt: skip
+    for layer in range(config.num_hidden_layers):
+        for ours, theirs in _GGUF_NAMES:
+            names[f"model.layers.{layer}.{ours}.weight"] = f"blk.{layer}.{theirs}.weight"
+    for ours, theirs in names.items():
+        tensor = state[ours].numpy().astype(np.float32)
+        if theirs.endswith("attn_q.weight"):
+            tensor = _permuted(tensor, config.num_attention_heads)
+        elif theirs.endswith("attn_k.weight"):
+            tensor = _permuted(tensor, config.num_key_value_heads)
+        writer.add_tensor(theirs, np.ascontiguousarray(tensor))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
