@@ -38,6 +38,7 @@ NEEDS = {
     "src/posenc/plot": ("matplotlib",),
     "src/posenc/explore": ("plotly",),
     "src/posenc/bench": ("torch",),
+    "src/posenc/extend": ("torch", "transformers"),
 }
 
 collect_ignore: list[str] = []

@@ -27,6 +27,7 @@ PACKAGES = {
     "posenc.jax.linen": "flax",
     "posenc.plot": "matplotlib",
     "posenc.bench": "torch",
+    "posenc.extend": "transformers",
 }
 
 

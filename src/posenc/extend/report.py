@@ -274,7 +274,24 @@ def plot_perplexity(records: Iterable[dict[str, Any]]) -> Any:
 def write_reports(out: str | os.PathLike[str]) -> dict[str, Path]:
     """Write ``results.md``, ``summary.json``, ``passkey.png`` and ``perplexity.png``
     into ``out`` from its ``results.jsonl``; returns them by name (no pictures without
-    matplotlib, none of a task with no records)."""
+    matplotlib, none of a task with no records).
+
+    Example:
+        >>> import tempfile
+        >>> from posenc.bench.records import append_line, json_line
+        >>> def record(scaling, length, right):
+        ...     probe = {"scaling": scaling, "rope": {"rope_type": "linear", "factor": 2.0},
+        ...              "task": "passkey", "length": length, "depth": 0.5, "trial": 0}
+        ...     return {"key": f"{scaling}{length}", "probe": probe, "result": {"right": right}}
+        >>> with tempfile.TemporaryDirectory() as out:
+        ...     for length, right in ((4096, True), (8192, False)):
+        ...         append_line(Path(out, "results.jsonl"), json_line(record("linear", length, right)))
+        ...     written = write_reports(out)
+        ...     print(Path(out, "results.md").read_text().splitlines()[4:7])
+        ...     sorted(written)
+        ['| scaling | 4096 | 8192 |', '|---|---:|---:|', '| linear ×2 | 1/1 | 0/1 |']
+        ['markdown', 'passkey', 'summary']
+    """
     folder = Path(out)
     records = load_records(folder)
     written = {"markdown": folder / "results.md", "summary": folder / "summary.json"}

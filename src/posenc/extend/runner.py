@@ -70,6 +70,18 @@ def plan(
     Raises:
         TypeError, ValueError: A bad argument (the message names it).
         FileNotFoundError: No ``config.json`` in ``folder``, or no text file.
+
+    Example:
+        >>> import json, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> config = {"model_type": "llama", "head_dim": 64, "max_position_embeddings": 8192,
+        ...           "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}}
+        >>> _ = Path(folder, "config.json").write_text(json.dumps(config))
+        >>> probes = plan(folder, scalings=["none", "yarn"], lengths=["1x", "2x"],
+        ...               depths=[0.5], tasks=["passkey"])
+        >>> [probe.label() for probe in probes]  # doctest: +NORMALIZE_WHITESPACE
+        ['none passkey 8192 depth 0.5 #0', 'yarn ×2 passkey 8192 depth 0.5 #0',
+         'none passkey 16384 depth 0.5 #0', 'yarn ×2 passkey 16384 depth 0.5 #0']
     """
     path = Path(folder)
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -192,6 +204,30 @@ def evaluate(
     Returns:
         The bench's :class:`~posenc.bench.records.Outcome`: the records, how many ran
         and were skipped, the failures, and the reports written.
+
+    Example:
+        A model of one layer with random weights and a tokenizer trained on the spot,
+        its perplexity at twice its context, unscaled and with YaRN:
+
+        >>> import tempfile, transformers
+        >>> from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+        >>> bpe = Tokenizer(models.BPE())
+        >>> bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
+        >>> alphabet = pre_tokenizers.ByteLevel.alphabet()
+        >>> bpe.train_from_iterator(["The pass key is 12345."],
+        ...                         trainers.BpeTrainer(initial_alphabet=alphabet))
+        >>> config = transformers.LlamaConfig(
+        ...     vocab_size=bpe.get_vocab_size(), hidden_size=64, intermediate_size=64,
+        ...     num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=128)
+        >>> folder = tempfile.mkdtemp()
+        >>> transformers.LlamaForCausalLM(config).save_pretrained(folder)
+        >>> _ = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe).save_pretrained(folder)
+        >>> outcome = evaluate(folder, f"{folder}/out", scalings=["none", "yarn"],
+        ...                    lengths=["2x"], tasks=["perplexity"], progress=False)
+        >>> [(r["probe"]["scaling"], r["probe"]["length"]) for r in outcome.records]
+        [('none', 256), ('yarn', 256)]
+        >>> sorted(outcome.reports)
+        ['markdown', 'perplexity', 'summary']
     """
     from ..bench.runner import _execute_locked
     from ..bench.workers import check_not_bootstrapping, usable_cores
