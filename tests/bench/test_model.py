@@ -212,6 +212,30 @@ def test_add_columns_spell_the_integer_sum():
     assert carries > 10  # the final carry digit is exercised
 
 
+def test_a_passkey_is_asked_for_after_the_filler_it_hides_in():
+    task = make_task("passkey")
+    tokens, mask = task.batch(200, (1, 30), rng(5))
+    places = []
+    for row, mask_row, n in zip(tokens, mask, task.problem_lengths(tokens).tolist(), strict=True):
+        words = [w for w in task.decode(row) if w != "<pad>"]
+        sep, key = words.index("<sep>"), words.index("<key>")
+        hidden, asked = words[key + 1 : key + 5], words[sep + 1 : sep + 5]
+        fillers = words[1:key] + words[key + 5 : sep]
+        assert asked == hidden
+        assert all(d in "0123456789" for d in hidden)
+        assert len(fillers) == n
+        assert set(fillers) <= {"w", "x", "y", "z"}
+        assert words[0] == "<bos>"
+        assert words[-1] == "<eos>"
+        assert len(words) == sep + 6
+        assert len(words) == task.max_positions(n)
+        assert mask_row.nonzero().flatten().tolist() == list(range(sep + 1, sep + 6))
+        places.append((key - 1) / n)
+    assert min(places) == 0
+    assert max(places) == 1
+    assert 0.4 < sum(places) / len(places) < 0.6
+
+
 def test_lm_windows_are_exact_substrings_of_their_split():
     task = make_task("lm")
     text = synthetic_text()
@@ -294,7 +318,6 @@ def test_batches_pad_at_the_end_and_mask(name):
     assert set(lengths.tolist()) <= set(range(2, 8))
     assert len(set(lengths.tolist())) > 1
     assert tokens.shape[1] == max_positions(name, int(lengths.max()))
-    scored_per_length = {"copy": 1, "reverse": 1, "sort": 1, "add": 2, "lm": 0}[name]
     for row, mask_row, n in zip(tokens, mask, lengths.tolist(), strict=True):
         used = max_positions(name, n)
         assert row[0] == task.token_id("<bos>")
@@ -302,7 +325,9 @@ def test_batches_pad_at_the_end_and_mask(name):
         assert (row[used:] == task.pad_id).all()
         assert not mask_row[used:].any()
         assert not mask_row[0]
-        assert int(mask_row.sum()) == n + scored_per_length
+        scored = {"copy": n + 1, "reverse": n + 1, "sort": n + 1, "add": n + 2, "lm": n,
+                  "passkey": 5}[name]  # fmt: skip
+        assert int(mask_row.sum()) == scored
         assert mask_row[used - 1]  # the last token (EOS or last character) is scored
     # The same generator state gives the same batch.
     again = task.batch(40, (2, 7), rng(4))
@@ -563,6 +588,7 @@ def check_record(record, spec):
     [
         *[("copy", scheme, ()) for scheme in SCHEMES],
         ("add", "rope", ROPE_EVAL_SCALINGS),
+        ("passkey", "alibi", ()),
         ("lm", "rope", ("yarn", "dynamic_ntk")),
         ("sort", "t5", ()),
     ],

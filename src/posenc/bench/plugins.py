@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 #: The built-in tasks (:mod:`posenc.bench.tasks`).
-BUILTIN_TASKS = ("copy", "reverse", "sort", "add", "lm")
+BUILTIN_TASKS = ("copy", "reverse", "sort", "add", "passkey", "lm")
 
 _TASKS: dict[str, Any] = {}  # registered tasks by name (not the built-ins)
 _SCHEMES: dict[str, Callable[..., Any]] = {}  # registered scheme factories by name
@@ -75,8 +75,8 @@ def task_names() -> tuple[str, ...]:
     """The built-in tasks, then the registered ones in the order they were registered.
 
     Example:
-        >>> task_names()[:5]
-        ('copy', 'reverse', 'sort', 'add', 'lm')
+        >>> task_names()[:6]
+        ('copy', 'reverse', 'sort', 'add', 'passkey', 'lm')
     """
     return (*BUILTIN_TASKS, *_TASKS)
 

@@ -16,6 +16,13 @@ Five tasks, each with a problem length ``n``:
     learn once and apply at any length only if its positional scheme lets it find "three
     tokens back" everywhere. (With the operands written one after the other and the sum
     after them, a two-layer model did not learn the task within a few thousand steps.)
+``"passkey"``
+    Passkey retrieval (Mohtashami & Jaggi, 2023), in the bench's tokens:
+    ``[BOS] f_1 .. f_j <key> k_1 .. k_4 f_{j+1} .. f_n [SEP] k_1 .. k_4 [EOS]``: ``n``
+    filler symbols (drawn from four) with a four-digit key after a ``<key>`` marker at a
+    uniformly drawn place ``j`` in ``0 .. n``, and the key asked for after ``[SEP]``. A
+    model answers right at any length only if it can find the marker wherever it is: the
+    task of the long-context evaluations, at the bench's scale.
 ``"lm"``
     Character-level language modelling: ``[BOS] t_1 .. t_n``, a window of exactly ``n``
     characters of a text; every character is predicted. The text is a UTF-8 file or, by
@@ -25,7 +32,8 @@ Five tasks, each with a problem length ``n``:
     10%; the vocabulary is the characters of the training part plus ``<unk>``.
 
 For copy, reverse and sort the scored tokens (``target_mask``) are ``y`` and ``[EOS]``; for
-add the sum digits ``c_0 .. c_n`` and ``[EOS]``; for lm, all ``n`` characters. Sequences
+add the sum digits ``c_0 .. c_n`` and ``[EOS]``; for passkey the key after ``[SEP]`` and
+``[EOS]``; for lm, all ``n`` characters. Sequences
 of different lengths in one batch are padded with ``<pad>`` (id 0) at the end, where the
 target mask is False; a causal model never lets a pad token change the predictions
 before it.
@@ -50,6 +58,9 @@ from .spec import TASKS
 
 PAD, BOS = "<pad>", "<bos>"
 SEP, EOS, UNK = "<sep>", "<eos>", "<unk>"
+KEY = "<key>"
+KEY_DIGITS = 4  # digits of a passkey
+_FILLER = ("w", "x", "y", "z")  # the passkey task's filler symbols
 
 _ALPHABETS = {"copy": 10, "reverse": 10, "sort": 6}
 
@@ -66,16 +77,21 @@ def max_positions(task: str | Task, length: int) -> int:
             per operand (add) or characters of the window (lm); an int >= 1.
 
     Returns:
-        ``2n + 3`` for copy, reverse and sort, ``3n + 4`` for add, ``n + 1`` for lm.
+        ``2n + 3`` for copy, reverse and sort, ``3n + 4`` for add, ``n + 12`` for passkey,
+        ``n + 1`` for lm.
 
     Example:
         >>> max_positions("copy", 16), max_positions("add", 4), max_positions("lm", 64)
         (35, 16, 65)
+        >>> max_positions("passkey", 100)
+        112
     """
     name = task.name if isinstance(task, Task) else check_choice(task, "task", TASKS)
     n = check_int(length, "length", minimum=1)
     if name == "add":
         return 3 * n + 4  # BOS, n columns of 3 digits, SEP, final carry, EOS
+    if name == "passkey":
+        return n + 2 * KEY_DIGITS + 4  # BOS, n fillers, <key> and the key, SEP, key, EOS
     if name == "lm":
         return n + 1  # BOS and n characters
     return 2 * n + 3  # BOS, n symbols, SEP, n symbols, EOS
@@ -285,6 +301,51 @@ class AlgorithmicTask(Task):
         return number(columns[0::3]), number(columns[1::3]), number(total)
 
 
+class PasskeyTask(Task):
+    """passkey: a four-digit key after a ``<key>`` marker somewhere in ``n`` filler symbols,
+    asked for after ``[SEP]`` (module docstring).
+
+    Example:
+        >>> task = make_task("passkey")
+        >>> tokens, mask = task.batch(1, 6, np.random.default_rng(1))
+        >>> " ".join(task.decode(tokens[0]))
+        '<bos> x y z z w w <key> 8 9 2 3 <sep> 8 9 2 3 <eos>'
+        >>> task.decode(tokens[0][mask[0]])
+        ['8', '9', '2', '3', '<eos>']
+        >>> task.problem_lengths(tokens).tolist()
+        [6]
+    """
+
+    name = "passkey"
+
+    def __init__(self) -> None:
+        self.vocab = (PAD, BOS, SEP, EOS, KEY, *"0123456789", *_FILLER)
+        self.bos_id, self.sep_id, self.eos_id, self.key_id = 1, 2, 3, 4
+        self.first_digit, self.first_filler = 5, 15
+
+    def _rows(
+        self, lengths: np.ndarray, generator: np.random.Generator, split: str
+    ) -> list[tuple[np.ndarray, int | np.ndarray]]:
+        longest = int(lengths.max())
+        fillers = generator.integers(0, len(_FILLER), size=(len(lengths), longest))
+        keys = generator.integers(0, 10, size=(len(lengths), KEY_DIGITS)) + self.first_digit
+        places = generator.integers(0, lengths + 1)  # (batch,): fillers before the key
+        rows: list[tuple[np.ndarray, int | np.ndarray]] = []
+        for n, filler, key, place in zip(lengths.tolist(), fillers, keys, places, strict=True):
+            body = filler[:n] + self.first_filler
+            parts = [[self.bos_id], body[:place], [self.key_id], key, body[place:],
+                     [self.sep_id]]  # fmt: skip
+            prefix = np.concatenate(parts)
+            rows.append(
+                (np.concatenate([prefix, key, [self.eos_id]]).astype(np.int64), len(prefix))
+            )
+        return rows
+
+    def problem_lengths(self, tokens: Tensor) -> Tensor:
+        sep = (tokens == self.sep_id).long().argmax(dim=1)  # (B,) index of [SEP]
+        return sep - 2 - KEY_DIGITS  # BOS, <key> and the key
+
+
 class TextTask(Task):
     """lm: windows of exactly ``n`` characters of a text, after ``[BOS]``; all scored.
 
@@ -444,7 +505,7 @@ def make_task(name: str, *, text: str | os.PathLike[str] | None = None) -> Task:
     if name != "lm":
         if text is not None:
             raise ValueError(f"text={text!r} applies to task 'lm' only, got task {name!r}")
-        return AlgorithmicTask(name)
+        return PasskeyTask() if name == "passkey" else AlgorithmicTask(name)
     if text is None:
         return _synthetic_task()
     path = os.fspath(text)

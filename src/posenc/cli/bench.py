@@ -24,7 +24,7 @@ from .._extras import require
 from ..bench import preflight
 from ..bench.plugins import load_plugin, scheme_names, task_names
 from ..bench.records import RESULTS_FILE, FolderInUseError, RunsFailedError, load_records
-from ..bench.spec import SCHEMES, TASKS, RunSpec, check_rope_eval_scaling
+from ..bench.spec import SCHEMES, RunSpec, check_rope_eval_scaling
 from .base import UsageError
 
 __all__ = ["add_parser", "run"]
@@ -32,6 +32,8 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(commands: Any) -> None:
     """Add ``posenc bench`` to the top parser's sub-commands."""
+    from ..bench.runner import FULL
+
     bench = commands.add_parser(
         "bench",
         help="train tiny transformers per scheme; accuracy by length",
@@ -49,7 +51,7 @@ def add_parser(commands: Any) -> None:
         "--preset",
         choices=("quick", "full"),
         default="quick",
-        help=f"quick: {len(SCHEMES)} schemes on copy, 1 seed; full: {len(TASKS)} tasks x "
+        help=f"quick: {len(SCHEMES)} schemes on copy, 1 seed; full: {len(FULL['tasks'])} tasks x "
         f"{len(SCHEMES)} schemes x 5 seeds (default quick)",
     )
     grid = bench.add_argument_group("the grid (default: the preset's)")

@@ -285,7 +285,8 @@ def write_reports(out: str | os.PathLike[str]) -> dict[str, Path]:
         ...     return {"key": f"{scaling}{length}", "probe": probe, "result": {"right": right}}
         >>> with tempfile.TemporaryDirectory() as out:
         ...     for length, right in ((4096, True), (8192, False)):
-        ...         append_line(Path(out, "results.jsonl"), json_line(record("linear", length, right)))
+        ...         line = json_line(record("linear", length, right))
+        ...         append_line(Path(out, "results.jsonl"), line)
         ...     written = write_reports(out)
         ...     print(Path(out, "results.md").read_text().splitlines()[4:7])
         ...     sorted(written)
