@@ -100,6 +100,16 @@ def _is_stream(target: Path) -> bool:
     return stat.S_ISCHR(kind) or stat.S_ISBLK(kind) or stat.S_ISFIFO(kind)
 
 
+def cache_root() -> Path:
+    """Where posenc keeps what it computes once and reuses (converted models, trained
+    bench bases): ``$POSENC_CACHE``, else ``$XDG_CACHE_HOME/posenc``, else
+    ``~/.cache/posenc``. Nothing is created here."""
+    root = os.environ.get("POSENC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "posenc"
+    )
+    return Path(root)
+
+
 def check_output_path(path: str | os.PathLike[str]) -> Path:
     """``path`` as a ``Path``, or :class:`OutputPathError` naming why it cannot be written.
 

@@ -35,7 +35,9 @@ _NAMES = {
 # Spec fields that do not make runs different experiments: the seed only repeats one, the
 # device does not change it, task and scheme are the table and the row, the evaluation
 # lengths are the columns and RoPE's evaluation scalings only add rows.
-_NOT_SETTINGS = ("task", "scheme", "seed", "device", "eval_lengths", "rope_eval_scalings")
+# an extension stage's scaling is a variant: its runs share the table of their settings
+_NOT_SETTINGS = ("task", "scheme", "seed", "device", "eval_lengths", "rope_eval_scalings",
+                 "extension")  # fmt: skip
 
 
 def headline_metric(task: str) -> str:
@@ -207,8 +209,11 @@ def resolved(a: dict[str, Any], b: dict[str, Any], metric: str) -> bool | None:
     return bool(abs(mean) > t_quantile(len(pairs) - 1) * sd / math.sqrt(len(pairs)))
 
 
-def _variant_order(variant: str) -> tuple[int, int, str]:
-    scheme, _, scaling = variant.partition("+")
+def _variant_order(variant: str) -> tuple[int, int, bool, str]:
+    """Schemes in the bench's order, each RoPE scaling after plain RoPE, each extension
+    stage's fine-tuned model (``+ft``) after its base."""
+    tuned = variant.endswith("+ft")
+    scheme, _, scaling = variant.removesuffix("+ft").partition("+")
     first = SCHEMES.index(scheme) if scheme in SCHEMES else len(SCHEMES)
     if not scaling:
         second = 0
@@ -216,7 +221,7 @@ def _variant_order(variant: str) -> tuple[int, int, str]:
         second = 1 + ROPE_EVAL_SCALINGS.index(scaling)
     else:
         second = 1 + len(ROPE_EVAL_SCALINGS)
-    return first, second, variant
+    return first, second, tuned, variant
 
 
 def _tables(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

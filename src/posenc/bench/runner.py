@@ -48,7 +48,7 @@ from .records import (
     lock_folder,
 )
 from .report import write_reports
-from .spec import SCHEMES, TASKS, RunSpec
+from .spec import SCHEMES, TASKS, RunSpec, extension_choices
 from .workers import (
     Job,
     RunFn,
@@ -106,9 +106,11 @@ PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({"quick": QUICK, "fu
 
 # Fields of RunSpec that a configuration shares between its runs.
 _SHARED = tuple(
-    f.name for f in dataclasses.fields(RunSpec) if f.name not in ("task", "scheme", "seed")
+    f.name
+    for f in dataclasses.fields(RunSpec)
+    if f.name not in ("task", "scheme", "seed", "extension")
 )
-_CONFIG_KEYS = ("tasks", "schemes", "seeds", *_SHARED)
+_CONFIG_KEYS = ("tasks", "schemes", "seeds", "extensions", *_SHARED)
 
 
 # --------------------------------------------------------------------------------------
@@ -121,8 +123,8 @@ def expand(config: Mapping[str, Any]) -> list[RunSpec]:
     The settings shared by every run are the configuration's other keys.
     ``rope_eval_scalings`` goes to the ``"rope"`` runs only and ``text`` to the ``"lm"``
     runs only (the other runs would not use them, and their keys stay independent of
-    them). The runs come seed by seed (then task, then scheme), so that an interrupted
-    bench already holds complete comparisons for its first seeds.
+    them). The runs come seed by seed (then task, scheme and extension), so that an
+    interrupted bench already holds complete comparisons for its first seeds.
 
     Args:
         config: A mapping with
@@ -134,6 +136,10 @@ def expand(config: Mapping[str, Any]) -> list[RunSpec]:
               registered schemes, distinct (default: the built-in ones);
             * ``"seeds"``: an int ``N >= 1`` for the seeds ``0 .. N-1``, or a sequence of
               distinct ints ``>= 0`` (default: 1);
+            * ``"extensions"``: names from :func:`~posenc.bench.spec.extension_choices`
+              (schemes ``["rope"]`` only, with ``extension_lengths`` and
+              ``extension_steps``): one run per extension stage, each from the same
+              trained base per seed;
             * any other field of :class:`RunSpec` (``steps``, ``batch_size``, ``lr``,
               ``d_model``, ``n_layers``, ``n_heads``, ``train_lengths``, ``eval_lengths``,
               ``eval_samples``, ``rope_eval_scalings``, ``text``, ``device``, ``lm_eval``;
@@ -178,6 +184,7 @@ def expand(config: Mapping[str, Any]) -> list[RunSpec]:
     scalings = shared.pop("rope_eval_scalings", ())
     text = shared.pop("text", None)
     lm_eval = shared.pop("lm_eval", None)
+    extensions = _extensions(config.get("extensions"), schemes)
     return [
         RunSpec(
             task=task,
@@ -186,12 +193,26 @@ def expand(config: Mapping[str, Any]) -> list[RunSpec]:
             rope_eval_scalings=scalings if scheme == "rope" else (),
             text=text if task == "lm" else None,
             lm_eval=lm_eval if task == "lm" else None,
+            extension=extension,
             **shared,
         )
         for seed in seeds
         for task in tasks
         for scheme in schemes
+        for extension in extensions
     ]
+
+
+def _extensions(value: Any, schemes: tuple[str, ...]) -> tuple[str | None, ...]:
+    """The extension stages of a configuration: ``(None,)`` without ``"extensions"``."""
+    if value is None:
+        return (None,)
+    names = _names(value, "extensions", extension_choices())
+    if schemes != ("rope",):
+        raise ValueError(
+            f"extensions apply to the scheme 'rope' alone, got schemes {list(schemes)}"
+        )
+    return names
 
 
 def _register_objects(value: Any) -> Any:

@@ -144,6 +144,17 @@ class RunSpec:
             ``S = ⌈L/4⌉`` characters, each character scored once with at least ``L - S``
             before it). ``eval_samples`` does not apply to lm then. ``None`` for
             the other tasks, and then not part of :meth:`key`.
+        extension: The context-extension stage (``scheme="rope"`` only; ``None``: none).
+            The model trained as the other fields say (the *base*, trained once and kept:
+            :mod:`posenc.bench.train`) is fine-tuned for ``extension_steps`` steps at the
+            problem lengths ``extension_lengths`` with this RoPE scaling, ``"none"`` (a
+            plain fine-tune) or a name of :func:`rope_eval_choices`, whose factor is the
+            positions of the longest extension length over those of the longest
+            training length; then evaluated at ``eval_lengths``, with and without the
+            fine-tune. Not part of :meth:`key` when ``None``.
+        extension_lengths: With ``extension``: the inclusive range ``(lo, hi)`` of the
+            fine-tune's problem lengths, ``hi`` past the training lengths.
+        extension_steps: With ``extension``: the fine-tune's optimizer steps (>= 1).
 
     Raises:
         TypeError: A field of the wrong type.
@@ -179,6 +190,9 @@ class RunSpec:
     text: str | None = None
     device: str = "cpu"
     lm_eval: str | None = None
+    extension: str | None = None
+    extension_lengths: tuple[int, int] | None = None
+    extension_steps: int | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -204,6 +218,39 @@ class RunSpec:
         put("text", _check_text(self.text, self.task))
         _check_device(self.device)
         put("lm_eval", _check_lm_eval(self.lm_eval, self.task))
+        if (self.extension, self.extension_lengths, self.extension_steps) != (None,) * 3:
+            lengths, steps = _check_extension(self)
+            put("extension_lengths", lengths)
+            put("extension_steps", steps)
+
+    def base(self) -> RunSpec:
+        """The spec without its extension stage: the run whose trained model it extends.
+
+        Example:
+            >>> spec = RunSpec("passkey", "rope", extension="yarn", extension_lengths=(17, 32),
+            ...                extension_steps=50)
+            >>> spec.base() == RunSpec("passkey", "rope")
+            True
+        """
+        return dataclasses.replace(
+            self, extension=None, extension_lengths=None, extension_steps=None
+        )
+
+    def training_key(self) -> str:
+        """SHA-1 (hex) of the fields that decide the trained base model: the task and its
+        text, the scheme, the seed, and the model and training settings (not the
+        evaluation, the device or the extension stage). Runs that share it share one
+        trained base.
+
+        Example:
+            >>> a = RunSpec("passkey", "rope", eval_lengths=(8,), extension="ntk",
+            ...             extension_lengths=(17, 32), extension_steps=50)
+            >>> a.training_key() == RunSpec("passkey", "rope").training_key()
+            True
+        """
+        fields = {name: value for name, value in self.to_dict().items() if name in _TRAINING}
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return hashlib.sha1(canonical.encode("utf-8")).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name, JSON-ready (tuples as lists).
@@ -279,10 +326,56 @@ class RunSpec:
         """
         fields = self.to_dict()
         del fields["device"]
-        if fields["lm_eval"] is None:  # a field added later: the older keys stay valid
-            del fields["lm_eval"]
+        for name in ("lm_eval", *_EXTENSION):  # fields added later: older keys stay valid
+            if fields[name] is None:
+                del fields[name]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return hashlib.sha1(canonical.encode("utf-8")).hexdigest()
+
+
+# The fields that decide a trained model (RunSpec.training_key), and the extension stage's.
+_TRAINING = ("task", "scheme", "seed", "steps", "batch_size", "lr", "d_model", "n_layers",
+             "n_heads", "train_lengths", "text")  # fmt: skip
+_EXTENSION = ("extension", "extension_lengths", "extension_steps")
+
+
+def extension_choices() -> tuple[str, ...]:
+    """The extension stage's scalings: ``"none"`` (a plain fine-tune at the longer
+    lengths) and every scaling a rope run can be evaluated with.
+
+    Example:
+        >>> extension_choices()
+        ('none', 'linear', 'ntk', 'yarn', 'dynamic_ntk')
+    """
+    return ("none", *rope_eval_choices())
+
+
+def _check_extension(spec: RunSpec) -> tuple[tuple[int, int], int]:
+    """The three extension fields given together, for a rope run without evaluation-only
+    scalings; the fine-tune longer than the training."""
+    missing = [name for name in _EXTENSION if getattr(spec, name) is None]
+    if missing:
+        raise ValueError(
+            f"the extension stage needs {list(_EXTENSION)} together; {missing} missing"
+        )
+    check_choice(spec.extension, "extension", extension_choices())
+    if spec.scheme != "rope":
+        raise ValueError(f"extension applies to scheme 'rope' only, got scheme {spec.scheme!r}")
+    if spec.rope_eval_scalings:
+        raise ValueError(
+            "extension and rope_eval_scalings do not go together: an extension run "
+            "evaluates its own scaling with and without the fine-tune"
+        )
+    lengths = _int_tuple(spec.extension_lengths, "extension_lengths", minimum=1)
+    if len(lengths) != 2 or lengths[0] > lengths[1] or lengths[1] <= spec.train_lengths[1]:
+        raise ValueError(
+            "extension_lengths must be an inclusive range (lo, hi), lo <= hi, with hi past "
+            f"the training lengths {spec.train_lengths}, got {spec.extension_lengths!r}"
+        )
+    if spec.extension != "none":
+        _check_head_width((str(spec.extension),), spec.d_model, spec.n_heads, spec.train_lengths[1])
+    steps = check_int(spec.extension_steps, "extension_steps", minimum=1)
+    return (lengths[0], lengths[1]), steps
 
 
 def _check_head_split(scheme: str, d_model: int, n_heads: int) -> None:

@@ -24,14 +24,29 @@ scalings only matter beyond the training length). ``dynamic_ntk`` also scales wi
 sequence length itself: at length ``N > P`` its NTK extension is ``f·N/P - (f - 1)`` =
 ``f² - f + 1`` for ``f = N/P`` (Hugging Face's ``"dynamic"`` configured with the target
 extension as its factor), more than the static ``ntk`` with factor ``f``.
+
+The context-extension stage (``spec.extension``): the base, the model the spec's
+training settings give (:meth:`RunSpec.training_key`), is trained once and kept in
+posenc's cache (``bench-bases/<training key>.pt`` under :func:`posenc._files.cache_root`,
+written whole, a second process waiting for the first), so every extension of a seed
+starts from the same weights. It is then fine-tuned for ``spec.extension_steps`` steps
+on problems of ``spec.extension_lengths`` (a data stream of its own), with the same
+schedule at :data:`EXTENSION_LR` of the peak learning rate, its RoPE scaled by
+``spec.extension`` with ``factor = P_ext / P`` (``P_ext``: the positions of the longest
+extension length) and ``original_max_position_embeddings = P``; ``"none"`` fine-tunes
+plain RoPE (the baseline of Chen et al.'s Position Interpolation). Evaluation then uses
+that fixed factor at every length, for the base (variant ``"rope+<scaling>"``, or
+``"rope"``) and for the fine-tuned model (``"rope+<scaling>+ft"``, or ``"rope+ft"``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,12 +56,14 @@ from torch import Tensor, nn
 import posenc
 
 from .._checks import describe
+from .._files import atomic_write, cache_root
 from .batches import make_batch
 from .model import GPT, GPTConfig
 from .spec import RunSpec
 from .tasks import get_task, task_max_positions
 
 EVAL_BATCH = 256  # sequences per forward pass in evaluation
+EXTENSION_LR = 0.1  # the fine-tune's peak learning rate, as a share of the base's
 WARMUP = 0.1  # share of the steps with a linear warmup
 FINAL_LR = 0.1  # the cosine decays to this share of the peak learning rate
 
@@ -214,8 +231,8 @@ def build_model(spec: RunSpec, task: Any) -> GPT:
     """The untrained model of ``spec`` (on the CPU), sized to cover every evaluation length.
 
     Its ``max_positions`` is the most of ``task_max_positions(task, L)`` over the longest
-    training length and every evaluation length, so learned position vectors exist for
-    every position evaluated.
+    training length, every evaluation length and the extension's lengths, so learned
+    position vectors exist for every position evaluated.
     """
     config = GPTConfig(
         vocab_size=len(task.vocab),
@@ -224,7 +241,8 @@ def build_model(spec: RunSpec, task: Any) -> GPT:
         n_layers=spec.n_layers,
         n_heads=spec.n_heads,
         max_positions=max(
-            task_max_positions(task, n) for n in (spec.train_lengths[1], *spec.eval_lengths)
+            task_max_positions(task, n)
+            for n in (spec.train_lengths[1], *spec.eval_lengths, *(spec.extension_lengths or ()))
         ),
     )
     return GPT(config)
@@ -281,14 +299,19 @@ def run(spec: RunSpec, *, progress: Callable[[int, int], None] | None = None) ->
             torch.manual_seed(spec.seed)
             task = get_task(spec.task, text=spec.text)
             model = build_model(spec, task).to(device)
-            train_loss = _train(model, task, spec, device, progress)
-            results = _evaluate_all(model, task, spec, device)
+            if spec.extension is None:
+                train_loss = _train(model, task, spec, device, progress)
+                results = _evaluate_all(model, task, spec, device)
+                stage: dict[str, Any] = {}
+            else:
+                train_loss, results, stage = _extend(model, task, spec, device, progress)
         finally:
             torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
     return {
         "key": spec.key(),
         "spec": spec.to_dict(),
         "results": results,
+        **stage,
         "train_loss": train_loss,
         "seconds": time.perf_counter() - started,
         "device": str(device),
@@ -307,10 +330,21 @@ def _train(
     spec: RunSpec,
     device: torch.device,
     progress: Callable[[int, int], None] | None,
+    *,
+    extension: bool = False,
 ) -> float:
-    """Optimise ``model`` for ``spec.steps`` steps; the mean loss of the last 10%."""
+    """Optimise ``model`` for ``spec.steps`` steps on ``spec.train_lengths`` (or, with
+    ``extension``, for the extension's steps on its lengths at :data:`EXTENSION_LR` of the
+    learning rate, from a stream of its own); the mean loss of the last 10%."""
     model.train()
-    generator = np.random.default_rng([spec.seed, 0])  # 0: the training stream
+    steps, lengths, peak = spec.steps, spec.train_lengths, spec.lr
+    if extension:
+        assert spec.extension_steps is not None
+        assert spec.extension_lengths is not None
+        steps, lengths = spec.extension_steps, spec.extension_lengths
+        peak = spec.lr * EXTENSION_LR
+    # 0: the training stream, 2: the extension's
+    generator = np.random.default_rng([spec.seed, 2 if extension else 0])
     # Weight decay on the weights of linear layers only, not on LayerNorms, biases,
     # embeddings or position parameters (GPT-2 practice).
     linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
@@ -322,10 +356,10 @@ def _train(
         betas=(0.9, 0.98),
     )
     losses = []
-    for step in range(spec.steps):
+    for step in range(steps):
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, spec.steps, spec.lr)
-        tokens, target_mask = make_batch(task, spec.batch_size, spec.train_lengths, generator)
+            group["lr"] = learning_rate(step, steps, peak)
+        tokens, target_mask = make_batch(task, spec.batch_size, lengths, generator)
         _check_fits(tokens, model, task)
         tokens, target_mask = tokens.to(device), target_mask.to(device)  # (B, T) each
         loss = masked_loss(model(tokens), tokens, target_mask)  # ()
@@ -335,7 +369,7 @@ def _train(
         optimizer.step()
         losses.append(float(loss.detach()))
         if progress is not None:
-            progress(step + 1, spec.steps)
+            progress(step + 1, steps)
     tail = losses[-max(1, len(losses) // 10) :]
     return float(np.mean(tail))
 
@@ -358,18 +392,106 @@ def _evaluate_all(
                 with model.rope_scaling(scaling, factor=factor, original=trained):
                     scores = evaluate(model, task, length, *sample, device, spec.lm_eval)
             variant = spec.scheme if scaling is None else f"{spec.scheme}+{scaling}"
-            results.append(
-                {
-                    "variant": variant,
-                    "length": length,
-                    "exact_match": scores["exact_match"],
-                    "token_accuracy": scores["token_accuracy"],
-                    "loss": scores["loss"],
-                    "perplexity": scores["perplexity"],
-                    "in_distribution": lo <= length <= hi,
-                    "samples": scores["samples"],
-                    "scored_tokens": scores["scored"],
-                    "unknown_tokens": scores["unknown"],
-                }
-            )
+            results.append(_result(variant, length, scores, lo <= length <= hi))
     return results
+
+
+def _extend(
+    model: GPT,
+    task: Any,
+    spec: RunSpec,
+    device: torch.device,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[float, list[dict[str, Any]], dict[str, Any]]:
+    """The extension stage (module docstring): ``(fine-tune loss, results, what the
+    record says of the base and the extension)``."""
+    assert spec.extension is not None
+    assert spec.extension_lengths is not None
+    base, loaded = _base_weights(spec, task, device, progress)
+    model.load_state_dict(base)
+    trained = task_max_positions(task, spec.train_lengths[1])  # P
+    factor = task_max_positions(task, spec.extension_lengths[1]) / trained
+    scaling = None if spec.extension == "none" else spec.extension
+    name = spec.scheme if scaling is None else f"{spec.scheme}+{scaling}"
+    with model.rope_scaling(scaling, factor=factor, original=trained):
+        results = _evaluate_lengths(model, task, spec, device, name)
+        loss = _train(model, task, spec, device, progress, extension=True)
+        results += _evaluate_lengths(model, task, spec, device, f"{name}+ft")
+    stage = {
+        "base": {"training_key": spec.training_key(), "from_cache": loaded},
+        "extension": {"scaling": spec.extension, "factor": factor, "original": trained,
+                      "lengths": list(spec.extension_lengths), "steps": spec.extension_steps,
+                      "lr": spec.lr * EXTENSION_LR},
+    }  # fmt: skip
+    return loss, results, stage
+
+
+def _evaluate_lengths(
+    model: GPT, task: Any, spec: RunSpec, device: torch.device, variant: str
+) -> list[dict[str, Any]]:
+    """One result of ``variant`` per evaluation length, as :func:`_evaluate_all` writes them."""
+    lo, hi = spec.train_lengths
+    results = []
+    for length in spec.eval_lengths:
+        scores = evaluate(model, task, length, spec.eval_samples, spec.seed, device, spec.lm_eval)
+        results.append(_result(variant, length, scores, lo <= length <= hi))
+    return results
+
+
+def _result(variant: str, length: int, scores: dict[str, Any], inside: bool) -> dict[str, Any]:
+    return {
+        "variant": variant,
+        "length": length,
+        "exact_match": scores["exact_match"],
+        "token_accuracy": scores["token_accuracy"],
+        "loss": scores["loss"],
+        "perplexity": scores["perplexity"],
+        "in_distribution": inside,
+        "samples": scores["samples"],
+        "scored_tokens": scores["scored"],
+        "unknown_tokens": scores["unknown"],
+    }
+
+
+def base_path(spec: RunSpec) -> Path:
+    """Where the trained base of ``spec`` is kept: ``bench-bases/<training key>.pt`` in
+    posenc's cache."""
+    return cache_root() / "bench-bases" / f"{spec.training_key()}.pt"
+
+
+def _base_weights(
+    spec: RunSpec, task: Any, device: torch.device, progress: Callable[[int, int], None] | None
+) -> tuple[dict[str, Tensor], bool]:
+    """The base model's weights (state dict) and whether they came from the cache: trained
+    here (seeded as :func:`run` seeds a run) and written whole, unless a file is there;
+    a process that finds another training the same base waits for its file."""
+    path = base_path(spec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.with_suffix(".lock")):
+        if path.is_file():
+            return torch.load(path, map_location=device, weights_only=True), True
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            base = build_model(spec.base(), task).to(device)
+        _train(base, task, spec, device, progress)
+        state = {name: tensor.detach().cpu() for name, tensor in base.state_dict().items()}
+        with atomic_write(path, "wb") as file:
+            torch.save(state, file)
+        return {name: tensor.to(device) for name, tensor in state.items()}, False
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created) while inside; nothing where
+    ``fcntl`` does not exist."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

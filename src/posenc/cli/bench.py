@@ -110,6 +110,24 @@ def add_parser(commands: Any) -> None:
         "factor and original_max_position_embeddings); none: only plain rope",
     )
     model.add_argument(
+        "--extensions",
+        nargs="+",
+        metavar="NAME",
+        help="rope only: one run per context-extension stage, each fine-tuning the same "
+        "trained base at --extension-lengths with this scaling (none: a plain fine-tune; "
+        "linear ntk yarn dynamic_ntk)",
+    )
+    model.add_argument(
+        "--extension-lengths",
+        type=int,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help="with --extensions: the fine-tune's problem lengths, HI past the training's",
+    )
+    model.add_argument(
+        "--extension-steps", type=int, metavar="N", help="with --extensions: fine-tune steps"
+    )
+    model.add_argument(
         "--text",
         type=Path,
         metavar="FILE",
@@ -192,6 +210,9 @@ _BENCH_SETTINGS = {
     "rope_eval_scalings": ("--rope-eval-scalings", "rope_eval_scalings"),
     "text": ("--text", "text"),
     "lm_eval": ("--lm-eval", "lm_eval"),
+    "extensions": ("--extensions", "extensions"),
+    "extension_lengths": ("--extension-lengths", "extension_lengths"),
+    "extension_steps": ("--extension-steps", "extension_steps"),
 }
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from .._checks import describe
 from .._extras import require
+from .._files import cache_root
 
 __all__ = [
     "cache_folder",
@@ -43,12 +44,9 @@ _SAMPLE = 1 << 20  # bytes of each weights file read at its start, middle and en
 
 
 def cache_folder() -> Path:
-    """Where converted models are kept: ``$POSENC_CACHE``, else ``$XDG_CACHE_HOME/posenc``,
-    else ``~/.cache/posenc``; models go in its ``models`` folder."""
-    root = os.environ.get("POSENC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "posenc"
-    )
-    return Path(root) / "models"
+    """Where converted models are kept: the ``models`` folder of posenc's cache
+    (``$POSENC_CACHE``, else ``$XDG_CACHE_HOME/posenc``, else ``~/.cache/posenc``)."""
+    return cache_root() / "models"
 
 
 def resolve(model: str | os.PathLike[str], gguf: str | None = None, *,
