@@ -260,7 +260,9 @@ def plot_perplexity(records: Iterable[dict[str, Any]]) -> Any:
             right.plot(centres, last["nll_by_block"], color=line.get_color(), lw=1)
     left.set(xscale="log", yscale="log", xlabel="window (tokens)", ylabel="perplexity",
              title="Perplexity by window length")  # fmt: skip
-    left.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    lengths = sorted({r["length"] for r in rows})
+    left.set_xticks(lengths, [f"{n:,}" for n in lengths])
+    left.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     right.set(xlabel="position in the window", ylabel="mean NLL (nats)",
               title=f"NLL by position, windows of {longest:,} tokens")  # fmt: skip
     if data["context"]:
