@@ -194,11 +194,18 @@ def loaded(folder: str, dtype: str, device: str) -> tuple[Any, Any]:
         _LOADED.clear()
         transformers = require("transformers", "posenc extend", extra="posenc[extend]")
         torch = require("torch", "posenc extend", extra="posenc[extend]")
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, dtype=getattr(torch, dtype), device_map=None
-        )
+        logging = transformers.utils.logging
+        shown = logging.is_progress_bar_enabled()
+        logging.disable_progress_bar()  # a bar per weight file, per worker: not the probes'
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                folder, dtype=getattr(torch, dtype), device_map=None
+            )
+            tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        finally:
+            if shown:
+                logging.enable_progress_bar()
         model.to(device).eval()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         _LOADED[key] = (model, tokenizer)
     return _LOADED[key]
 
