@@ -51,6 +51,8 @@ def test_the_default_scalings_add_the_model_own_where_it_has_one(tmp_path):
         ({"scalings": "yarn"}, TypeError, "scalings must be a sequence"),
         ({"lengths": []}, ValueError, "at least one length"),
         ({"depths": [1.2]}, ValueError, r"depths\[0\] must be in \[0, 1\]"),
+        ({"depths": []}, ValueError, "depths must be distinct and at least one"),
+        ({"depths": [0.5, 0.5]}, ValueError, "depths must be distinct and at least one"),
         ({"tasks": ["passkey", "rouge"]}, ValueError, r"tasks\[1\] must be one of"),
         ({"trials": 0}, ValueError, "trials"),
         ({"text": "/no/such/text.txt"}, FileNotFoundError, "does not exist"),

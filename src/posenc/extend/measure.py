@@ -103,7 +103,7 @@ def _perplexity(model: Any, tokenizer: Any, probe: Probe) -> dict[str, Any]:
             f"the text {source!r} is not the one this probe was made for (digest {digest}, "
             f"the probe's {probe.text_digest}): it changed since"
         )
-    ids = _token_ids(tokenizer, text, digest)
+    ids = _token_ids(tokenizer, text, (probe.model, digest))
     start, stop = probe.trial * probe.length, (probe.trial + 1) * probe.length
     if stop > len(ids):
         raise ValueError(
@@ -124,12 +124,12 @@ def _perplexity(model: Any, tokenizer: Any, probe: Probe) -> dict[str, Any]:
     }
 
 
-_IDS: dict[tuple[int, str], list[int]] = {}
+_IDS: dict[tuple[str, str], list[int]] = {}
 
 
-def _token_ids(tokenizer: Any, text: str, digest: str) -> list[int]:
-    """The text's token ids (kept per tokenizer and text: the text takes seconds)."""
-    key = (id(tokenizer), digest)
+def _token_ids(tokenizer: Any, text: str, key: tuple[str, str]) -> list[int]:
+    """The text's token ids, kept per model folder and text digest (``key``): encoding
+    the whole text takes seconds."""
     if key not in _IDS:
         _IDS.clear()
         _IDS[key] = list(tokenizer.encode(text, add_special_tokens=False))

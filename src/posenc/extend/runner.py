@@ -93,16 +93,8 @@ def plan(
         raise ValueError("lengths must name at least one length")
     if factor is None:
         factor = max(1.0, sizes[-1] / context)
-    if scalings is None:
-        scalings = [*DEFAULT_SCALINGS, *(["model"] if own["rope_type"] != "default" else [])]
-    chosen = [
-        parse_scaling(name, context=context, factor=factor, own=own)
-        for name in _sequence(scalings, "scalings")
-    ]
-    names = [name for name, _ in chosen]
-    if len(set(names)) != len(names) or not names:
-        raise ValueError(f"scalings must be distinct and at least one, got {names}")
-    where = [_depth(d, i) for i, d in enumerate(_sequence(depths, "depths"))]
+    chosen = _scalings(scalings, context, factor, own)
+    where = _depths(depths, tasks)
     trials = check_int(trials, "trials", minimum=1)
     windows = check_int(windows, "windows", minimum=1)
     base: dict[str, Any] = {"model": str(path), "fingerprint": fingerprint(path), "dtype": dtype,
@@ -142,6 +134,31 @@ def plan(
                     for window in range(windows)
                 ]
     return probes
+
+
+def _scalings(
+    scalings: Sequence[str] | None, context: int, factor: float, own: dict[str, Any]
+) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, scaling)`` of each scaling named (default: :data:`DEFAULT_SCALINGS`, and
+    ``"model"`` for a model with a scaling of its own), distinct."""
+    if scalings is None:
+        scalings = [*DEFAULT_SCALINGS, *(["model"] if own["rope_type"] != "default" else [])]
+    chosen = [
+        parse_scaling(name, context=context, factor=factor, own=own)
+        for name in _sequence(scalings, "scalings")
+    ]
+    names = [name for name, _ in chosen]
+    if len(set(names)) != len(names) or not names:
+        raise ValueError(f"scalings must be distinct and at least one, got {names}")
+    return chosen
+
+
+def _depths(depths: Sequence[float], tasks: Sequence[str]) -> list[float]:
+    """The passkey depths, each in [0, 1], distinct, at least one where passkey is asked."""
+    where = [_depth(d, i) for i, d in enumerate(_sequence(depths, "depths"))]
+    if "passkey" in tasks and (not where or len(set(where)) != len(where)):
+        raise ValueError(f"depths must be distinct and at least one for passkey, got {where}")
+    return where
 
 
 def _sequence(value: Any, name: str) -> list[Any]:
