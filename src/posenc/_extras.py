@@ -21,6 +21,9 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "transformers": ("Hugging Face transformers", "pip install 'posenc[transformers]'"),
     "safetensors": ("safetensors", "pip install 'posenc[transformers]'"),
     "plotly.offline": ("Plotly", "pip install 'posenc[explore]'"),
+    "gguf": ("gguf (to read a GGUF file)", "pip install 'posenc[extend]'"),
+    "ray": ("Ray", "pip install 'posenc[ray]'"),
+    "scipy.stats": ("SciPy", "pip install scipy"),
 }
 # (Flax, matplotlib and tqdm are imported where they are used, whose messages say more:
 # posenc.jax.linen, posenc.plot._figure, posenc.bench.workers.load_tqdm.)
@@ -35,7 +38,7 @@ def missing(
         >>> print(missing("torch", "posenc.torch"))
         posenc.torch needs PyTorch: pip install 'posenc[torch]'
     """
-    name, install = EXTRAS[module]
+    name, install = EXTRAS.get(module, (module, f"pip install {module.partition('.')[0]}"))
     if extra is not None:
         install = f"pip install '{extra}'"
     # The cause is worth showing when it is not the module itself that is missing (Keras

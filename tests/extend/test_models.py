@@ -80,3 +80,18 @@ def test_a_model_that_is_not_there_is_refused_by_name(tmp_path, where, gguf, mat
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=match):
         resolve(tmp_path / where, gguf, cache=tmp_path / "cache")
+
+
+def test_a_fingerprint_sees_every_byte_of_the_weights_and_the_tokenizer(tiny_model, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    copy = shutil.copytree(tiny_model, tmp_path / "copy")
+    weights = load_file(copy / "model.safetensors")
+    name = sorted(weights)[len(weights) // 2]  # a tensor in the middle of the file
+    weights[name] = weights[name] * 1.01
+    save_file(weights, copy / "model.safetensors", metadata={"format": "pt"})
+    assert fingerprint(copy) != fingerprint(tiny_model)
+    retokenized = shutil.copytree(tiny_model, tmp_path / "retokenized")
+    config = retokenized / "tokenizer_config.json"
+    config.write_text(config.read_text().replace("<pad>", "<PAD>"))
+    assert fingerprint(retokenized) != fingerprint(tiny_model)

@@ -11,6 +11,7 @@ import pytest
 from posenc.bench.records import load_records
 from posenc.cli import main
 from posenc.extend import evaluate, plan
+from posenc.extend.probes import scaling_label
 from posenc.extend.report import markdown, summary, wilson
 
 from .conftest import CONTEXT
@@ -90,16 +91,20 @@ def test_the_reports_hold_every_record(evaluated):
     data = json.loads((out / "summary.json").read_text())
     right = {(r["scaling"], r["length"], r["depth"]): r["right"] for r in data["passkey"]}
     assert right == {
-        (r["probe"]["scaling"], r["probe"]["length"], r["probe"]["depth"]): int(
-            r["result"]["right"]
-        )
+        (
+            scaling_label(r["probe"]["scaling"], r["probe"]["rope"]),
+            r["probe"]["length"],
+            r["probe"]["depth"],
+        ): int(r["result"]["right"])
         for r in records
         if r["probe"]["task"] == "passkey"
     }
     ppl = {(r["scaling"], r["length"]): r["perplexity"] for r in data["perplexity"]}
     assert ppl == pytest.approx(
         {
-            (r["probe"]["scaling"], r["probe"]["length"]): r["result"]["perplexity"]
+            (scaling_label(r["probe"]["scaling"], r["probe"]["rope"]), r["probe"]["length"]): r[
+                "result"
+            ]["perplexity"]
             for r in records
             if r["probe"]["task"] == "perplexity"
         }
@@ -235,3 +240,31 @@ def test_a_folder_that_is_not_a_model_is_one_line(tmp_path, capsys):
     assert status == 2
     assert "has no config.json" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_resumed_evaluation_with_another_factor_keeps_its_rows_apart(tiny_model, tmp_path):
+    """Resumed with a longer length, the default factor changes: yarn x1 and yarn x2 are
+    other measurements and stay other rows, never one mean over both."""
+    grid = {"scalings": ["yarn"], "tasks": ["perplexity"]}
+    evaluate(tiny_model, tmp_path, **grid, lengths=["1x"], progress=False)
+    evaluate(tiny_model, tmp_path, **grid, lengths=["1x", "2x"], resume=True, progress=False)
+    rows = summary(load_records(tmp_path))["perplexity"]
+    assert sorted((r["label"], r["length"], r["windows"]) for r in rows) == [
+        ("yarn ×1", CONTEXT, 1), ("yarn ×2", CONTEXT, 1), ("yarn ×2", 2 * CONTEXT, 1)]  # fmt: skip
+
+
+def test_an_overflowed_block_leaves_the_reports_whole(tmp_path):
+    from posenc.bench.records import append_line, json_line
+    from posenc.extend.report import write_reports
+
+    probe = {"scaling": "none", "rope": {"rope_type": "default"}, "task": "perplexity",
+             "length": 8, "trial": 0, "fingerprint": "f", "dtype": "float16"}  # fmt: skip
+    for window, blocks in enumerate(([1.0, float("inf")], [3.0, float("nan")])):
+        result = {"nll": float("inf") if window == 0 else 2.0, "perplexity": float("inf"),
+                  "block": 4, "nll_by_block": blocks, "text": "t"}  # fmt: skip
+        record = {"key": str(window), "probe": {**probe, "trial": window}, "result": result}
+        append_line(tmp_path / "results.jsonl", json_line(record))
+    written = write_reports(tmp_path)
+    [row] = json.loads(written["summary"].read_text())["perplexity"]
+    assert row["nll_by_block"] == [2.0, None]
+    assert row["perplexity"] == pytest.approx(2.718281828459045**2)  # the finite window's

@@ -51,7 +51,7 @@ def run_probe(
     ``progress(layer, layers)`` is called as each decoder layer of the model finishes
     the probe's long forward pass.
     """
-    model, tokenizer = models.loaded(probe.model, probe.dtype, probe.device)
+    model, tokenizer = models.loaded(probe.model, probe.dtype, probe.device, probe.fingerprint)
     started = time.perf_counter()
     models.use_scaling(model, probe.rope)
     with torch.inference_mode(), _layer_progress(model, progress):
@@ -103,7 +103,7 @@ def _perplexity(model: Any, tokenizer: Any, probe: Probe) -> dict[str, Any]:
             f"the text {source!r} is not the one this probe was made for (digest {digest}, "
             f"the probe's {probe.text_digest}): it changed since"
         )
-    ids = _token_ids(tokenizer, text, (probe.model, digest))
+    ids = _token_ids(tokenizer, text, (probe.fingerprint, digest))
     start, stop = probe.trial * probe.length, (probe.trial + 1) * probe.length
     if stop > len(ids):
         raise ValueError(
@@ -116,7 +116,7 @@ def _perplexity(model: Any, tokenizer: Any, probe: Probe) -> dict[str, Any]:
     mean = float(nll.mean())
     return {
         "nll": mean,
-        "perplexity": math.exp(mean),
+        "perplexity": math.exp(mean) if mean < 700 else math.inf,  # inf: written as null
         "block": BLOCK,
         "nll_by_block": blocks,
         "text": source,
@@ -128,8 +128,8 @@ _IDS: dict[tuple[str, str], list[int]] = {}
 
 
 def _token_ids(tokenizer: Any, text: str, key: tuple[str, str]) -> list[int]:
-    """The text's token ids, kept per model folder and text digest (``key``): encoding
-    the whole text takes seconds."""
+    """The text's token ids, kept per model fingerprint and text digest (``key``):
+    encoding the whole text takes seconds."""
     if key not in _IDS:
         _IDS.clear()
         _IDS[key] = list(tokenizer.encode(text, add_special_tokens=False))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -40,7 +41,9 @@ __all__ = [
 ]
 
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".gguf")
-_SAMPLE = 1 << 20  # bytes of each weights file read at its start, middle and end
+# the files a tokenizer is read from (tokenizer.json, tokenizer_config.json,
+# tokenizer.model, special_tokens_map.json, vocab.json, merges.txt, ...)
+_TOKENIZER = ("tokenizer", "special_tokens", "vocab", "merges", "added_tokens")
 
 
 def cache_folder() -> Path:
@@ -86,8 +89,7 @@ def resolve(model: str | os.PathLike[str], gguf: str | None = None, *,
 def _converted(file: Path, cache: Path) -> Path:
     """The folder that ``file`` (GGUF) was converted into, converting it first if needed."""
     stat = file.stat()
-    tag = hashlib.sha256(f"{file.name}:{stat.st_size}".encode()).hexdigest()[:8]
-    folder = cache / f"{file.stem}-{tag}-{_sampled_digest(file)}"
+    folder = cache / f"{file.stem}-{_file_digest(file)}"
     if (folder / "config.json").is_file():
         return folder
     transformers = require("transformers", "posenc extend", extra="posenc[extend]")
@@ -118,29 +120,34 @@ def _converted(file: Path, cache: Path) -> Path:
     return folder
 
 
-def _sampled_digest(file: Path) -> str:
-    """SHA-256 (16 hex digits) of a file's size and its first, middle and last MiB."""
-    size = file.stat().st_size
-    hasher = hashlib.sha256(str(size).encode())
-    with open(file, "rb") as handle:
-        for start in (0, max(0, size // 2 - _SAMPLE // 2), max(0, size - _SAMPLE)):
-            handle.seek(start)
-            hasher.update(handle.read(_SAMPLE))
+def _file_digest(file: Path) -> str:
+    """SHA-256 (16 hex digits) of a file's bytes, kept per path, size and modification
+    time (a 500 MB model takes about a second to read)."""
+    stat = file.stat()
+    return _digest_of(str(file.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _digest_of(path: str, size: int, mtime: int) -> str:
+    hasher = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            hasher.update(block)
     return hasher.hexdigest()[:16]
 
 
 def fingerprint(folder: str | os.PathLike[str]) -> str:
     """A model folder's identity: SHA-256 (16 hex digits) of its ``config.json`` and of
-    each weights file's name, size and first, middle and last MiB.
+    the name and bytes of each weights and tokenizer file.
 
-    Two folders with the same model have the same fingerprint wherever they are; a
-    model fine-tuned further (other weights) has another.
+    Two folders with the same model have the same fingerprint wherever they are; other
+    weights (a model fine-tuned further), another tokenizer or config give another.
     """
     path = Path(folder)
     hasher = hashlib.sha256((path / "config.json").read_bytes())
     for file in sorted(path.iterdir()):
-        if file.suffix in _WEIGHTS and file.is_file():
-            hasher.update(f"{file.name}:{_sampled_digest(file)}".encode())
+        if file.is_file() and (file.suffix in _WEIGHTS or file.name.startswith(_TOKENIZER)):
+            hasher.update(f"{file.name}:{_file_digest(file)}".encode())
     return hasher.hexdigest()[:16]
 
 
@@ -183,13 +190,14 @@ def context_length(config: Any) -> int:
     )
 
 
-_LOADED: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+_LOADED: dict[tuple[str, str, str, str], tuple[Any, Any]] = {}
 
 
-def loaded(folder: str, dtype: str, device: str) -> tuple[Any, Any]:
+def loaded(folder: str, dtype: str, device: str, identity: str = "") -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a folder, loaded once per process (the last one only: a
-    new folder, dtype or device frees the model before)."""
-    key = (str(folder), dtype, device)
+    new folder, dtype, device or ``identity``, the model's fingerprint, which changes when
+    the folder is saved again, frees the model before)."""
+    key = (str(folder), dtype, device, identity)
     if key not in _LOADED:
         _LOADED.clear()
         transformers = require("transformers", "posenc extend", extra="posenc[extend]")
@@ -227,6 +235,7 @@ def use_scaling(model: Any, rope: dict[str, Any]) -> None:
     if getattr(model, "_posenc_extend_scaling", None) == wanted:
         return
     scaling, _ = as_rope_scaling(rope)
+    model._posenc_extend_scaling = None  # until the new one is in place
     integration.unpatch(model)
     found = integration.rotary_modules(model)
     if not found:

@@ -60,10 +60,10 @@ def summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The evaluation in one JSON-ready dict: ``passkey`` rows (per scaling, length and
     depth), ``passkey_by_length`` (per scaling and length, over the depths and trials),
     ``perplexity`` rows (per scaling and length), the seconds per probe, and what the
-    records share (model, context, text, versions)."""
-    records = [r for r in records if "probe" in r and "result" in r]
-    labels = {r["probe"]["scaling"]: scaling_label(r["probe"]["scaling"], r["probe"]["rope"])
-              for r in records}  # fmt: skip
+    records share (model, context, text, versions). A row's ``scaling`` is the label that
+    tells its measurement apart in the file (:func:`_named`: ``"yarn ×4"``)."""
+    records = _named([r for r in records if "probe" in r and "result" in r])
+    labels = {r["probe"]["scaling"]: r["probe"]["scaling"] for r in records}
     passkey = _passkey_rows(records, labels)
     first = records[0] if records else {}
     perplexity = [r for r in records if r["probe"]["task"] == "perplexity"]
@@ -85,6 +85,31 @@ def summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     }  # fmt: skip
     written: dict[str, Any] = finite(data)
     return written
+
+
+def _named(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records with each probe's ``scaling`` replaced by what tells its measurement
+    apart in this results file: the scaling's label with its factor (``"yarn ×4"``), and
+    the model, dtype or text where the file holds several (an evaluation resumed with
+    other settings), so that no row mixes two measurements."""
+    probes = [r["probe"] for r in records]
+    several = {
+        field: len({p.get(field) for p in probes if field != "text_digest"
+                    or p["task"] == "perplexity"}) > 1
+        for field in ("fingerprint", "dtype", "text_digest")
+    }  # fmt: skip
+    named = []
+    for record in records:
+        probe = record["probe"]
+        name = scaling_label(probe["scaling"], probe["rope"])
+        if several["fingerprint"]:
+            name += f" [model {str(probe.get('fingerprint'))[:8]}]"
+        if several["dtype"]:
+            name += f" {probe.get('dtype')}"
+        if several["text_digest"] and probe["task"] == "perplexity":
+            name += f" [text {str(probe.get('text_digest'))[:8]}]"
+        named.append({**record, "probe": {**probe, "scaling": name}})
+    return named
 
 
 def _passkey_rows(records: list[dict[str, Any]], labels: dict[str, str]) -> list[dict[str, Any]]:
@@ -135,6 +160,11 @@ def _seconds(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for (t, n), v in sorted(seconds.items())]  # fmt: skip
 
 
+def _exp(x: float) -> float:
+    """``exp(x)``, ``inf`` past float64's range (a model whose loss overflowed)."""
+    return math.exp(x) if x < 700 else math.inf
+
+
 def _perplexity_row(
     scaling: str, label: str, length: int, rows: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -146,12 +176,15 @@ def _perplexity_row(
 
         sd = math.sqrt(sum((x - mean) ** 2 for x in nll) / (len(nll) - 1))
         half = t_quantile(len(nll) - 1) * sd / math.sqrt(len(nll))
-        interval = [math.exp(mean - half), math.exp(mean + half)]
+        interval = [_exp(mean - half), _exp(mean + half)]
     blocks = [r["nll_by_block"] for r in rows if r.get("nll_by_block")]
     width = min((len(b) for b in blocks), default=0)
-    by_block = [sum(b[i] for b in blocks) / len(blocks) for i in range(width)]
+    by_block: list[float | None] = []
+    for i in range(width):  # a block that overflowed (null in the record) is left out
+        finite = [b[i] for b in blocks if b[i] is not None]
+        by_block.append(sum(finite) / len(finite) if finite else None)
     return {"scaling": scaling, "label": label, "length": length, "windows": len(nll),
-            "perplexity": math.exp(mean) if nll else math.nan, "interval": interval,
+            "perplexity": _exp(mean) if nll else math.nan, "interval": interval,
             "block": rows[0].get("block"), "nll_by_block": by_block}  # fmt: skip
 
 
@@ -257,7 +290,8 @@ def plot_perplexity(records: Iterable[dict[str, Any]]) -> Any:
         if last is not None and last["nll_by_block"]:
             block = last["block"]
             centres = [block * (i + 0.5) for i in range(len(last["nll_by_block"]))]
-            right.plot(centres, last["nll_by_block"], color=line.get_color(), lw=1)
+            values = [math.nan if v is None else v for v in last["nll_by_block"]]
+            right.plot(centres, values, color=line.get_color(), lw=1)
     left.set(xscale="log", yscale="log", xlabel="window (tokens)", ylabel="perplexity",
              title="Perplexity by window length")  # fmt: skip
     lengths = sorted({r["length"] for r in rows})

@@ -255,6 +255,8 @@ def evaluate(
     folder = resolve(model, gguf, cache=cache)
     probes = plan(folder, **grid)
     jobs = None if jobs is None else check_int(jobs, "jobs", minimum=1)
+    if jobs is None and executor == "local":  # the bench's rule: one job per core
+        jobs = max(1, min(usable_cores(), len(probes)))
     if threads is None:
         threads = max(1, usable_cores() // (jobs or 1))
     threads = check_int(threads, "threads", minimum=1, maximum=4096)
