@@ -107,7 +107,9 @@ def add_parser(commands: Any) -> None:
         default="float32",
         help="the model's dtype (default float32)",
     )
-    grid.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu, cuda, cuda:N, mps")
+    grid.add_argument(
+        "--device", default="cpu", metavar="DEVICE", help="cpu, cuda, cuda:N, mps or auto"
+    )
     grid.add_argument(
         "--plugin",
         action="append",

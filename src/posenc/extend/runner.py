@@ -252,6 +252,9 @@ def evaluate(
     from .report import write_reports
 
     check_not_bootstrapping()
+    check_choice(executor, "executor", ("local", "ray"))
+    if executor == "local":
+        grid["device"] = _local_device(grid.get("device", "cpu"))
     folder = resolve(model, gguf, cache=cache)
     probes = plan(folder, **grid)
     jobs = None if jobs is None else check_int(jobs, "jobs", minimum=1)
@@ -260,11 +263,8 @@ def evaluate(
     if threads is None:
         threads = max(1, usable_cores() // (jobs or 1))
     threads = check_int(threads, "threads", minimum=1, maximum=4096)
-    check_choice(executor, "executor", ("local", "ray"))
     if address is not None and executor != "ray":
         raise ValueError(f"address={address!r} applies to executor='ray' only")
-    if executor == "local":
-        _check_device(probes[0].device)
     if not isinstance(out, (str, os.PathLike)):
         raise TypeError(f"out must be a str or os.PathLike, got {describe(out)}")
     where = (executor, address)
@@ -274,15 +274,11 @@ def evaluate(
         )
 
 
-def _check_device(device: str) -> None:
-    """A device this machine lacks fails every probe: refuse it at once."""
-    import torch
+def _local_device(device: str) -> str:
+    """The device probes run on here: the bench's check (a device this machine lacks
+    would fail every probe) and its choice for ``"auto"``."""
+    from ..bench.preflight import check_device
+    from ..bench.train import resolve_device
 
-    try:
-        where = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device must be cpu, cuda, cuda:<n> or mps, got {device!r}") from None
-    if where.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: this machine has no CUDA device")
-    if where.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r}: this machine has no MPS device")
+    check_device(device, "device")
+    return str(resolve_device(device))
